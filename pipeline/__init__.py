@@ -1,0 +1,1 @@
+"""hicache-pipeline: declarative KV-cache backup/load-back pipelines for MLA/DSA models."""

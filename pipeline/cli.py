@@ -1,0 +1,142 @@
+"""`hicache-pipeline <subcommand> [--json] [Hydra overrides and flags]`.
+
+Thin: each subcommand composes the config through one Hydra app (so `key=value`, `group=option`,
+`+key=`, `~key`, `--cfg job`, `--help`, `--config-dir DIR` and `-m` all work) and hands the
+result to a plain function. `--json` prints one JSON document on stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+
+import hydra
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from pipeline import report
+from pipeline.config import Session, typed
+from pipeline.launch import RankFailure, launch
+from pipeline.planner import plan_report
+from pipeline.runtime import pick_backend, pick_device
+from pipeline.validate import check_config, group_options, validate_all
+from pipeline.workload import run_rank
+
+log = logging.getLogger("hicache-pipeline")
+
+Handler = Callable[[Session, bool], int]
+
+
+def explain(session: Session, as_json: bool) -> int:
+    """Verdict, effective strategy and every rule of the requested strategy."""
+    verdict = session.verdict()
+    print(json.dumps(verdict.as_dict(), indent=2) if as_json else report.verdict_text(
+        verdict, session.model(), session.topology()))
+    return 1 if session.cfg.strict and not verdict.active else 0
+
+
+def plan(session: Session, as_json: bool) -> int:
+    """Per-rank bytes, ops and host capacity of the effective strategy; moves nothing."""
+    plain, verdict = session.effective()
+    result = {**verdict.as_dict(), **plan_report(plain)}
+    print(json.dumps(result, indent=2) if as_json else report.plan_text(result))
+    return 0
+
+
+def run(session: Session, as_json: bool) -> int:
+    """Back up, evict and load back on real ranks; exit 0 only when every rank is bit-exact."""
+    plain, verdict = session.effective()
+    if not verdict.active:
+        failed = "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
+        if session.cfg.strict:
+            print(f"error: strict: strategy {verdict.strategy} is inactive ({failed})",
+                  file=sys.stderr)
+            return 1
+        log.warning("strategy %s is inactive (%s); running %s", verdict.strategy, failed,
+                    verdict.effective_strategy)
+    cfg = typed(plain)
+    device = pick_device(session.topology().device, 0)
+    backend = pick_backend(cfg.runtime.backend, device)
+    job = {"config": plain, "backend": backend, "trace": cfg.runtime.trace_file is not None}
+    ranks = launch(run_rank, job, cfg.topology.tp_size, backend=backend,
+                   timeout_s=cfg.runtime.timeout_s)
+    if ranks is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
+    if cfg.runtime.trace_file is not None:
+        report.write_trace(cfg.runtime.trace_file, ranks)
+    result = {
+        "verified": all(r["verified"] for r in ranks),
+        "strategy": verdict.strategy,
+        "effective_strategy": verdict.effective_strategy,
+        "notes": list(verdict.notes),
+        "model": cfg.model.name,
+        "topology": cfg.topology.name,
+        "device": device.type,
+        "ranks": ranks,
+    }
+    print(json.dumps(result, indent=2) if as_json else report.run_text(result))
+    return 0 if result["verified"] else 1
+
+
+def validate(session: Session, as_json: bool) -> int:
+    """Every option of every group, or the one config the overrides compose."""
+    if session.overrides:
+        checked = ["overrides: " + " ".join(session.overrides)]
+        errors = check_config(session.cfg, checked[0], group_options()["strategy"])
+    else:
+        checked, errors = validate_all(lambda o: compose(config_name="config", overrides=o))
+    result = {"valid": not errors, "checked": checked, "errors": errors}
+    print(json.dumps(result, indent=2) if as_json else report.validate_text(result))
+    return 0 if not errors else 1
+
+
+COMMANDS: dict[str, Handler] = {
+    "run": run,
+    "explain": explain,
+    "plan": plan,
+    "validate": validate,
+}
+
+USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [OVERRIDE ...] [--cfg job] [--help]
+                        [--config-dir DIR]
+
+subcommands:
+  run       back up, evict and load back on real ranks; prove every rank bit-exact
+  explain   is the strategy active for this topology? every rule, its fix, the fallback
+  plan      per-rank bytes, ops and host capacity, without moving a byte
+  validate  check every shipped config (and --config-dir), or the one the overrides compose
+
+overrides use Hydra's grammar, e.g.
+  hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented
+  hicache-pipeline explain strategy=rotating topology=h200x8_dp8 --json
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command = args.pop(0)
+    if command not in COMMANDS:
+        print(f"unknown subcommand {command!r}\n\n{USAGE}", file=sys.stderr)
+        raise SystemExit(2)
+    as_json = "--json" in args
+    handler = COMMANDS[command]
+
+    def task(cfg: DictConfig) -> None:
+        hc = HydraConfig.get()
+        session = Session(cfg, tuple(hc.overrides.task), hc.runtime.choices["strategy"])
+        try:
+            code = handler(session, as_json)
+        except (ValueError, RankFailure) as e:
+            print(f"error: {e}", file=sys.stderr)
+            code = 1
+        if code:
+            raise SystemExit(code)
+
+    sys.argv = [f"hicache-pipeline {command}", *(a for a in args if a != "--json")]
+    hydra.main(config_path="pkg://conf", config_name="config", version_base="1.3")(task)()

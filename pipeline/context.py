@@ -1,0 +1,121 @@
+"""What a stage sees: the transfer context, the stream it runs on, and the op trace.
+
+Stages import only this module, `pipeline.plan` and `pipeline.topology`. Streams and events are
+protocols here; `pipeline.streams` implements them for CUDA and for CPU worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipeline.plan import Step, TransferPlan
+from pipeline.pools import DevicePool, HostPool
+
+
+class Event(Protocol):
+    """Completion marker recorded on a stream."""
+
+    def wait(self) -> None:
+        """Block the calling thread until the event completes; re-raise the stream's error."""
+
+    def query(self) -> bool:
+        """Has the event completed?"""
+
+
+class Stream(Protocol):
+    """An ordered queue of work: a CUDA stream, or a CPU thread standing in for one."""
+
+    def submit(self, work: Any) -> None:
+        """Run `work()` in this stream's order (issue on CUDA, execute on a CPU worker)."""
+
+    def new_event(self) -> Event:
+        """An event to be recorded later (created up front so waiters can hold it)."""
+
+    def record(self, event: Any) -> None:
+        """Record `event` (one this stream's kind made) at the current end of this stream."""
+
+    def wait_event(self, event: Any) -> None:
+        """Make later work on this stream wait for `event`."""
+
+    def synchronize(self) -> None:
+        """Block the calling thread until all work submitted so far is done."""
+
+    def close(self) -> None:
+        """Stop the stream's worker, if it has one."""
+
+
+class Stage(Protocol):
+    """One small step of a pipeline; `step` is None in the prepare and finish lists."""
+
+    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None: ...
+
+
+class Trace:
+    """Ops a rank issued, in order, as flat dicts (thread-safe; compared field by field)."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def op(self, kind: str, **fields: Any) -> None:
+        with self._lock:
+            self.ops.append({"op": kind, **fields})
+
+    def count(self, kind: str) -> int:
+        return sum(1 for o in self.ops if o["op"] == kind)
+
+    def total(self, kind: str, key: str = "bytes") -> int:
+        return sum(o[key] for o in self.ops if o["op"] == kind)
+
+
+@dataclass
+class TransferContext:
+    """Everything one transfer's stages share on one rank."""
+
+    plan: TransferPlan
+    device_pool: DevicePool
+    host_pool: HostPool
+    group: dist.ProcessGroup | None
+    """Transfer group of this rank's replica group (None when the group has one rank)."""
+    device: torch.device
+    trace: Trace
+    host_view: HostPool
+    """The host pool as the device addresses it: the pool itself on CPU, a UVA alias on cuda."""
+    staging: torch.Tensor
+    """Flat byte buffer for gather/broadcast/scatter (staging_bytes long)."""
+    layer_events: dict[int, Event]
+    """Per model layer: completes once the layer is usable on this rank (load)."""
+    done: Event
+    """Completes once the whole transfer is done on this rank (the ack)."""
+    ordered: bool
+    """The transfer entered through an ordered entry point (forward gate or forward stream)."""
+    sequence: int
+    """0-based count of earlier transfers in this direction on this engine."""
+    host_pages: torch.Tensor | None = None
+    """Local host page ids on `device` (set by localize)."""
+    device_pages: torch.Tensor | None = None
+    """Local device page ids on `device` (set by localize)."""
+    steps: tuple[Step, ...] = ()
+    """Steps the executor walks (the plan's, or issue_chunk's batches)."""
+    timings_s: dict[str, float] = field(default_factory=dict)
+    """Seconds spent in each stage on this rank (issue time on cuda)."""
+
+
+def staging_for(ctx: TransferContext, step: Step) -> torch.Tensor:
+    """The staging bytes of one step, viewed as the unit's [pages, rows, elems] on the device."""
+    layer = ctx.device_pool.layer(step.unit)
+    nbytes = step.count * step.unit.page_bytes
+    assert nbytes <= ctx.staging.numel(), "plan slices exchanged units to fit the staging buffer"
+    return ctx.staging[:nbytes].view(layer.dtype).view(step.count, *layer.shape[1:])
+
+
+def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+    """(host page ids, device page ids) of a step's slice, on the pool's device."""
+    assert ctx.host_pages is not None and ctx.device_pages is not None, "localize runs first"
+    sl = slice(step.first, step.first + step.count)
+    return ctx.host_pages[sl], ctx.device_pages[sl]

@@ -1,0 +1,201 @@
+"""The engine API of one rank: `backup`, `load` (with per-layer waits) and the forward gate.
+
+This is what a serving engine calls. `Engine.create` allocates the pools (after `Runtime.start`
+made the process groups); the constructor only stores what it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.assemble import Strategy
+from pipeline.context import Event, Stream, Trace, TransferContext
+from pipeline.executor import LoadHandle, issue
+from pipeline.ownership import OwnerMap, owner_map
+from pipeline.plan import Direction, build_plan
+from pipeline.pools import DevicePool, HostCapacity, HostPool, host_capacity
+from pipeline.runtime import Runtime
+from pipeline.schema import Ordering
+from pipeline.topology import IoBackend, ModelGeometry, Topology
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Pool sizes of one rank, in local pages (a local page is page_size rows)."""
+
+    device_pages: int
+    host: HostCapacity
+    widened: int
+    """Logical slots per page (page_size x dcp_size)."""
+
+    @property
+    def device_slots(self) -> int:
+        return self.device_pages * self.widened
+
+    @property
+    def host_slots(self) -> int:
+        return self.host.num_pages * self.widened
+
+
+def size_pools(
+    model: ModelGeometry,
+    topology: Topology,
+    owners: OwnerMap,
+    rank: int,
+    *,
+    device_tokens: int,
+    host_ratio: float,
+    keep_capacity: bool,
+) -> Sizing:
+    """Device pages from `device_tokens`; host budget = host_ratio x the device pool's bytes."""
+    widened = model.page_size * topology.dcp_size
+    if device_tokens % widened:
+        raise ValueError(f"workload.device_tokens={device_tokens} must be a multiple of "
+                         f"page_size x dcp_size = {widened}")
+    device_pages = device_tokens // widened
+    budget = int(host_ratio * device_pages * sum(u.page_bytes for u in model.units))
+    return Sizing(device_pages, host_capacity(model, owners, rank, budget, keep_capacity),
+                  widened)
+
+
+class Engine:
+    """One rank's device and host tiers, and the strategy that moves bytes between them."""
+
+    def __init__(
+        self,
+        *,
+        strategy: Strategy,
+        runtime: Runtime,
+        model: ModelGeometry,
+        topology: Topology,
+        owners: OwnerMap,
+        sizing: Sizing,
+        device_pool: DevicePool,
+        host_pool: HostPool,
+        host_view: HostPool,
+        staging: torch.Tensor,
+    ) -> None:
+        self.strategy = strategy
+        self.runtime = runtime
+        self.model = model
+        self.topology = topology
+        self.owners = owners
+        self.sizing = sizing
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.host_view = host_view
+        self.staging = staging
+        self.trace = Trace()
+        self.timings_s: dict[str, float] = {}
+        """Seconds per stage over all transfers (issue time on cuda)."""
+        self._gate: list[Event] = []
+        self._sequence = {Direction.backup: 0, Direction.load: 0}
+
+    @classmethod
+    def create(
+        cls,
+        strategy: Strategy,
+        runtime: Runtime,
+        model: ModelGeometry,
+        topology: Topology,
+        *,
+        device_tokens: int,
+        host_ratio: float,
+    ) -> Engine:
+        """Allocate the pools of this rank (topology already normalized)."""
+        owners = owner_map(strategy.ownership, runtime.replica_group, model.units)
+        sizing = size_pools(model, topology, owners, runtime.rank, device_tokens=device_tokens,
+                            host_ratio=host_ratio, keep_capacity=strategy.keep_capacity)
+        exchanged = [u for u in model.units if owners.exchanged(u.ordinal)]
+        widest_page = max((u.page_bytes for u in exchanged), default=0)
+        if widest_page > strategy.staging_bytes:
+            raise ValueError(f"strategy.staging_bytes={strategy.staging_bytes} is smaller than "
+                             f"one page of a layer ({widest_page} B); raise it")
+        device = runtime.device
+        on_cuda = device.type == "cuda"
+        host_pool = HostPool.allocate(model, owners.owned(runtime.rank, model.units),
+                                      sizing.host.num_pages, topology.mem_layout,
+                                      pin_memory=on_cuda)
+        uva = on_cuda and topology.io_backend is IoBackend.kernel
+        host_view = host_pool.alias([uva_alias(b, device) for b in host_pool.storage]) if uva \
+            else host_pool
+        return cls(
+            strategy=strategy, runtime=runtime, model=model, topology=topology, owners=owners,
+            sizing=sizing, device_pool=DevicePool.allocate(model, sizing.device_pages, device),
+            host_pool=host_pool, host_view=host_view,
+            staging=torch.empty(strategy.staging_bytes if exchanged else 0, dtype=torch.uint8,
+                                device=device),
+        )
+
+    def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
+        """Copy device slots to host slots (logical, CPU int64); returns the ack event."""
+        stream = self.runtime.write_stream
+        ctx = self._context(Direction.backup, host_indices, device_indices, stream)
+        issue(self.strategy.backup, ctx, stream, defer_exchange=False)
+        return ctx.done
+
+    def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
+        """Copy host slots into device slots; the handle waits per layer and acks at the end."""
+        stream = self.runtime.load_stream
+        ctx = self._context(Direction.load, host_indices, device_indices, stream)
+        deferred = self.strategy.ordering is Ordering.forward_stream
+        copied = issue(self.strategy.load, ctx, stream, defer_exchange=deferred)
+        if not deferred:
+            self._gate.append(ctx.done)
+        return LoadHandle(ctx, self.strategy.load, copied)
+
+    def begin_forward(self, forward: Stream) -> None:
+        """The forward gate: `forward` waits for every load submitted since the last forward,
+        so no broadcast can interleave with the forward's collectives."""
+        for event in self._gate:
+            forward.wait_event(event)
+        self._gate.clear()
+
+    def _context(self, direction: Direction, host_indices: torch.Tensor,
+                 device_indices: torch.Tensor, stream: Stream) -> TransferContext:
+        """Plan (validating the indices before any byte moves) and set up one transfer."""
+        plan = build_plan(
+            direction, host_indices, device_indices, rank=self.runtime.rank,
+            units=self.model.units, owners=self.owners, page_size=self.model.page_size,
+            dcp_size=self.topology.dcp_size, dcp_rank=self.topology.dcp_rank(self.runtime.rank),
+            host_slots=self.sizing.host_slots, device_slots=self.sizing.device_slots,
+            io_backend=self.topology.io_backend, staging_bytes=self.strategy.staging_bytes,
+        )
+        layers = sorted({s.unit.layer for s in plan.steps}) if direction is Direction.load \
+            else []
+        sequence = self._sequence[direction]
+        self._sequence[direction] += 1
+        # The transfer must see everything the forward stream did to these slots so far.
+        forward = self.runtime.forward_stream
+        ready = forward.new_event()
+        forward.record(ready)
+        stream.wait_event(ready)
+        return TransferContext(
+            plan=plan, device_pool=self.device_pool, host_pool=self.host_pool,
+            group=self.runtime.transfer_group, device=self.runtime.device, trace=self.trace,
+            host_view=self.host_view, staging=self.staging,
+            layer_events={layer: stream.new_event() for layer in layers},
+            done=stream.new_event(), ordered=True, sequence=sequence, steps=plan.steps,
+            timings_s=self.timings_s,
+        )
+
+
+class _CudaArray:
+    """Exposes a pinned host buffer through __cuda_array_interface__ (UVA: same address)."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (host.nbytes,),
+            "typestr": "|u1",
+            "data": (host.data_ptr(), False),
+            "version": 3,
+        }
+
+
+def uva_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A cuda tensor over the same pinned host memory, so gather/scatter kernels reach it."""
+    assert host.is_pinned() and host.is_contiguous(), "UVA aliases whole pinned buffers"
+    flat = torch.as_tensor(_CudaArray(host), device=device)
+    return flat.view(host.dtype).view(host.shape)

@@ -1,0 +1,231 @@
+"""TransferPlan: the frozen spec of one transfer on one rank (pages, units, owners, steps, bytes).
+
+`build_plan` validates the caller's indices once (page-aligned, in range, equal lengths, no
+duplicates) and raises ValueError before any byte moves. Stages consume the plan; they never
+re-derive it. Everything here runs on CPU tensors: the plan is the host-side decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from pipeline.ownership import OwnerMap
+from pipeline.topology import IoBackend, Unit
+
+
+class Direction(Enum):
+    backup = "backup"
+    load = "load"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive transfer pages that are consecutive on both the host and the device side."""
+
+    first: int
+    """Position of the run's first page in the transfer."""
+    host_page: int
+    device_page: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One unit over a slice of the transfer's pages: the grain a per-step stage works on."""
+
+    unit: Unit
+    first: int
+    """Position of the first page of the slice in the transfer."""
+    count: int
+    last_in_layer: bool
+    """The last step of its model layer: the layer is complete after it (load)."""
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    direction: Direction
+    rank: int
+    page_size: int
+    """Tokens per page on this rank (the widened page is page_size x dcp_size logical slots)."""
+    dcp_size: int
+    dcp_rank: int
+    host_indices: torch.Tensor
+    """Logical host slots, as the caller passed them (CPU int64)."""
+    device_indices: torch.Tensor
+    """Logical device slots, as the caller passed them (CPU int64)."""
+    host_pages: torch.Tensor
+    """Local host page of each transfer page (CPU int64)."""
+    device_pages: torch.Tensor
+    """Local device page of each transfer page (CPU int64)."""
+    runs: tuple[Run, ...]
+    units: tuple[Unit, ...]
+    owners: OwnerMap
+    io_backend: IoBackend
+    steps: tuple[Step, ...]
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.host_pages)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.host_indices)
+
+    def copies(self, unit: Unit) -> bool:
+        return self.owners.copies(unit.ordinal, self.rank)
+
+    def exchanged(self, unit: Unit) -> bool:
+        return self.direction is Direction.load and self.owners.exchanged(unit.ordinal)
+
+    def source(self, unit: Unit) -> int:
+        source = self.owners.sources[unit.ordinal]
+        assert source is not None, "only exchanged units have a source"
+        return source
+
+    def runs_in(self, first: int, count: int) -> list[Run]:
+        """The runs clipped to pages [first, first + count) of the transfer."""
+        end = first + count
+        clipped = []
+        for r in self.runs:
+            lo, hi = max(r.first, first), min(r.first + r.count, end)
+            if lo < hi:
+                shift = lo - r.first
+                clipped.append(Run(lo, r.host_page + shift, r.device_page + shift, hi - lo))
+        return clipped
+
+    def chunked(self, chunk_pages: int) -> tuple[Step, ...]:
+        """Backup steps in batches of `chunk_pages` pages (all copied units per batch)."""
+        if chunk_pages <= 0:
+            return self.steps
+        units = [u for u in self.units if self.copies(u)]
+        return tuple(
+            Step(u, first, min(chunk_pages, self.num_pages - first), last_in_layer=True)
+            for first in range(0, self.num_pages, chunk_pages)
+            for u in units
+        )
+
+    def copy_pieces(self, step: Step, contiguous: bool) -> list[Run]:
+        """Direct-backend copies of a step: each clipped run, or each of its pages when the
+        host rows of consecutive pages are not adjacent (`HostPool.contiguous`)."""
+        runs = self.runs_in(step.first, step.count)
+        if contiguous:
+            return runs
+        return [
+            Run(r.first + k, r.host_page + k, r.device_page + k, 1)
+            for r in runs
+            for k in range(r.count)
+        ]
+
+    def copy_ops(self, step: Step, contiguous: bool) -> int:
+        """Copy calls a step issues on this rank: one (kernel) or one per piece (direct)."""
+        if not self.copies(step.unit):
+            return 0
+        if self.io_backend is IoBackend.kernel:
+            return 1
+        return len(self.copy_pieces(step, contiguous))
+
+    def bytes_moved(self) -> dict[str, int]:
+        """Bytes this rank copies between tiers and sends/receives in broadcasts."""
+        copied = send = recv = 0
+        for s in self.steps:
+            nbytes = s.count * s.unit.page_bytes
+            copied += nbytes if self.copies(s.unit) else 0
+            if self.exchanged(s.unit):
+                send += nbytes if self.source(s.unit) == self.rank else 0
+                recv += nbytes if self.source(s.unit) != self.rank else 0
+        key = "d2h_bytes" if self.direction is Direction.backup else "h2d_bytes"
+        return {key: copied, "broadcast_send_bytes": send, "broadcast_recv_bytes": recv}
+
+
+def build_plan(
+    direction: Direction,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    *,
+    rank: int,
+    units: tuple[Unit, ...],
+    owners: OwnerMap,
+    page_size: int,
+    dcp_size: int,
+    dcp_rank: int,
+    host_slots: int,
+    device_slots: int,
+    io_backend: IoBackend,
+    staging_bytes: int,
+) -> TransferPlan:
+    """Validate logical indices and lay out the steps; raises ValueError on bad input."""
+    widened = page_size * dcp_size
+    host_pages = _pages("host_indices", host_indices, widened, host_slots)
+    device_pages = _pages("device_indices", device_indices, widened, device_slots)
+    if len(host_indices) != len(device_indices):
+        raise ValueError(
+            f"host_indices has {len(host_indices)} slots and device_indices "
+            f"{len(device_indices)}: pass one device slot per host slot"
+        )
+    plan = TransferPlan(
+        direction=direction, rank=rank, page_size=page_size, dcp_size=dcp_size,
+        dcp_rank=dcp_rank, host_indices=host_indices, device_indices=device_indices,
+        host_pages=host_pages, device_pages=device_pages,
+        runs=_runs(host_pages, device_pages), units=units, owners=owners,
+        io_backend=io_backend, steps=(),
+    )
+    if direction is Direction.backup:
+        steps = plan.chunked(plan.num_pages)
+    else:
+        steps = _load_steps(plan, staging_bytes)
+    return dataclasses.replace(plan, steps=steps)
+
+
+def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> torch.Tensor:
+    """Page ids of whole, aligned pages; every malformed input gets a ValueError naming it."""
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of slot indices")
+    if indices.device.type != "cpu" or indices.dtype != torch.int64:
+        raise ValueError(f"{name} must be a CPU int64 tensor (got {indices.dtype} on "
+                         f"{indices.device}): plans are computed on the host")
+    n = len(indices)
+    if n == 0 or n % widened:
+        raise ValueError(f"{name} has {n} slots: transfers move whole pages of {widened} slots "
+                         "(page_size x dcp_size)")
+    if int(indices.min()) < 0 or int(indices.max()) >= num_slots:
+        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
+    blocks = indices.view(-1, widened)
+    starts = blocks[:, 0]
+    if bool((starts % widened != 0).any()) or bool(
+        (blocks != starts.unsqueeze(1) + torch.arange(widened)).any()
+    ):
+        raise ValueError(f"{name} is not page-aligned: every {widened} consecutive slots must "
+                         f"be one whole page (start at a multiple of {widened}, then +1 each)")
+    pages = starts // widened
+    if len(torch.unique(pages)) != len(pages):
+        raise ValueError(f"{name} names a page twice: each page moves once per transfer")
+    return pages
+
+
+def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ...]:
+    breaks = ((host_pages.diff() != 1) | (device_pages.diff() != 1)).nonzero().flatten() + 1
+    bounds = [0, *breaks.tolist(), len(host_pages)]
+    hp, dp = host_pages.tolist(), device_pages.tolist()
+    return tuple(Run(a, hp[a], dp[a], b - a) for a, b in zip(bounds, bounds[1:], strict=False))
+
+
+def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
+    """Per model layer, each of its units; exchanged units in staging-sized page slices."""
+    steps: list[Step] = []
+    layers = sorted({u.layer for u in plan.units})
+    for layer in layers:
+        units = [u for u in plan.units if u.layer == layer]
+        slices = [
+            (u, first, min(per, plan.num_pages - first))
+            for u in units
+            for per in [max(1, staging_bytes // u.page_bytes) if plan.exchanged(u)
+                        else plan.num_pages]
+            for first in range(0, plan.num_pages, per)
+        ]
+        steps += [Step(u, f, c, last_in_layer=i == len(slices) - 1)
+                  for i, (u, f, c) in enumerate(slices)]
+    return tuple(steps)

@@ -1,0 +1,105 @@
+"""`plan`: per-rank bytes, op counts and host capacity of one cycle, without moving a byte.
+
+Builds the same `TransferPlan`s the engine would (same allocators, same seeded placement) for
+every rank of one pipeline stage, so it answers "what would tp 8 do" on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.assemble import PIPELINE_LISTS, assemble
+from pipeline.config import typed
+from pipeline.engine import size_pools
+from pipeline.ownership import owner_map
+from pipeline.plan import Direction, TransferPlan, build_plan
+from pipeline.pools import PageAllocator, page_tokens, runs_contiguous
+from pipeline.schema import Placement, WorkloadConfig
+from pipeline.topology import ModelGeometry, Topology
+from stages.issue_chunk import IssueChunk
+
+
+def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
+    """Stage names with their arguments, per direction and list, as the config gives them."""
+
+    def describe(node: Any) -> str:
+        entry = OmegaConf.to_container(node, resolve=True)
+        assert isinstance(entry, dict)
+        name = str(entry.pop("_target_")).rsplit(".", 2)[-2]
+        args = ", ".join(f"{k}={v}" for k, v in entry.items())
+        return f"{name}({args})" if args else name
+
+    return {
+        d: {lst: [describe(n) for n in strategy[d][lst]] for lst in PIPELINE_LISTS}
+        for d in ("backup", "load")
+    }
+
+
+def counts(plan: TransferPlan, model: ModelGeometry, topology: Topology,
+           owned_per_pool: dict[str, int]) -> dict[str, int]:
+    """Ops this rank issues for one transfer, by kind."""
+    ops = {"copy": 0, "gather": 0, "broadcast": 0, "scatter": 0}
+    for step in plan.steps:
+        contiguous = runs_contiguous(topology.mem_layout, owned_per_pool[step.unit.pool])
+        ops["copy"] += plan.copy_ops(step, contiguous)
+        if plan.exchanged(step.unit):
+            ops["broadcast"] += 1
+            ops["gather" if plan.source(step.unit) == plan.rank else "scatter"] += 1
+    return ops
+
+
+def plan_report(plain: dict) -> dict[str, Any]:
+    """Per-rank numbers for one backup and one load-back of the workload."""
+    cfg = typed(plain)
+    model: ModelGeometry = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
+    topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
+    workload: WorkloadConfig = OmegaConf.to_object(cfg.workload)  # type: ignore[assignment]
+    strategy = assemble(cfg.strategy)
+    chunk_pages = next((s.chunk_pages for s in strategy.backup.prepare
+                        if isinstance(s, IssueChunk)), 0)
+    ranks = []
+    for rank in range(topology.tp_size):
+        owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
+        sizing = size_pools(model, topology, owners, rank, device_tokens=workload.device_tokens,
+                            host_ratio=workload.host_ratio, keep_capacity=strategy.keep_capacity)
+        num_pages = workload.num_tokens // sizing.widened
+        rng = random.Random(workload.seed)
+        pick = None if workload.placement is Placement.contiguous else rng
+        device_alloc = PageAllocator(sizing.device_pages)
+        source = device_alloc.alloc(num_pages, pick)
+        host = PageAllocator(sizing.host.num_pages).alloc(num_pages, pick)
+        target = device_alloc.alloc(num_pages, pick)
+        owned = owners.owned(rank, model.units)
+        owned_per_pool = {p: sum(u.pool == p for u in owned) for p in ("kv", "index")}
+        row: dict[str, Any] = {"rank": rank}
+        for direction, device_pages in ((Direction.backup, source), (Direction.load, target)):
+            plan = build_plan(
+                direction, page_tokens(host, sizing.widened),
+                page_tokens(device_pages, sizing.widened), rank=rank, units=model.units,
+                owners=owners, page_size=model.page_size, dcp_size=topology.dcp_size,
+                dcp_rank=topology.dcp_rank(rank), host_slots=sizing.host_slots,
+                device_slots=sizing.device_slots, io_backend=topology.io_backend,
+                staging_bytes=strategy.staging_bytes,
+            )
+            if direction is Direction.backup:
+                plan = dataclasses.replace(plan, steps=plan.chunked(chunk_pages))
+            moved = plan.bytes_moved()
+            row.update({k: row.get(k, 0) + v for k, v in moved.items()})
+            row[f"{direction.value}_ops"] = counts(plan, model, topology, owned_per_pool)
+        row["host_capacity_tokens"] = sizing.host_slots
+        row["host_pool_bytes"] = sizing.host.pool_bytes
+        ranks.append(row)
+    return {
+        "model": model.name,
+        "bytes_per_token": model.bytes_per_token,
+        "topology": topology.name,
+        "attn_tp_size": topology.attn_tp_size,
+        "num_tokens": workload.num_tokens,
+        "placement": workload.placement.value,
+        "stages": stage_lists(cfg.strategy),
+        "ranks": ranks,
+    }

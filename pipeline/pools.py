@@ -1,0 +1,220 @@
+"""Device and host pools, their layouts, host capacity, and the deterministic page allocator.
+
+Every buffer is exposed page-wise as `layer(unit) -> Tensor[num_pages, rows_per_page, row_elems]`,
+a view whatever the layout, so stages index pages and never branch on layout strings.
+Constructors are pure; `allocate` classmethods create the tensors.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+
+from pipeline.ownership import OwnerMap
+from pipeline.topology import KvDtype, MemLayout, ModelGeometry, Unit
+
+TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
+    {
+        KvDtype.bf16: torch.bfloat16,
+        KvDtype.fp16: torch.float16,
+        KvDtype.fp8: torch.uint8,
+        KvDtype.fp4: torch.uint8,
+    }
+)
+
+
+def unit_dtype(model: ModelGeometry, unit: Unit) -> torch.dtype:
+    """KV rows use the model's KV dtype; index-K rows are packed bytes."""
+    return TORCH_DTYPES[model.kv_dtype] if unit.pool == "kv" else torch.uint8
+
+
+def unit_shape(model: ModelGeometry, unit: Unit, num_pages: int) -> tuple[int, int, int]:
+    itemsize = unit_dtype(model, unit).itemsize
+    return (num_pages, unit.rows_per_page, unit.row_bytes // itemsize)
+
+
+class DevicePool:
+    """One tensor per unit, [num_pages, rows_per_page, row_elems], indexed by local page."""
+
+    def __init__(self, buffers: Mapping[int, torch.Tensor], num_pages: int) -> None:
+        self.buffers = dict(buffers)
+        self.num_pages = num_pages
+
+    @classmethod
+    def allocate(
+        cls, model: ModelGeometry, num_pages: int, device: torch.device
+    ) -> DevicePool:
+        buffers = {
+            u.ordinal: torch.empty(unit_shape(model, u, num_pages), dtype=unit_dtype(model, u),
+                                   device=device)
+            for u in model.units
+        }
+        return cls(buffers, num_pages)
+
+    def layer(self, unit: Unit) -> torch.Tensor:
+        return self.buffers[unit.ordinal]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())
+
+
+class HostPool:
+    """The units this rank owns, in one of three layouts; a view per unit, page-wise.
+
+    layer_first       [unit, page, row-in-page, elems]  each layer contiguous
+    page_first        [page, row-in-page, unit, elems]  token-major: a token's layers adjacent
+    page_first_direct [page, unit, row-in-page, elems]  page-major: a page of a layer contiguous
+    """
+
+    def __init__(
+        self,
+        storage: list[torch.Tensor],
+        num_pages: int,
+        layout: MemLayout,
+        owned: tuple[Unit, ...],
+    ) -> None:
+        self.storage = storage
+        """One buffer per pool kind that has owned units ('kv' first, then 'index')."""
+        self.num_pages = num_pages
+        self.layout = layout
+        self.owned = owned
+        self.views: dict[int, torch.Tensor] = {}
+        kinds = [k for k in ("kv", "index") if any(u.pool == k for u in owned)]
+        for buf, kind in zip(storage, kinds, strict=True):
+            units = [u for u in owned if u.pool == kind]
+            for i, u in enumerate(units):
+                self.views[u.ordinal] = _unit_view(buf, layout, i)
+
+    def alias(self, storage: list[torch.Tensor]) -> HostPool:
+        """The same pool over other tensors of the same shapes (e.g. its UVA alias on cuda)."""
+        return HostPool(storage, self.num_pages, self.layout, self.owned)
+
+    @classmethod
+    def allocate(
+        cls,
+        model: ModelGeometry,
+        owned: tuple[Unit, ...],
+        num_pages: int,
+        layout: MemLayout,
+        pin_memory: bool,
+    ) -> HostPool:
+        storage = []
+        for pool in ("kv", "index"):
+            units = [u for u in owned if u.pool == pool]
+            if units:
+                pages, rows, elems = unit_shape(model, units[0], num_pages)
+                shape = {
+                    MemLayout.layer_first: (len(units), pages, rows, elems),
+                    MemLayout.page_first: (pages, rows, len(units), elems),
+                    MemLayout.page_first_direct: (pages, len(units), rows, elems),
+                }[layout]
+                dtype = unit_dtype(model, units[0])
+                storage.append(torch.empty(shape, dtype=dtype, pin_memory=pin_memory))
+        return cls(storage, num_pages, layout, owned)
+
+    def layer(self, unit: Unit) -> torch.Tensor:
+        if unit.ordinal not in self.views:
+            raise ValueError(f"unit {unit.ordinal} ({unit.pool} layer {unit.layer}) is not "
+                             "held by this rank's host pool")
+        return self.views[unit.ordinal]
+
+    def contiguous(self, unit: Unit) -> bool:
+        """Is a run of consecutive pages of `unit` one contiguous block of host memory?"""
+        return runs_contiguous(self.layout, sum(u.pool == unit.pool for u in self.owned))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.storage)
+
+
+def _unit_view(buf: torch.Tensor, layout: MemLayout, i: int) -> torch.Tensor:
+    """The i-th unit of a layout buffer as [page, row-in-page, elems]."""
+    if layout is MemLayout.layer_first:
+        return buf[i]
+    if layout is MemLayout.page_first:
+        return buf[:, :, i]
+    return buf[:, i]
+
+
+def runs_contiguous(layout: MemLayout, num_units: int) -> bool:
+    """Consecutive pages of one unit are contiguous in layer_first, or when the pool holds a
+    single unit; otherwise other units' rows sit between them and each page is copied alone."""
+    return layout is MemLayout.layer_first or num_units == 1
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """Host pool sizing of one rank."""
+
+    num_pages: int
+    """Pages of host slots (identical on every rank of the group)."""
+    pool_bytes: int
+    """Bytes this rank's host pool occupies (owned units only)."""
+
+
+def host_capacity(
+    model: ModelGeometry,
+    owners: OwnerMap,
+    rank: int,
+    budget_bytes: int,
+    keep_capacity: bool,
+) -> HostCapacity:
+    """Pages that fit the budget; sharded pools fit more, or keep capacity and use less.
+
+    The page count must be the same on every rank of the group (host slots are allocated
+    identically everywhere), so it is sized for the group member that owns the most bytes.
+    """
+    units = model.units
+    all_page_bytes = sum(u.page_bytes for u in units)
+
+    def owned_page_bytes(r: int) -> int:
+        return sum(u.page_bytes for u in owners.owned(r, units))
+
+    widest = max(owned_page_bytes(r) for r in owners.group)
+    per_page = all_page_bytes if keep_capacity else widest
+    num_pages = budget_bytes // per_page
+    return HostCapacity(num_pages=num_pages, pool_bytes=num_pages * owned_page_bytes(rank))
+
+
+class PageAllocator:
+    """Hands out free pages: the first free ones, or a seeded random sample (fragmented).
+
+    Deterministic: the same calls give the same pages on every rank.
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._free = set(range(num_pages))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, num_pages: int, rng: random.Random | None = None) -> list[int]:
+        if num_pages > len(self._free):
+            raise ValueError(f"out of pages: asked for {num_pages}, {len(self._free)} free "
+                             f"of {self.num_pages}")
+        free = sorted(self._free)
+        pages = free[:num_pages] if rng is None else rng.sample(free, num_pages)
+        self._free.difference_update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        taken = [p for p in pages if p in self._free or not 0 <= p < self.num_pages]
+        if taken:
+            raise ValueError(f"pages {taken[:8]} are not allocated")
+        self._free.update(pages)
+
+    def free_pages(self) -> list[int]:
+        return sorted(self._free)
+
+
+def page_tokens(pages: list[int], page_size: int) -> torch.Tensor:
+    """Token slots of whole pages, in page order (int64, CPU)."""
+    p = torch.tensor(pages, dtype=torch.int64).unsqueeze(1)
+    return (p * page_size + torch.arange(page_size, dtype=torch.int64)).reshape(-1)

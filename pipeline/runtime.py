@@ -1,0 +1,96 @@
+"""Per rank: the device, process groups and streams a transfer runs on.
+
+`Runtime.start` is the one place that creates process groups; it runs before any pool is
+allocated, so the transfer group exists before host memory is pinned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipeline.context import Stream
+from pipeline.schema import Backend
+from pipeline.streams import CudaStream, InlineStream, WorkerStream
+from pipeline.topology import DeviceKind, ModelGeometry, Topology
+
+
+def pick_device(kind: DeviceKind, local_rank: int) -> torch.device:
+    if kind is DeviceKind.cuda or (kind is DeviceKind.auto and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("topology.device=cuda but CUDA is not available; use device=cpu")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_backend(backend: Backend, device: torch.device) -> str:
+    if backend is Backend.auto:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend is Backend.nccl and device.type != "cuda":
+        raise ValueError("runtime.backend=nccl needs cuda devices; use gloo or auto")
+    return backend.value
+
+
+@dataclass
+class Runtime:
+    """One rank's device, groups and streams."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    replica_group: tuple[int, ...]
+    """Global ranks holding the same bytes as this rank."""
+    transfer_group: dist.ProcessGroup | None
+    """Dedicated group of the replica group for broadcasts (None when it has one rank)."""
+    cpu_group: dist.ProcessGroup
+    """Gloo group of all ranks for host-side agreement (ack polls, reports)."""
+    load_stream: Stream
+    write_stream: Stream
+    forward_stream: Stream
+    """Stands in for the serving engine's forward stream (the consumer of loads)."""
+    timeout_s: float
+
+    @classmethod
+    def start(
+        cls,
+        topology: Topology,
+        model: ModelGeometry,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        backend: str,
+        timeout_s: float,
+    ) -> Runtime:
+        """Create the transfer groups (every rank creates every group, in the same order)."""
+        if world_size != topology.tp_size:
+            raise ValueError(
+                f"{world_size} ranks joined but topology.tp_size={topology.tp_size}: launch one "
+                "process per TP rank of one pipeline stage"
+            )
+        timeout = timedelta(seconds=timeout_s)
+        replica = topology.replica_group(rank, model)
+        transfer = None
+        for group in topology.replica_groups(model):
+            pg = dist.new_group(list(group), backend=backend, timeout=timeout)
+            if group == replica and len(group) > 1:
+                transfer = pg
+        cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        if device.type == "cuda":
+            streams: tuple[Stream, Stream, Stream] = (
+                CudaStream(torch.cuda.Stream(device)),
+                CudaStream(torch.cuda.Stream(device)),
+                CudaStream(torch.cuda.current_stream(device)),
+            )
+        else:
+            streams = (WorkerStream(f"load-{rank}"), WorkerStream(f"write-{rank}"),
+                       InlineStream())
+        return cls(rank, world_size, device, replica, transfer, cpu_group, *streams,
+                   timeout_s=timeout_s)
+
+    def close(self) -> None:
+        for stream in (self.load_stream, self.write_stream, self.forward_stream):
+            stream.close()

@@ -1,0 +1,137 @@
+"""Typed schemas of the config tree, registered in Hydra's ConfigStore.
+
+Every YAML option starts with `defaults: [base_<group>]`, so composing it checks types, enum choices
+and unknown keys against these dataclasses. Required fields are MISSING. Each field's one-line doc
+is the string literal under it (an attribute docstring; `tests/unit/test_schema.py` insists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from pipeline.topology import ModelGeometry, Topology
+
+
+class Ownership(Enum):
+    replicated = "replicated"
+    single_source = "single_source"
+    rotating = "rotating"
+
+
+class Ordering(Enum):
+    gate = "gate"
+    forward_stream = "forward_stream"
+
+
+class Placement(Enum):
+    contiguous = "contiguous"
+    fragmented = "fragmented"
+
+
+class Backend(Enum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+@dataclass
+class PipelineConfig:
+    prepare: list[Any] = field(default_factory=list)
+    """Stages run once per transfer before any step (localize, issue_chunk)."""
+    per_step: list[Any] = field(default_factory=list)
+    """Stages run for every step on the transfer stream (copy)."""
+    exchange: list[Any] = field(default_factory=list)
+    """Stages run for every step after per_step: on the transfer stream with ordering=gate, on
+    the consumer's stream at wait(layer) with ordering=forward_stream."""
+    finish: list[Any] = field(default_factory=list)
+    """Stages run once after the last step (record_event, verify)."""
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+    """Strategy name, shown in reports and used as a fallback target."""
+    ownership: Ownership = MISSING
+    """Which rank of the replica group moves each layer."""
+    requires: list[str] = field(default_factory=list)
+    """Eligibility rules that must all pass for this strategy to be active."""
+    fallback: str | None = None
+    """Strategy option used when a required rule fails; null means none (always active)."""
+    backup: PipelineConfig = field(default_factory=PipelineConfig)
+    """Stages of a backup (device -> host)."""
+    load: PipelineConfig = field(default_factory=PipelineConfig)
+    """Stages of a load-back (host -> device)."""
+    chunk_pages: int = 0
+    """Issue the backup in batches of this many pages; 0 issues one batch."""
+    keep_capacity: bool = False
+    """Sharded host pools keep the unsharded token capacity and use less memory instead."""
+    staging_bytes: int = 64 * 1024 * 1024
+    """Largest staging buffer of one gather/broadcast/scatter; bigger layers go in chunks."""
+    verify_every: int = 0
+    """Every N loads, all-gather digests of the loaded pages and compare them; 0 is off."""
+    ordering: Ordering = Ordering.gate
+    """How broadcasts stay ordered against the forward's collectives."""
+
+
+@dataclass
+class WorkloadConfig:
+    num_tokens: int = MISSING
+    """Tokens moved per backup and per load-back."""
+    placement: Placement = Placement.contiguous
+    """contiguous: first free pages; fragmented: random page ids on both sides."""
+    cycles: int = 1
+    """Rounds of backup -> evict -> load-back."""
+    seed: int = 0
+    """Seed of the pool contents and of fragmented placement."""
+    device_tokens: int = MISSING
+    """Device KV pool size in tokens (logical slots)."""
+    host_ratio: float = 2.0
+    """Host budget = host_ratio x the device pool's bytes (like a serving engine's hicache ratio)."""
+
+
+@dataclass
+class RuntimeConfig:
+    backend: Backend = Backend.auto
+    """Process-group backend: auto picks nccl on cuda, gloo on cpu."""
+    timeout_s: float = 120.0
+    """Collective and rank-join timeout."""
+    trace_file: str | None = None
+    """Write the op trace of every rank here as JSON lines; null writes none."""
+
+
+@dataclass
+class Config:
+    model: ModelGeometry = MISSING
+    """The model whose KV cache moves."""
+    topology: Topology = MISSING
+    """The deployment's parallel layout and cache backends."""
+    strategy: StrategyConfig = MISSING
+    """Who moves which layer, and the stage lists that move it."""
+    workload: WorkloadConfig = MISSING
+    """What `run` and `plan` move."""
+    runtime: RuntimeConfig = MISSING
+    """Process groups and timeouts."""
+    strict: bool = False
+    """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
+
+
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelGeometry,
+    "topology": Topology,
+    "strategy": StrategyConfig,
+    "workload": WorkloadConfig,
+    "runtime": RuntimeConfig,
+}
+
+
+def register_schemas() -> None:
+    """Store `base_config` and one `base_<group>` per group (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema)

@@ -1,0 +1,162 @@
+"""Streams and events: CUDA streams, and CPU worker threads that stand in for them.
+
+On CPU a `WorkerStream` is one thread that runs submitted work in order, so a transfer issued on
+it overlaps the caller exactly as a CUDA stream overlaps the host: the caller can wait for layer 0
+while later layers are still moving. An error on a worker is kept and re-raised by every wait.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class CpuEvent:
+    """A threading.Event that also carries the error of the stream that should have set it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def set(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise RuntimeError(f"transfer failed: {self._error}") from self._error
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+
+class WorkerStream:
+    """A CPU stream: one daemon thread runs submitted callables in submission order.
+
+    Work submitted, recorded or awaited from inside the worker runs at once: it is already at
+    the head of the stream. After an error the stream skips its remaining work and fails every
+    event it made that is still pending, so no waiter hangs.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._events: list[CpuEvent] = []
+        self._lock = threading.Lock()
+
+    def _on_worker(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        if self._on_worker():
+            work()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+        self._queue.put(work)
+
+    def _loop(self) -> None:
+        while (work := self._queue.get()) is not None:
+            if self._error is not None:
+                continue
+            try:
+                work()
+            except BaseException as e:  # kept, then re-raised by every wait on this stream
+                self._error = e
+                with self._lock:
+                    for event in self._events:
+                        if not event.query():
+                            event.set(e)
+
+    def new_event(self) -> CpuEvent:
+        event = CpuEvent()
+        with self._lock:
+            self._events = [e for e in self._events if not e.query()]
+            self._events.append(event)
+            if self._error is not None:
+                event.set(self._error)
+        return event
+
+    def record(self, event: CpuEvent) -> None:
+        self.submit(event.set)
+
+    def wait_event(self, event: CpuEvent) -> None:
+        self.submit(event.wait)
+
+    def synchronize(self) -> None:
+        event = self.new_event()
+        self.record(event)
+        event.wait()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+class InlineStream:
+    """The calling thread as a stream: work runs at once, waits block the caller."""
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        work()
+
+    def new_event(self) -> CpuEvent:
+        return CpuEvent()
+
+    def record(self, event: CpuEvent) -> None:
+        event.set()
+
+    def wait_event(self, event: CpuEvent) -> None:
+        event.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CudaEvent:
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event()
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def query(self) -> bool:
+        return self.event.query()
+
+
+class CudaStream:
+    """A CUDA stream: `submit` issues the work on it from the calling thread."""
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream = stream
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        with torch.cuda.stream(self.stream):
+            work()
+
+    def new_event(self) -> CudaEvent:
+        return CudaEvent()
+
+    def record(self, event: CudaEvent) -> None:
+        event.event.record(self.stream)
+
+    def wait_event(self, event: CudaEvent) -> None:
+        self.stream.wait_event(event.event)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        pass

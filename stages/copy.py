@@ -1,0 +1,41 @@
+"""copy: move a step's pages of one unit between this rank's device and host pools."""
+
+from __future__ import annotations
+
+from pipeline.context import Stream, TransferContext, step_pages
+from pipeline.plan import Direction, Step
+from pipeline.topology import IoBackend
+
+
+class Copy:
+    """Owners only: D2H for a backup, H2D for a load-back.
+
+    io_backend direct issues one copy per contiguous block (coalesced runs of pages);
+    kernel issues one gather/scatter per step (`index_select`/`index_copy_`), which on cuda
+    reads or writes pinned host memory through its UVA alias.
+    """
+
+    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
+        assert step is not None, "copy is a per-step stage"
+        plan, unit = ctx.plan, step.unit
+        if not plan.copies(unit):
+            return
+        device, host = ctx.device_pool.layer(unit), ctx.host_view.layer(unit)
+        to_host = plan.direction is Direction.backup
+        direction = "d2h" if to_host else "h2d"
+        if plan.io_backend is IoBackend.kernel:
+            host_pages, device_pages = step_pages(ctx, step)
+            if to_host:
+                host.index_copy_(0, host_pages, device.index_select(0, device_pages))
+            else:
+                device.index_copy_(0, device_pages, host.index_select(0, host_pages))
+            ctx.trace.op("copy", direction=direction, unit=unit.ordinal, first=step.first,
+                         pages=step.count, bytes=step.count * unit.page_bytes)
+            return
+        for run in plan.copy_pieces(step, ctx.host_pool.contiguous(unit)):
+            d = device[run.device_page : run.device_page + run.count]
+            h = host[run.host_page : run.host_page + run.count]
+            (h if to_host else d).copy_(d if to_host else h, non_blocking=True)
+            ctx.trace.op("copy", direction=direction, unit=unit.ordinal, first=run.first,
+                         pages=run.count, bytes=run.count * unit.page_bytes,
+                         host_page=run.host_page, device_page=run.device_page)

@@ -1,0 +1,26 @@
+"""gather: the owner collects a unit's loaded pages into the staging buffer."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.context import Stream, TransferContext, staging_for, step_pages
+from pipeline.plan import Step
+
+
+class Gather:
+    """Owner of an exchanged unit: `index_select` its device pages into staging, in order.
+
+    Device page ids may differ per rank; only their order (the transfer's page order) is shared.
+    """
+
+    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
+        assert step is not None, "gather is a per-step stage"
+        plan = ctx.plan
+        if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.rank:
+            return
+        _, device_pages = step_pages(ctx, step)
+        torch.index_select(ctx.device_pool.layer(step.unit), 0, device_pages,
+                           out=staging_for(ctx, step))
+        ctx.trace.op("gather", unit=step.unit.ordinal, first=step.first, pages=step.count,
+                     bytes=step.count * step.unit.page_bytes)

@@ -1,0 +1,21 @@
+"""issue_chunk: split the all-layer backup batch into n-page batches, same copies in page order."""
+
+from __future__ import annotations
+
+from pipeline.context import Stream, TransferContext
+from pipeline.plan import Step
+
+
+class IssueChunk:
+    """Batches of `chunk_pages` pages, each with every copied layer; 0 keeps one batch.
+
+    Issued on one stream, so the copies of batch k run while batch k+1 is being issued.
+    """
+
+    def __init__(self, *, chunk_pages: int) -> None:
+        if chunk_pages < 0:
+            raise ValueError(f"chunk_pages={chunk_pages} must be >= 0 (0 issues one batch)")
+        self.chunk_pages = chunk_pages
+
+    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
+        ctx.steps = ctx.plan.chunked(self.chunk_pages)

@@ -1,0 +1,38 @@
+"""localize: logical (DCP-widened) slots -> this rank's page ids, once per transfer."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.context import Stream, TransferContext
+from pipeline.plan import Step
+
+
+def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
+    """Local rows of this DCP rank: logical slot s lives on rank s % dcp at row s // dcp.
+
+    A strided view (`indices[rank::dcp] // dcp`), never a boolean mask: a mask's nonzero would
+    make the device wait for the host. Identity at dcp 1.
+    """
+    widened = page_size * dcp_size
+    if len(indices) % widened:
+        raise ValueError(
+            f"{len(indices)} slots are not whole widened pages of {widened} (page_size "
+            f"{page_size} x dcp_size {dcp_size})"
+        )
+    return indices[dcp_rank::dcp_size] // dcp_size
+
+
+class Localize:
+    """Translate the plan's host and device slots into local page ids on the pool's device."""
+
+    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
+        plan = ctx.plan
+
+        def pages(indices: torch.Tensor) -> torch.Tensor:
+            rows = localize(indices.to(ctx.device, non_blocking=True), plan.page_size,
+                            plan.dcp_size, plan.dcp_rank)
+            return rows[:: plan.page_size] // plan.page_size
+
+        ctx.host_pages = pages(plan.host_indices)
+        ctx.device_pages = pages(plan.device_indices)
