@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def task(cfg: DictConfig) -> None:
         hc = HydraConfig.get()
-        session = Session(cfg, tuple(hc.overrides.task), hc.runtime.choices["strategy"])
         try:
+            session = Session(cfg, tuple(hc.overrides.task), hc.runtime.choices["strategy"])
             code = handler(session, as_json)
         except (ValueError, RankFailure) as e:
             print(f"error: {e}", file=sys.stderr)

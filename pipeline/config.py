@@ -7,6 +7,7 @@ tests) only when it composes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hydra import compose
@@ -35,6 +36,11 @@ class Session:
         with open_dict(cfg):
             del cfg["hydra"]
         return cls(cfg, tuple(overrides), option)
+
+    def __post_init__(self) -> None:
+        unknown = unknown_keys(self.cfg)
+        if unknown:
+            raise ValueError("unknown config keys: " + "; ".join(unknown))
 
     def with_strategy(self, option: str) -> DictConfig:
         """The same config with another strategy option (keeping strategy.* knob overrides)."""
@@ -66,6 +72,22 @@ class Session:
         plain["topology"] = OmegaConf.to_container(OmegaConf.structured(normalized),
                                                    enum_to_str=True)
         return plain, verdict
+
+
+def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys that a typed node's schema does not declare (`+key=` can sneak them in)."""
+    schema = OmegaConf.get_type(node)
+    if schema is None or not dataclasses.is_dataclass(schema):
+        return []
+    declared = {f.name for f in dataclasses.fields(schema)}
+    found = []
+    for key in node:
+        full = f"{path}.{key}" if path else str(key)
+        if key not in declared:
+            found.append(f"{full}: not a field of {schema.__name__} (known: {sorted(declared)})")
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], full)
+    return found
 
 
 def typed(plain: dict) -> DictConfig:

@@ -14,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.assemble import stage_errors
+from pipeline.config import unknown_keys
 from pipeline.eligibility import RULES
 from pipeline.schema import GROUP_SCHEMAS
 
@@ -40,7 +41,7 @@ def option_file(group: str, option: str) -> str:
 
 def check_config(cfg: DictConfig, where: str, strategies: list[str]) -> list[str]:
     """Every problem of one composed config, each prefixed with `where` and the key."""
-    errors = []
+    errors = [f"{where}: {e}" for e in unknown_keys(cfg)]
     for group in GROUP_SCHEMAS:
         try:
             OmegaConf.to_object(cfg[group])

@@ -12,7 +12,7 @@ class IssueChunk:
     Issued on one stream, so the copies of batch k run while batch k+1 is being issued.
     """
 
-    def __init__(self, *, chunk_pages: int) -> None:
+    def __init__(self, *, chunk_pages: int = 0) -> None:
         if chunk_pages < 0:
             raise ValueError(f"chunk_pages={chunk_pages} must be >= 0 (0 issues one batch)")
         self.chunk_pages = chunk_pages

@@ -23,7 +23,7 @@ class Verify:
     `every`-th load (0: never).
     """
 
-    def __init__(self, *, every: int) -> None:
+    def __init__(self, *, every: int = 0) -> None:
         if every < 0:
             raise ValueError(f"verify_every={every} must be >= 0 (0 turns verification off)")
         self.every = every
