@@ -48,8 +48,10 @@ def resolve_stage_class(target: str) -> type:
     """Import `stages.<module>.<Class>`; ValueError for anything outside the package."""
     module_name, _, class_name = target.rpartition(".")
     if not (module_name == STAGE_PACKAGE or module_name.startswith(STAGE_PACKAGE + ".")):
-        raise ValueError(f"_target_ {target!r} lies outside the '{STAGE_PACKAGE}' package; "
-                         "configs may only name stages")
+        raise ValueError(
+            f"_target_ {target!r} lies outside the '{STAGE_PACKAGE}' package; "
+            "configs may only name stages"
+        )
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as e:
@@ -64,7 +66,7 @@ def stage_arguments(node: Any) -> tuple[str, dict[str, Any]]:
     entry = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     if not isinstance(entry, dict) or "_target_" not in entry:
         raise ValueError(f"stage entry {entry!r} must be a mapping with a _target_")
-    kwargs = {k: v for k, v in entry.items() if k != "_target_"}
+    kwargs = {str(k): v for k, v in entry.items() if k != "_target_"}
     return str(entry["_target_"]), kwargs
 
 
@@ -90,8 +92,10 @@ def assemble(strategy: DictConfig) -> Strategy:
     typed: StrategyConfig = OmegaConf.to_object(strategy)  # type: ignore[assignment]
 
     def pipeline(direction: str) -> Pipeline:
-        lists = {name: tuple(build_stage(n) for n in strategy[direction][name])
-                 for name in PIPELINE_LISTS}
+        lists = {
+            name: tuple(build_stage(n) for n in strategy[direction][name])
+            for name in PIPELINE_LISTS
+        }
         return Pipeline(**lists)
 
     return Strategy(

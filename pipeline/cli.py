@@ -33,8 +33,11 @@ Handler = Callable[[Session, bool], int]
 def explain(session: Session, as_json: bool) -> int:
     """Verdict, effective strategy and every rule of the requested strategy."""
     verdict = session.verdict()
-    print(json.dumps(verdict.as_dict(), indent=2) if as_json else report.verdict_text(
-        verdict, session.model(), session.topology()))
+    print(
+        json.dumps(verdict.as_dict(), indent=2)
+        if as_json
+        else report.verdict_text(verdict, session.model(), session.topology())
+    )
     return 1 if session.cfg.strict and not verdict.active else 0
 
 
@@ -52,17 +55,24 @@ def run(session: Session, as_json: bool) -> int:
     if not verdict.active:
         failed = "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
         if session.cfg.strict:
-            print(f"error: strict: strategy {verdict.strategy} is inactive ({failed})",
-                  file=sys.stderr)
+            print(
+                f"error: strict: strategy {verdict.strategy} is inactive ({failed})",
+                file=sys.stderr,
+            )
             return 1
-        log.warning("strategy %s is inactive (%s); running %s", verdict.strategy, failed,
-                    verdict.effective_strategy)
+        log.warning(
+            "strategy %s is inactive (%s); running %s",
+            verdict.strategy,
+            failed,
+            verdict.effective_strategy,
+        )
     cfg = typed(plain)
     device = pick_device(session.topology().device, 0)
     backend = pick_backend(cfg.runtime.backend, device)
     job = {"config": plain, "backend": backend, "trace": cfg.runtime.trace_file is not None}
-    ranks = launch(run_rank, job, cfg.topology.tp_size, backend=backend,
-                   timeout_s=cfg.runtime.timeout_s)
+    ranks = launch(
+        run_rank, job, cfg.topology.tp_size, backend=backend, timeout_s=cfg.runtime.timeout_s
+    )
     if ranks is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if cfg.runtime.trace_file is not None:

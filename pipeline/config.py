@@ -56,8 +56,11 @@ class Session:
 
     def verdict(self) -> Verdict:
         def lookup(option: str) -> tuple[list[str], str | None]:
-            node = self.cfg.strategy if option == self.strategy_option else \
-                self.with_strategy(option).strategy
+            node = (
+                self.cfg.strategy
+                if option == self.strategy_option
+                else self.with_strategy(option).strategy
+            )
             return list(node.requires), node.fallback
 
         return decide(self.strategy_option, self.topology(), self.model(), lookup)
@@ -69,8 +72,9 @@ class Session:
         plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         assert isinstance(plain, dict)
         normalized, _ = normalize(self.topology())
-        plain["topology"] = OmegaConf.to_container(OmegaConf.structured(normalized),
-                                                   enum_to_str=True)
+        plain["topology"] = OmegaConf.to_container(
+            OmegaConf.structured(normalized), enum_to_str=True
+        )
         return plain, verdict
 
 
@@ -81,8 +85,8 @@ def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
         return []
     declared = {f.name for f in dataclasses.fields(schema)}
     found = []
-    for key in node:
-        full = f"{path}.{key}" if path else str(key)
+    for key in map(str, node):
+        full = f"{path}.{key}" if path else key
         if key not in declared:
             found.append(f"{full}: not a field of {schema.__name__} (known: {sorted(declared)})")
         elif isinstance(node._get_node(key), DictConfig):

@@ -204,9 +204,7 @@ StrategyLookup = Callable[[str], tuple[list[str], str | None]]
 """Maps a strategy option name to (its required rules, its fallback)."""
 
 
-def decide(
-    name: str, topology: Topology, model: ModelGeometry, lookup: StrategyLookup
-) -> Verdict:
+def decide(name: str, topology: Topology, model: ModelGeometry, lookup: StrategyLookup) -> Verdict:
     """The verdict for strategy `name`; follows the fallback chain to the first active one."""
     normalized, notes = normalize(topology)
 

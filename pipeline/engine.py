@@ -52,12 +52,13 @@ def size_pools(
     """Device pages from `device_tokens`; host budget = host_ratio x the device pool's bytes."""
     widened = model.page_size * topology.dcp_size
     if device_tokens % widened:
-        raise ValueError(f"workload.device_tokens={device_tokens} must be a multiple of "
-                         f"page_size x dcp_size = {widened}")
+        raise ValueError(
+            f"workload.device_tokens={device_tokens} must be a multiple of "
+            f"page_size x dcp_size = {widened}"
+        )
     device_pages = device_tokens // widened
     budget = int(host_ratio * device_pages * sum(u.page_bytes for u in model.units))
-    return Sizing(device_pages, host_capacity(model, owners, rank, budget, keep_capacity),
-                  widened)
+    return Sizing(device_pages, host_capacity(model, owners, rank, budget, keep_capacity), widened)
 
 
 class Engine:
@@ -106,27 +107,48 @@ class Engine:
     ) -> Engine:
         """Allocate the pools of this rank (topology already normalized)."""
         owners = owner_map(strategy.ownership, runtime.replica_group, model.units)
-        sizing = size_pools(model, topology, owners, runtime.rank, device_tokens=device_tokens,
-                            host_ratio=host_ratio, keep_capacity=strategy.keep_capacity)
+        sizing = size_pools(
+            model,
+            topology,
+            owners,
+            runtime.rank,
+            device_tokens=device_tokens,
+            host_ratio=host_ratio,
+            keep_capacity=strategy.keep_capacity,
+        )
         exchanged = [u for u in model.units if owners.exchanged(u.ordinal)]
         widest_page = max((u.page_bytes for u in exchanged), default=0)
         if widest_page > strategy.staging_bytes:
-            raise ValueError(f"strategy.staging_bytes={strategy.staging_bytes} is smaller than "
-                             f"one page of a layer ({widest_page} B); raise it")
+            raise ValueError(
+                f"strategy.staging_bytes={strategy.staging_bytes} is smaller than "
+                f"one page of a layer ({widest_page} B); raise it"
+            )
         device = runtime.device
         on_cuda = device.type == "cuda"
-        host_pool = HostPool.allocate(model, owners.owned(runtime.rank, model.units),
-                                      sizing.host.num_pages, topology.mem_layout,
-                                      pin_memory=on_cuda)
+        host_pool = HostPool.allocate(
+            model,
+            owners.owned(runtime.rank, model.units),
+            sizing.host.num_pages,
+            topology.mem_layout,
+            pin_memory=on_cuda,
+        )
         uva = on_cuda and topology.io_backend is IoBackend.kernel
-        host_view = host_pool.alias([uva_alias(b, device) for b in host_pool.storage]) if uva \
-            else host_pool
+        host_view = (
+            host_pool.alias([uva_alias(b, device) for b in host_pool.storage]) if uva else host_pool
+        )
         return cls(
-            strategy=strategy, runtime=runtime, model=model, topology=topology, owners=owners,
-            sizing=sizing, device_pool=DevicePool.allocate(model, sizing.device_pages, device),
-            host_pool=host_pool, host_view=host_view,
-            staging=torch.empty(strategy.staging_bytes if exchanged else 0, dtype=torch.uint8,
-                                device=device),
+            strategy=strategy,
+            runtime=runtime,
+            model=model,
+            topology=topology,
+            owners=owners,
+            sizing=sizing,
+            device_pool=DevicePool.allocate(model, sizing.device_pages, device),
+            host_pool=host_pool,
+            host_view=host_view,
+            staging=torch.empty(
+                strategy.staging_bytes if exchanged else 0, dtype=torch.uint8, device=device
+            ),
         )
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
@@ -153,18 +175,30 @@ class Engine:
             forward.wait_event(event)
         self._gate.clear()
 
-    def _context(self, direction: Direction, host_indices: torch.Tensor,
-                 device_indices: torch.Tensor, stream: Stream) -> TransferContext:
+    def _context(
+        self,
+        direction: Direction,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        stream: Stream,
+    ) -> TransferContext:
         """Plan (validating the indices before any byte moves) and set up one transfer."""
         plan = build_plan(
-            direction, host_indices, device_indices, rank=self.runtime.rank,
-            units=self.model.units, owners=self.owners, page_size=self.model.page_size,
-            dcp_size=self.topology.dcp_size, dcp_rank=self.topology.dcp_rank(self.runtime.rank),
-            host_slots=self.sizing.host_slots, device_slots=self.sizing.device_slots,
-            io_backend=self.topology.io_backend, staging_bytes=self.strategy.staging_bytes,
+            direction,
+            host_indices,
+            device_indices,
+            rank=self.runtime.rank,
+            units=self.model.units,
+            owners=self.owners,
+            page_size=self.model.page_size,
+            dcp_size=self.topology.dcp_size,
+            dcp_rank=self.topology.dcp_rank(self.runtime.rank),
+            host_slots=self.sizing.host_slots,
+            device_slots=self.sizing.device_slots,
+            io_backend=self.topology.io_backend,
+            staging_bytes=self.strategy.staging_bytes,
         )
-        layers = sorted({s.unit.layer for s in plan.steps}) if direction is Direction.load \
-            else []
+        layers = sorted({s.unit.layer for s in plan.steps}) if direction is Direction.load else []
         sequence = self._sequence[direction]
         self._sequence[direction] += 1
         # The transfer must see everything the forward stream did to these slots so far.
@@ -173,11 +207,19 @@ class Engine:
         forward.record(ready)
         stream.wait_event(ready)
         return TransferContext(
-            plan=plan, device_pool=self.device_pool, host_pool=self.host_pool,
-            group=self.runtime.transfer_group, device=self.runtime.device, trace=self.trace,
-            host_view=self.host_view, staging=self.staging,
+            plan=plan,
+            device_pool=self.device_pool,
+            host_pool=self.host_pool,
+            group=self.runtime.transfer_group,
+            device=self.runtime.device,
+            trace=self.trace,
+            host_view=self.host_view,
+            staging=self.staging,
             layer_events={layer: stream.new_event() for layer in layers},
-            done=stream.new_event(), ordered=True, sequence=sequence, steps=plan.steps,
+            done=stream.new_event(),
+            ordered=True,
+            sequence=sequence,
+            steps=plan.steps,
             timings_s=self.timings_s,
         )
 

@@ -16,8 +16,9 @@ from pipeline.context import Event, Stage, Stream, TransferContext
 from pipeline.plan import Step
 
 
-def run_stages(stages: Iterable[Stage], ctx: TransferContext, step: Step | None,
-               stream: Stream) -> None:
+def run_stages(
+    stages: Iterable[Stage], ctx: TransferContext, step: Step | None, stream: Stream
+) -> None:
     for stage in stages:
         start = time.perf_counter()
         stage(ctx, step, stream)
@@ -81,8 +82,9 @@ class LoadHandle:
             run_stages(self._pipeline.exchange, self.ctx, step, consumer)
 
 
-def issue(pipeline: Pipeline, ctx: TransferContext, stream: Stream, *,
-          defer_exchange: bool) -> dict[int, Event] | None:
+def issue(
+    pipeline: Pipeline, ctx: TransferContext, stream: Stream, *, defer_exchange: bool
+) -> dict[int, Event] | None:
     """Submit a transfer on `stream`. With `defer_exchange`, return per-layer "copied" events
     and leave the exchange and finish lists to the handle."""
     copied = {layer: stream.new_event() for layer in ctx.layer_events} if defer_exchange else None

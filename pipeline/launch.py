@@ -42,25 +42,30 @@ def init_backend(backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
-def launch(fn: RankFn, payload: Any, world_size: int, *, backend: str,
-           timeout_s: float) -> list[Any] | None:
+def launch(
+    fn: RankFn, payload: Any, world_size: int, *, backend: str, timeout_s: float
+) -> list[Any] | None:
     """Run `fn` on every rank; every rank's result in rank order (None on torchrun ranks > 0)."""
     if under_torchrun():
         return _join_torchrun(fn, payload, world_size, backend, timeout_s)
     return _spawn(fn, payload, world_size, backend, timeout_s)
 
 
-def _join_torchrun(fn: RankFn, payload: Any, world_size: int, backend: str,
-                   timeout_s: float) -> list[Any] | None:
+def _join_torchrun(
+    fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: float
+) -> list[Any] | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if world != world_size:
-        raise ValueError(f"torchrun started {world} ranks but the topology needs {world_size}: "
-                         f"pass --nproc-per-node x --nnodes = {world_size}")
+        raise ValueError(
+            f"torchrun started {world} ranks but the topology needs {world_size}: "
+            f"pass --nproc-per-node x --nnodes = {world_size}"
+        )
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(init_backend(backend), init_method="env://",
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        init_backend(backend), init_method="env://", timeout=timedelta(seconds=timeout_s)
+    )
     try:
         result = fn(payload, rank, world, local_rank)
         gathered: list[Any] = [None] * world if rank == 0 else []
@@ -76,14 +81,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_entry(fn: RankFn, payload: Any, rank: int, world_size: int, port: int, backend: str,
-                timeout_s: float, results: Any) -> None:
+def _rank_entry(
+    fn: RankFn,
+    payload: Any,
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    results: Any,
+) -> None:
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(init_backend(backend), init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            init_backend(backend),
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         results.put((rank, True, fn(payload, rank, world_size, rank)))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
@@ -92,15 +109,17 @@ def _rank_entry(fn: RankFn, payload: Any, rank: int, world_size: int, port: int,
             dist.destroy_process_group()
 
 
-def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str,
-           timeout_s: float) -> list[Any]:
+def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: float) -> list[Any]:
     failed_at = 0.0
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_rank_entry, name=f"rank-{rank}",
-                    args=(fn, payload, rank, world_size, port, backend, timeout_s, results))
+        ctx.Process(
+            target=_rank_entry,
+            name=f"rank-{rank}",
+            args=(fn, payload, rank, world_size, port, backend, timeout_s, results),
+        )
         for rank in range(world_size)
     ]
     for p in procs:
@@ -113,8 +132,10 @@ def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str,
             if failed and time.monotonic() > failed_at + GRACE_S:
                 break
             if time.monotonic() > deadline:
-                raise RankFailure(f"ranks {sorted(set(range(world_size)) - set(done))} "
-                                  f"reported nothing within {timeout_s + 30:.0f} s")
+                raise RankFailure(
+                    f"ranks {sorted(set(range(world_size)) - set(done))} "
+                    f"reported nothing within {timeout_s + 30:.0f} s"
+                )
             try:
                 rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
@@ -130,7 +151,7 @@ def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str,
                 failed_at = time.monotonic()
     finally:
         for p in procs:
-            if failed or p.exitcode is None and len(done) < world_size:
+            if failed or (p.exitcode is None and len(done) < world_size):
                 p.terminate()
             p.join()
     if failed:

@@ -8,6 +8,7 @@ re-derive it. Everything here runs on CPU tensors: the plan is the host-side dec
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -167,11 +168,20 @@ def build_plan(
             f"{len(device_indices)}: pass one device slot per host slot"
         )
     plan = TransferPlan(
-        direction=direction, rank=rank, page_size=page_size, dcp_size=dcp_size,
-        dcp_rank=dcp_rank, host_indices=host_indices, device_indices=device_indices,
-        host_pages=host_pages, device_pages=device_pages,
-        runs=_runs(host_pages, device_pages), units=units, owners=owners,
-        io_backend=io_backend, steps=(),
+        direction=direction,
+        rank=rank,
+        page_size=page_size,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        host_indices=host_indices,
+        device_indices=device_indices,
+        host_pages=host_pages,
+        device_pages=device_pages,
+        runs=_runs(host_pages, device_pages),
+        units=units,
+        owners=owners,
+        io_backend=io_backend,
+        steps=(),
     )
     if direction is Direction.backup:
         steps = plan.chunked(plan.num_pages)
@@ -185,12 +195,16 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
     if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
         raise ValueError(f"{name} must be a 1-D tensor of slot indices")
     if indices.device.type != "cpu" or indices.dtype != torch.int64:
-        raise ValueError(f"{name} must be a CPU int64 tensor (got {indices.dtype} on "
-                         f"{indices.device}): plans are computed on the host")
+        raise ValueError(
+            f"{name} must be a CPU int64 tensor (got {indices.dtype} on "
+            f"{indices.device}): plans are computed on the host"
+        )
     n = len(indices)
     if n == 0 or n % widened:
-        raise ValueError(f"{name} has {n} slots: transfers move whole pages of {widened} slots "
-                         "(page_size x dcp_size)")
+        raise ValueError(
+            f"{name} has {n} slots: transfers move whole pages of {widened} slots "
+            "(page_size x dcp_size)"
+        )
     if int(indices.min()) < 0 or int(indices.max()) >= num_slots:
         raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     blocks = indices.view(-1, widened)
@@ -198,8 +212,10 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
     if bool((starts % widened != 0).any()) or bool(
         (blocks != starts.unsqueeze(1) + torch.arange(widened)).any()
     ):
-        raise ValueError(f"{name} is not page-aligned: every {widened} consecutive slots must "
-                         f"be one whole page (start at a multiple of {widened}, then +1 each)")
+        raise ValueError(
+            f"{name} is not page-aligned: every {widened} consecutive slots must "
+            f"be one whole page (start at a multiple of {widened}, then +1 each)"
+        )
     pages = starts // widened
     if len(torch.unique(pages)) != len(pages):
         raise ValueError(f"{name} names a page twice: each page moves once per transfer")
@@ -210,7 +226,7 @@ def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ..
     breaks = ((host_pages.diff() != 1) | (device_pages.diff() != 1)).nonzero().flatten() + 1
     bounds = [0, *breaks.tolist(), len(host_pages)]
     hp, dp = host_pages.tolist(), device_pages.tolist()
-    return tuple(Run(a, hp[a], dp[a], b - a) for a, b in zip(bounds, bounds[1:], strict=False))
+    return tuple(Run(a, hp[a], dp[a], b - a) for a, b in itertools.pairwise(bounds))
 
 
 def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
@@ -222,10 +238,12 @@ def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
         slices = [
             (u, first, min(per, plan.num_pages - first))
             for u in units
-            for per in [max(1, staging_bytes // u.page_bytes) if plan.exchanged(u)
-                        else plan.num_pages]
+            for per in [
+                max(1, staging_bytes // u.page_bytes) if plan.exchanged(u) else plan.num_pages
+            ]
             for first in range(0, plan.num_pages, per)
         ]
-        steps += [Step(u, f, c, last_in_layer=i == len(slices) - 1)
-                  for i, (u, f, c) in enumerate(slices)]
+        steps += [
+            Step(u, f, c, last_in_layer=i == len(slices) - 1) for i, (u, f, c) in enumerate(slices)
+        ]
     return tuple(steps)

@@ -30,7 +30,7 @@ def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
         entry = OmegaConf.to_container(node, resolve=True)
         assert isinstance(entry, dict)
         name = str(entry.pop("_target_")).rsplit(".", 2)[-2]
-        args = ", ".join(f"{k}={v}" for k, v in entry.items())
+        args = ", ".join(f"{k!s}={v}" for k, v in entry.items())
         return f"{name}({args})" if args else name
 
     return {
@@ -39,8 +39,9 @@ def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
     }
 
 
-def counts(plan: TransferPlan, model: ModelGeometry, topology: Topology,
-           owned_per_pool: dict[str, int]) -> dict[str, int]:
+def counts(
+    plan: TransferPlan, model: ModelGeometry, topology: Topology, owned_per_pool: dict[str, int]
+) -> dict[str, int]:
     """Ops this rank issues for one transfer, by kind."""
     ops = {"copy": 0, "gather": 0, "broadcast": 0, "scatter": 0}
     for step in plan.steps:
@@ -59,13 +60,21 @@ def plan_report(plain: dict) -> dict[str, Any]:
     topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
     workload: WorkloadConfig = OmegaConf.to_object(cfg.workload)  # type: ignore[assignment]
     strategy = assemble(cfg.strategy)
-    chunk_pages = next((s.chunk_pages for s in strategy.backup.prepare
-                        if isinstance(s, IssueChunk)), 0)
+    chunk_pages = next(
+        (s.chunk_pages for s in strategy.backup.prepare if isinstance(s, IssueChunk)), 0
+    )
     ranks = []
     for rank in range(topology.tp_size):
         owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
-        sizing = size_pools(model, topology, owners, rank, device_tokens=workload.device_tokens,
-                            host_ratio=workload.host_ratio, keep_capacity=strategy.keep_capacity)
+        sizing = size_pools(
+            model,
+            topology,
+            owners,
+            rank,
+            device_tokens=workload.device_tokens,
+            host_ratio=workload.host_ratio,
+            keep_capacity=strategy.keep_capacity,
+        )
         num_pages = workload.num_tokens // sizing.widened
         rng = random.Random(workload.seed)
         pick = None if workload.placement is Placement.contiguous else rng
@@ -78,11 +87,18 @@ def plan_report(plain: dict) -> dict[str, Any]:
         row: dict[str, Any] = {"rank": rank}
         for direction, device_pages in ((Direction.backup, source), (Direction.load, target)):
             plan = build_plan(
-                direction, page_tokens(host, sizing.widened),
-                page_tokens(device_pages, sizing.widened), rank=rank, units=model.units,
-                owners=owners, page_size=model.page_size, dcp_size=topology.dcp_size,
-                dcp_rank=topology.dcp_rank(rank), host_slots=sizing.host_slots,
-                device_slots=sizing.device_slots, io_backend=topology.io_backend,
+                direction,
+                page_tokens(host, sizing.widened),
+                page_tokens(device_pages, sizing.widened),
+                rank=rank,
+                units=model.units,
+                owners=owners,
+                page_size=model.page_size,
+                dcp_size=topology.dcp_size,
+                dcp_rank=topology.dcp_rank(rank),
+                host_slots=sizing.host_slots,
+                device_slots=sizing.device_slots,
+                io_backend=topology.io_backend,
                 staging_bytes=strategy.staging_bytes,
             )
             if direction is Direction.backup:

@@ -45,12 +45,11 @@ class DevicePool:
         self.num_pages = num_pages
 
     @classmethod
-    def allocate(
-        cls, model: ModelGeometry, num_pages: int, device: torch.device
-    ) -> DevicePool:
+    def allocate(cls, model: ModelGeometry, num_pages: int, device: torch.device) -> DevicePool:
         buffers = {
-            u.ordinal: torch.empty(unit_shape(model, u, num_pages), dtype=unit_dtype(model, u),
-                                   device=device)
+            u.ordinal: torch.empty(
+                unit_shape(model, u, num_pages), dtype=unit_dtype(model, u), device=device
+            )
             for u in model.units
         }
         return cls(buffers, num_pages)
@@ -119,8 +118,10 @@ class HostPool:
 
     def layer(self, unit: Unit) -> torch.Tensor:
         if unit.ordinal not in self.views:
-            raise ValueError(f"unit {unit.ordinal} ({unit.pool} layer {unit.layer}) is not "
-                             "held by this rank's host pool")
+            raise ValueError(
+                f"unit {unit.ordinal} ({unit.pool} layer {unit.layer}) is not "
+                "held by this rank's host pool"
+            )
         return self.views[unit.ordinal]
 
     def contiguous(self, unit: Unit) -> bool:
@@ -196,9 +197,12 @@ class PageAllocator:
         return len(self._free)
 
     def alloc(self, num_pages: int, rng: random.Random | None = None) -> list[int]:
+        if num_pages < 0:
+            raise ValueError(f"cannot allocate {num_pages} pages")
         if num_pages > len(self._free):
-            raise ValueError(f"out of pages: asked for {num_pages}, {len(self._free)} free "
-                             f"of {self.num_pages}")
+            raise ValueError(
+                f"out of pages: asked for {num_pages}, {len(self._free)} free of {self.num_pages}"
+            )
         free = sorted(self._free)
         pages = free[:num_pages] if rng is None else rng.sample(free, num_pages)
         self._free.difference_update(pages)
@@ -206,8 +210,8 @@ class PageAllocator:
 
     def free(self, pages: list[int]) -> None:
         taken = [p for p in pages if p in self._free or not 0 <= p < self.num_pages]
-        if taken:
-            raise ValueError(f"pages {taken[:8]} are not allocated")
+        if taken or len(set(pages)) != len(pages):
+            raise ValueError(f"pages {taken[:8]} are not allocated (or repeat in one call)")
         self._free.update(pages)
 
     def free_pages(self) -> list[int]:

@@ -27,8 +27,10 @@ def verdict_text(verdict: Verdict, model: ModelGeometry, topology: Topology) -> 
     if verdict.rules:
         lines.append("rules:")
         width = max(len(r.name) for r in verdict.rules)
-        lines += [f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<{width}}  {r.message}"
-                  for r in verdict.rules]
+        lines += [
+            f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<{width}}  {r.message}"
+            for r in verdict.rules
+        ]
     else:
         lines.append("rules: none (always active)")
     lines += ["notes:", *(f"  - {n}" for n in verdict.notes)] if verdict.notes else []
@@ -74,16 +76,19 @@ def run_text(result: dict[str, Any]) -> str:
         stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in r["stage_seconds"].items())
         lines += [
             f"rank {r['rank']}: D2H {human_bytes(r['d2h_bytes'])}, H2D "
-            f"{human_bytes(r['h2d_bytes'])}, broadcast sent {human_bytes(r['broadcast_send_bytes'])}"
-            f" / received {human_bytes(r['broadcast_recv_bytes'])}",
+            f"{human_bytes(r['h2d_bytes'])}, broadcast sent "
+            f"{human_bytes(r['broadcast_send_bytes'])} / received "
+            f"{human_bytes(r['broadcast_recv_bytes'])}",
             f"  host capacity {r['host_capacity_tokens']} tokens in "
             f"{human_bytes(r['host_pool_bytes'])}; {r['ops']} ops {r['ops_by_kind']}",
             f"  backup {r['gbps']['backup']:.2f} GB/s, load {r['gbps']['load']:.2f} GB/s; "
             f"stages: {stages}",
             f"  verified: {'bit-exact' if r['verified'] else 'MISMATCH ' + r['mismatch']}",
         ]
-    lines.append(f"verified: {'bit-exact' if result['verified'] else 'FAILED'} "
-                 f"({len(result['ranks'])} ranks)")
+    lines.append(
+        f"verified: {'bit-exact' if result['verified'] else 'FAILED'} "
+        f"({len(result['ranks'])} ranks)"
+    )
     return "\n".join(lines)
 
 

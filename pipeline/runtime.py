@@ -86,10 +86,10 @@ class Runtime:
                 CudaStream(torch.cuda.current_stream(device)),
             )
         else:
-            streams = (WorkerStream(f"load-{rank}"), WorkerStream(f"write-{rank}"),
-                       InlineStream())
-        return cls(rank, world_size, device, replica, transfer, cpu_group, *streams,
-                   timeout_s=timeout_s)
+            streams = (WorkerStream(f"load-{rank}"), WorkerStream(f"write-{rank}"), InlineStream())
+        return cls(
+            rank, world_size, device, replica, transfer, cpu_group, *streams, timeout_s=timeout_s
+        )
 
     def close(self) -> None:
         for stream in (self.load_stream, self.write_stream, self.forward_stream):

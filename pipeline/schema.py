@@ -91,7 +91,7 @@ class WorkloadConfig:
     device_tokens: int = MISSING
     """Device KV pool size in tokens (logical slots)."""
     host_ratio: float = 2.0
-    """Host budget = host_ratio x the device pool's bytes (like a serving engine's hicache ratio)."""
+    """Host budget = host_ratio x the device pool's bytes (a serving engine's hicache ratio)."""
 
 
 @dataclass

@@ -138,14 +138,24 @@ class ModelGeometry:
     def units(self) -> tuple[Unit, ...]:
         """KV layers first, then index-K layers, in ordinal order."""
         kv = [
-            Unit(ordinal=i, layer=i, pool="kv", rows_per_page=self.page_size,
-                 row_bytes=self.kv_row_bytes)
+            Unit(
+                ordinal=i,
+                layer=i,
+                pool="kv",
+                rows_per_page=self.page_size,
+                row_bytes=self.kv_row_bytes,
+            )
             for i in range(self.num_layers)
         ]
         index_row_bytes = self.page_size * self.indexer.row_bytes if self.indexer else 0
         index = [
-            Unit(ordinal=self.num_layers + j, layer=layer, pool="index", rows_per_page=1,
-                 row_bytes=index_row_bytes)
+            Unit(
+                ordinal=self.num_layers + j,
+                layer=layer,
+                pool="index",
+                rows_per_page=1,
+                row_bytes=index_row_bytes,
+            )
             for j, layer in enumerate(self.indexer_layers)
         ]
         return tuple(kv + index)
@@ -256,5 +266,5 @@ class Topology:
 def _require_positive(section: str, obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{section}.{name}={value!r} must be a positive integer")

@@ -32,7 +32,8 @@ def group_options() -> dict[str, list[str]]:
 
 def option_file(group: str, option: str) -> str:
     """Where an option lives, as a path a user can open."""
-    result = GlobalHydra.instance().config_loader().repository.load_config(f"{group}/{option}")
+    loader = GlobalHydra.instance().config_loader()
+    result = loader.repository.load_config(f"{group}/{option}")  # type: ignore[attr-defined]
     if result is None:
         return f"{group}/{option}"
     base = result.path.removeprefix("pkg://").removeprefix("file://")
@@ -52,12 +53,15 @@ def check_config(cfg: DictConfig, where: str, strategies: list[str]) -> list[str
     errors += stage_errors(cfg.strategy, where)
     unknown = [r for r in cfg.strategy.requires if r not in RULES]
     if unknown:
-        errors.append(f"{where}: strategy.requires: unknown rules {unknown}; known rules: "
-                      f"{sorted(RULES)}")
+        errors.append(
+            f"{where}: strategy.requires: unknown rules {unknown}; known rules: {sorted(RULES)}"
+        )
     fallback = cfg.strategy.fallback
     if fallback is not None and fallback not in strategies:
-        errors.append(f"{where}: strategy.fallback: {fallback!r} is not a strategy option "
-                      f"({', '.join(strategies)})")
+        errors.append(
+            f"{where}: strategy.fallback: {fallback!r} is not a strategy option "
+            f"({', '.join(strategies)})"
+        )
     return errors
 
 

@@ -28,23 +28,47 @@ POISON = 0xA5
 """Byte written into evicted and freshly allocated slots before a load-back."""
 
 
-def run_rank(job: dict[str, Any], rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
-    """Entry point of one rank (see `launch`). `job` holds the resolved, effective config."""
+def open_engine(
+    job: dict[str, Any], rank: int, world_size: int, local_rank: int
+) -> tuple[Engine, WorkloadConfig]:
+    """Groups, streams and pools of one rank for a job config (the effective, plain config)."""
     cfg = typed(job["config"])
     model: ModelGeometry = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
     topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
     workload: WorkloadConfig = OmegaConf.to_object(cfg.workload)  # type: ignore[assignment]
     strategy = assemble(cfg.strategy)
     device = pick_device(topology.device, local_rank)
-    runtime = Runtime.start(topology, model, rank=rank, world_size=world_size, device=device,
-                            backend=job["backend"], timeout_s=cfg.runtime.timeout_s)
+    runtime = Runtime.start(
+        topology,
+        model,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        backend=job["backend"],
+        timeout_s=cfg.runtime.timeout_s,
+    )
     try:
-        engine = Engine.create(strategy, runtime, model, topology,
-                               device_tokens=workload.device_tokens,
-                               host_ratio=workload.host_ratio)
+        engine = Engine.create(
+            strategy,
+            runtime,
+            model,
+            topology,
+            device_tokens=workload.device_tokens,
+            host_ratio=workload.host_ratio,
+        )
+    except BaseException:
+        runtime.close()
+        raise
+    return engine, workload
+
+
+def run_rank(job: dict[str, Any], rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+    """Entry point of one rank (see `launch`). `job` holds the resolved, effective config."""
+    engine, workload = open_engine(job, rank, world_size, local_rank)
+    try:
         report = drive(engine, workload)
     finally:
-        runtime.close()
+        engine.runtime.close()
     if job.get("trace"):
         report["trace"] = engine.trace.ops
     return report
@@ -55,8 +79,9 @@ def fill_random(engine: Engine, pages: list[int], generator: torch.Generator) ->
     index = torch.tensor(pages, dtype=torch.int64, device=engine.runtime.device)
     for unit in engine.model.units:
         layer = engine.device_pool.layer(unit).view(torch.uint8)
-        data = torch.randint(0, 256, (len(pages), *layer.shape[1:]), dtype=torch.uint8,
-                             generator=generator)
+        data = torch.randint(
+            0, 256, (len(pages), *layer.shape[1:]), dtype=torch.uint8, generator=generator
+        )
         layer.index_copy_(0, index, data.to(layer.device))
 
 
@@ -68,8 +93,10 @@ def poison(engine: Engine, pages: list[int]) -> None:
 
 def snapshot(engine: Engine, pages: list[int]) -> dict[int, torch.Tensor]:
     index = torch.tensor(pages, dtype=torch.int64, device=engine.runtime.device)
-    return {u.ordinal: engine.device_pool.layer(u).view(torch.uint8).index_select(0, index)
-            for u in engine.model.units}
+    return {
+        u.ordinal: engine.device_pool.layer(u).view(torch.uint8).index_select(0, index)
+        for u in engine.model.units
+    }
 
 
 def first_mismatch(engine: Engine, pages: list[int], expected: dict[int, torch.Tensor]) -> str:
@@ -79,23 +106,31 @@ def first_mismatch(engine: Engine, pages: list[int], expected: dict[int, torch.T
         bad = (got[unit.ordinal] != expected[unit.ordinal]).flatten(1).any(1).nonzero()
         if len(bad):
             page = int(bad[0])
-            return (f"rank {engine.runtime.rank}: {unit.pool} layer {unit.layer} differs at "
-                    f"transfer page {page} (device page {pages[page]}); {len(bad)} pages differ")
+            return (
+                f"rank {engine.runtime.rank}: {unit.pool} layer {unit.layer} differs at "
+                f"transfer page {page} (device page {pages[page]}); {len(bad)} pages differ"
+            )
     return ""
 
 
 def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
     widened = engine.sizing.widened
     if workload.num_tokens % widened:
-        raise ValueError(f"workload.num_tokens={workload.num_tokens} must be a multiple of "
-                         f"page_size x dcp_size = {widened}")
+        raise ValueError(
+            f"workload.num_tokens={workload.num_tokens} must be a multiple of "
+            f"page_size x dcp_size = {widened}"
+        )
     pages = workload.num_tokens // widened
     if 2 * pages > engine.sizing.device_pages:
-        raise ValueError(f"workload.device_tokens={workload.device_tokens} must hold twice "
-                         f"num_tokens={workload.num_tokens} (backup source + load target)")
+        raise ValueError(
+            f"workload.device_tokens={workload.device_tokens} must hold twice "
+            f"num_tokens={workload.num_tokens} (backup source + load target)"
+        )
     if pages > engine.sizing.host.num_pages:
-        raise ValueError(f"the host pool holds {engine.sizing.host_slots} tokens < num_tokens="
-                         f"{workload.num_tokens}; raise workload.host_ratio")
+        raise ValueError(
+            f"the host pool holds {engine.sizing.host_slots} tokens < num_tokens="
+            f"{workload.num_tokens}; raise workload.host_ratio"
+        )
     return pages
 
 
@@ -112,7 +147,8 @@ def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
     for cycle in range(workload.cycles):
         source = device_alloc.alloc(num_pages, pick)
         generator = torch.Generator().manual_seed(
-            workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0])
+            workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0]
+        )
         fill_random(engine, source, generator)
         expected = snapshot(engine, source)
         host = host_alloc.alloc(num_pages, pick)

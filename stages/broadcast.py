@@ -29,5 +29,12 @@ class Broadcast:
         nbytes = step.count * step.unit.page_bytes
         source = plan.source(step.unit)
         dist.broadcast(ctx.staging[:nbytes], src=source, group=ctx.group)
-        ctx.trace.op("broadcast", unit=step.unit.ordinal, first=step.first, pages=step.count,
-                     src=source, bytes=nbytes, sent=source == plan.rank)
+        ctx.trace.op(
+            "broadcast",
+            unit=step.unit.ordinal,
+            first=step.first,
+            pages=step.count,
+            src=source,
+            bytes=nbytes,
+            sent=source == plan.rank,
+        )

@@ -29,13 +29,26 @@ class Copy:
                 host.index_copy_(0, host_pages, device.index_select(0, device_pages))
             else:
                 device.index_copy_(0, device_pages, host.index_select(0, host_pages))
-            ctx.trace.op("copy", direction=direction, unit=unit.ordinal, first=step.first,
-                         pages=step.count, bytes=step.count * unit.page_bytes)
+            ctx.trace.op(
+                "copy",
+                direction=direction,
+                unit=unit.ordinal,
+                first=step.first,
+                pages=step.count,
+                bytes=step.count * unit.page_bytes,
+            )
             return
         for run in plan.copy_pieces(step, ctx.host_pool.contiguous(unit)):
             d = device[run.device_page : run.device_page + run.count]
             h = host[run.host_page : run.host_page + run.count]
             (h if to_host else d).copy_(d if to_host else h, non_blocking=True)
-            ctx.trace.op("copy", direction=direction, unit=unit.ordinal, first=run.first,
-                         pages=run.count, bytes=run.count * unit.page_bytes,
-                         host_page=run.host_page, device_page=run.device_page)
+            ctx.trace.op(
+                "copy",
+                direction=direction,
+                unit=unit.ordinal,
+                first=run.first,
+                pages=run.count,
+                bytes=run.count * unit.page_bytes,
+                host_page=run.host_page,
+                device_page=run.device_page,
+            )

@@ -20,7 +20,13 @@ class Gather:
         if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.rank:
             return
         _, device_pages = step_pages(ctx, step)
-        torch.index_select(ctx.device_pool.layer(step.unit), 0, device_pages,
-                           out=staging_for(ctx, step))
-        ctx.trace.op("gather", unit=step.unit.ordinal, first=step.first, pages=step.count,
-                     bytes=step.count * step.unit.page_bytes)
+        torch.index_select(
+            ctx.device_pool.layer(step.unit), 0, device_pages, out=staging_for(ctx, step)
+        )
+        ctx.trace.op(
+            "gather",
+            unit=step.unit.ordinal,
+            first=step.first,
+            pages=step.count,
+            bytes=step.count * step.unit.page_bytes,
+        )

@@ -14,6 +14,8 @@ def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int
     A strided view (`indices[rank::dcp] // dcp`), never a boolean mask: a mask's nonzero would
     make the device wait for the host. Identity at dcp 1.
     """
+    if not 0 <= dcp_rank < dcp_size:
+        raise ValueError(f"dcp_rank={dcp_rank} is outside 0..{dcp_size - 1}")
     widened = page_size * dcp_size
     if len(indices) % widened:
         raise ValueError(
@@ -30,8 +32,12 @@ class Localize:
         plan = ctx.plan
 
         def pages(indices: torch.Tensor) -> torch.Tensor:
-            rows = localize(indices.to(ctx.device, non_blocking=True), plan.page_size,
-                            plan.dcp_size, plan.dcp_rank)
+            rows = localize(
+                indices.to(ctx.device, non_blocking=True),
+                plan.page_size,
+                plan.dcp_size,
+                plan.dcp_rank,
+            )
             return rows[:: plan.page_size] // plan.page_size
 
         ctx.host_pages = pages(plan.host_indices)

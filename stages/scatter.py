@@ -16,5 +16,10 @@ class Scatter:
             return
         _, device_pages = step_pages(ctx, step)
         ctx.device_pool.layer(step.unit).index_copy_(0, device_pages, staging_for(ctx, step))
-        ctx.trace.op("scatter", unit=step.unit.ordinal, first=step.first, pages=step.count,
-                     bytes=step.count * step.unit.page_bytes)
+        ctx.trace.op(
+            "scatter",
+            unit=step.unit.ordinal,
+            first=step.first,
+            pages=step.count,
+            bytes=step.count * step.unit.page_bytes,
+        )

@@ -35,8 +35,10 @@ class Verify:
         assert ctx.device_pages is not None, "localize runs first"
         units = ctx.plan.units
         mine = torch.stack(
-            [page_digests(ctx.device_pool.layer(u).index_select(0, ctx.device_pages))
-             for u in units]
+            [
+                page_digests(ctx.device_pool.layer(u).index_select(0, ctx.device_pages))
+                for u in units
+            ]
         )
         everyone = [torch.empty_like(mine) for _ in group]
         dist.all_gather(everyone, mine, group=ctx.group)

@@ -1,0 +1,193 @@
+"""Functions that run inside spawned ranks (one process per rank, real gloo groups)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import torch
+
+from pipeline.engine import Engine
+from pipeline.executor import issue
+from pipeline.plan import Direction
+from pipeline.pools import page_tokens
+from pipeline.workload import (
+    fill_random,
+    first_mismatch,
+    forward,
+    open_engine,
+    poison,
+    run_rank,
+    snapshot,
+)
+from stages.scatter import Scatter
+
+
+def run_jobs(jobs: list[dict[str, Any]], rank: int, world_size: int, local_rank: int) -> list:
+    """`run` on this rank for each job config in turn (one spawn serves many configs)."""
+    return [
+        run_rank({"config": cfg, "backend": "gloo", "trace": True}, rank, world_size, local_rank)
+        for cfg in jobs
+    ]
+
+
+def _job(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"config": cfg, "backend": "gloo", "trace": False}
+
+
+def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], dict]:
+    """Fill source pages, back them up; returns (host pages, source pages, expected bytes)."""
+    source = list(range(num_pages))
+    fill_random(engine, source, torch.Generator().manual_seed(7))
+    expected = snapshot(engine, source)
+    host = list(range(num_pages))
+    size = engine.sizing.widened
+    engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
+    return host, source, expected
+
+
+def _load_and_check(engine: Engine, host: list[int], target: list[int], expected: dict) -> str:
+    """Load into poisoned target pages; '' when bit-exact, else the failure message."""
+    size = engine.sizing.widened
+    poison(engine, target)
+    handle = engine.load(page_tokens(host, size), page_tokens(target, size))
+    try:
+        forward(engine, handle)
+        handle.done(engine.runtime.forward_stream).wait()
+    except RuntimeError as e:
+        return str(e)
+    return first_mismatch(engine, target, expected)
+
+
+def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_rank: int) -> str:
+    """Break one rank on purpose; returns what verification said on this rank.
+
+    skip_scatter: rank 1 takes part in every broadcast but drops what it receives.
+    diverge_host: after the backup, one byte of host page 0 of layer 0 flips on the rank
+    that holds it (rank 1 when replicated, the layer's owner otherwise).
+    """
+    cfg, case = args
+    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    try:
+        if case == "skip_scatter" and rank == 1:
+            load = engine.strategy.load
+            kept = tuple(s for s in load.exchange if not isinstance(s, Scatter))
+            engine.strategy = dataclasses.replace(
+                engine.strategy, load=dataclasses.replace(load, exchange=kept)
+            )
+        host, source, expected = _backed_up(engine, 4)
+        unit = engine.model.units[0]
+        holder = engine.owners.sources[0]
+        if case == "diverge_host" and rank == (1 if holder is None else holder):
+            engine.host_pool.layer(unit).view(torch.uint8)[host[0], 0, 0] ^= 0xFF
+        return _load_and_check(engine, host, [p + 8 for p in source], expected)
+    finally:
+        engine.runtime.close()
+
+
+def overlap(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+    """Can the forward use layer 0 while the last layer has not arrived yet?
+
+    A stage held on an event stalls the transfer stream before the last layer's copy (gate
+    ordering), or the forward simply has not asked for later layers (forward_stream).
+    """
+    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    release = threading.Event()
+    last = engine.model.num_layers - 1
+    hold = HoldBefore(layer=last, release=release)
+    load = engine.strategy.load
+    engine.strategy = dataclasses.replace(
+        engine.strategy, load=dataclasses.replace(load, per_step=(hold, *load.per_step))
+    )
+    try:
+        host, source, expected = _backed_up(engine, 4)
+        target = [p + 8 for p in source]
+        size = engine.sizing.widened
+        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
+        forward_stream = engine.runtime.forward_stream
+        if engine.strategy.ordering.value == "forward_stream":
+            release.set()  # nothing is held: later layers wait for the forward to ask
+        handle.wait(0, forward_stream)
+        result = {"layer0_ready": handle.ready(0), "last_ready_early": handle.ready(last)}
+        release.set()
+        for layer in range(1, last + 1):
+            handle.wait(layer, forward_stream)
+        handle.done(forward_stream).wait()
+        result["mismatch"] = first_mismatch(engine, target, expected)
+        return result
+    finally:
+        release.set()
+        engine.runtime.close()
+
+
+class HoldBefore:
+    """Test stage: blocks its stream at the first step of `layer` until released."""
+
+    def __init__(self, *, layer: int, release: threading.Event) -> None:
+        self.layer, self.release = layer, release
+
+    def __call__(self, ctx: Any, step: Any, stream: Any) -> None:
+        if step is not None and step.unit.layer == self.layer:
+            assert self.release.wait(timeout=30), "never released"
+
+
+def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
+    """Issue a sharded load straight through the executor, without the engine's entry point."""
+    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    try:
+        host, source, _ = _backed_up(engine, 4)
+        size = engine.sizing.widened
+        stream = engine.runtime.load_stream
+        ctx = engine._context(
+            Direction.load,
+            page_tokens(host, size),
+            page_tokens([p + 8 for p in source], size),
+            stream,
+        )
+        ctx.ordered = False
+        issue(engine.strategy.load, ctx, stream, defer_exchange=False)
+        try:
+            ctx.done.wait()
+        except RuntimeError as e:
+            return str(e)
+        return ""
+    finally:
+        engine.runtime.close()
+
+
+def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[str]:
+    """Each malformed transfer raises ValueError and leaves both pools byte-for-byte alone."""
+    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    try:
+        host, source, _ = _backed_up(engine, 4)
+        device_before = {k: v.clone() for k, v in engine.device_pool.buffers.items()}
+        host_before = [b.clone() for b in engine.host_pool.storage]
+        size = engine.sizing.widened
+        good_host, good_device = page_tokens(host, size), page_tokens(source, size)
+        cases = {
+            "ragged": (good_host[:-1], good_device[:-1]),
+            "out of range": (good_host + 10**6, good_device),
+            "mismatched": (good_host, good_device[:size]),
+            "duplicates": (page_tokens([0, 0], size), page_tokens([1, 2], size)),
+        }
+        said = []
+        for hosts, devices in cases.values():
+            for call in (engine.backup, engine.load):
+                try:
+                    call(hosts, devices)
+                except ValueError as e:
+                    said.append(str(e))
+        engine.runtime.load_stream.synchronize()
+        engine.runtime.write_stream.synchronize()
+
+        def same(a: torch.Tensor, b: torch.Tensor) -> bool:  # bytes: random bf16 holds NaNs
+            return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+        unchanged = all(same(device_before[k], v) for k, v in engine.device_pool.buffers.items())
+        unchanged &= all(
+            same(a, b) for a, b in zip(host_before, engine.host_pool.storage, strict=True)
+        )
+        return [*said, f"unchanged={unchanged}"]
+    finally:
+        engine.runtime.close()

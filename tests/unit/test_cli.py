@@ -1,0 +1,156 @@
+"""The command line as a user meets it: subprocesses, exit codes, JSON on stdout, no litter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_explain_json_lists_every_rule_and_the_fallback(tmp_path: Path) -> None:
+    done = cli(
+        "explain",
+        "strategy=rotating",
+        "topology=h200x8_dp8",
+        "topology.nnodes=2",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout)
+    assert verdict["strategy"] == "rotating" and verdict["active"] is False
+    assert verdict["effective_strategy"] == "replicated"
+    failed = {r["name"]: r["message"] for r in verdict["rules"] if not r["passed"]}
+    assert set(failed) == {"attn_tp_gt_1", "single_node"}  # both reported, not just the first
+    assert "raise topology.tp_size" in failed["attn_tp_gt_1"]
+    assert len(verdict["rules"]) == 12
+    assert list(tmp_path.iterdir()) == []  # no outputs/ or .hydra folders left behind
+
+
+def test_strict_explain_and_run_refuse_an_inactive_strategy(tmp_path: Path) -> None:
+    args = ("strategy=rotating", "topology=tp1", "strict=true")
+    assert cli("explain", *args, cwd=tmp_path).returncode == 1
+    run = cli("run", *args, cwd=tmp_path)
+    assert run.returncode == 1
+    assert "strict: strategy rotating is inactive (attn_tp_gt_1" in run.stderr
+
+
+def test_normalizations_are_notes(tmp_path: Path) -> None:
+    done = cli(
+        "explain",
+        "topology.io_backend=direct",
+        "topology.mem_layout=page_first",
+        "--json",
+        cwd=tmp_path,
+    )
+    notes = json.loads(done.stdout)["notes"]
+    assert notes == [
+        "mem_layout page_first -> page_first_direct: the direct backend copies whole pages"
+    ]
+
+
+def test_plan_sizes_tp8_on_a_laptop(tmp_path: Path) -> None:
+    done = cli(
+        "plan",
+        "strategy=rotating",
+        "topology=tp8",
+        "model=deepseek_v3",
+        "workload.num_tokens=16384",
+        "workload.device_tokens=65536",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    ranks = plan["ranks"]
+    assert len(ranks) == 8
+    total = 16384 * 70272
+    assert sum(r["h2d_bytes"] for r in ranks) == total
+    assert sum(r["broadcast_send_bytes"] for r in ranks) == total
+    assert plan["stages"]["load"]["exchange"] == ["gather", "broadcast", "scatter", "record_event"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_reports_json_and_bit_exact(tmp_path: Path) -> None:
+    done = cli("run", "strategy=rotating", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["verified"] is True and result["effective_strategy"] == "rotating"
+    assert {
+        "rank",
+        "d2h_bytes",
+        "h2d_bytes",
+        "broadcast_send_bytes",
+        "broadcast_recv_bytes",
+        "host_capacity_tokens",
+        "host_pool_bytes",
+        "ops",
+    } <= set(result["ranks"][0])
+
+
+def test_validate_accepts_every_shipped_config(tmp_path: Path) -> None:
+    done = cli("validate", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["valid"] and len(result["checked"]) >= 20
+    assert list(tmp_path.iterdir()) == []
+
+
+BAD = {
+    "model/typo.yaml": "defaults: [tiny_mla, _self_]\nname: typo\nnum_layrs: 3\n",
+    "model/wrongtype.yaml": "defaults: [tiny_mla, _self_]\nname: w\nnum_layers: many\n",
+    "model/badenum.yaml": "defaults: [tiny_mla, _self_]\nname: e\nkv_dtype: int3\n",
+    "topology/impossible.yaml": "defaults: [tp4, _self_]\nname: i\ndp_size: 3\n"
+    "dp_attention: true\n",
+    "strategy/evil.yaml": "defaults: [replicated, _self_]\nname: evil\nbackup:\n  finish:\n"
+    "    - _target_: os.system\n      command: echo pwned\n",
+    "strategy/unbindable.yaml": "defaults: [replicated, _self_]\nname: u\nbackup:\n"
+    "  prepare:\n    - _target_: stages.issue_chunk.IssueChunk\n"
+    "      chunk_page: 4\n",
+}
+
+
+def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
+    for name, text in BAD.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    done = cli("validate", "--config-dir", str(tmp_path), "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    errors = json.loads(done.stdout)["errors"]
+    joined = "\n".join(errors)
+    expectations = {
+        "model/typo.yaml": "num_layrs",
+        "model/wrongtype.yaml": "many",
+        "model/badenum.yaml": "int3",
+        "topology/impossible.yaml": "dp_size=3 must divide topology.tp_size=4",
+        "strategy/evil.yaml": "'os.system' lies outside the 'stages' package",
+        "strategy/unbindable.yaml": "strategy.backup.prepare[0]",
+    }
+    for name, fragment in expectations.items():
+        assert any(name in e and fragment in e for e in errors), (name, joined)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"]])
+def test_help(args: list[str], tmp_path: Path) -> None:
+    done = cli(*args, cwd=tmp_path)
+    assert done.returncode == 0
+    assert "hicache-pipeline" in done.stdout and "strategy" in done.stdout
+
+
+def test_unknown_key_fails_before_anything_runs(tmp_path: Path) -> None:
+    done = cli("run", "+strategy.chunk_page=4", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "strategy.chunk_page: not a field of StrategyConfig" in done.stderr

@@ -1,0 +1,279 @@
+"""build_plan: input validation, runs, steps (backup chunks, load slices), pieces and bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.ownership import owner_map
+from pipeline.plan import Direction, Run, TransferPlan, build_plan
+from pipeline.pools import page_tokens
+from pipeline.schema import Ownership
+from pipeline.topology import IndexerConfig, IoBackend, KvDtype, ModelGeometry, ModelKind
+
+PAGE = 4
+MODEL = ModelGeometry(
+    name="m",
+    kind=ModelKind.mla,
+    num_layers=4,
+    kv_row_bytes=64,
+    kv_dtype=KvDtype.bf16,
+    page_size=PAGE,
+)
+PAGE_BYTES = PAGE * 64  # of one KV unit
+DSA = ModelGeometry(
+    name="d",
+    kind=ModelKind.mla,
+    num_layers=2,
+    kv_row_bytes=48,
+    kv_dtype=KvDtype.fp8,
+    page_size=PAGE,
+    indexer=IndexerConfig(row_bytes=16, layers=[1]),
+)
+
+
+def plan(
+    host,
+    device=None,
+    *,
+    direction=Direction.backup,
+    ownership=Ownership.replicated,
+    group=(0, 1),
+    rank=0,
+    model=MODEL,
+    dcp_size=1,
+    staging_bytes=1 << 20,
+    io_backend=IoBackend.kernel,
+) -> TransferPlan:
+    """A plan over pages (lists of page ids become whole-page slot tensors)."""
+
+    def slots(x):
+        return page_tokens(x, PAGE * dcp_size) if isinstance(x, list) else x
+
+    host = slots(host)
+    device = host.clone() if device is None else slots(device)
+    return build_plan(
+        direction,
+        host,
+        device,
+        rank=rank,
+        units=model.units,
+        owners=owner_map(ownership, group, model.units),
+        page_size=PAGE,
+        dcp_size=dcp_size,
+        dcp_rank=0,
+        host_slots=64 * dcp_size,
+        device_slots=64 * dcp_size,
+        io_backend=io_backend,
+        staging_bytes=staging_bytes,
+    )
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def t(*xs: int) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("host", "device", "match"),
+    [
+        (t(0, 1, 2, 3, 4, 5), None, r"host_indices has 6 slots: transfers move whole pages of 4"),
+        (t(), None, r"host_indices has 0 slots"),
+        (t(60, 61, 62, 63, 64, 65, 66, 67), None, r"host_indices has slots outside 0\.\.63"),
+        (t(0, 1, 2, 3), t(-4, -3, -2, -1), r"device_indices has slots outside 0\.\.63"),
+        ([0, 1], [0], r"host_indices has 8 slots and device_indices 4: pass one device slot"),
+        ([3, 1, 3], None, r"host_indices names a page twice"),
+        ([0], [2, 2], r"device_indices names a page twice"),
+        (t(1, 2, 3, 4), None, r"host_indices is not page-aligned.*start at a multiple of 4"),
+        (t(0, 1, 3, 2), None, r"host_indices is not page-aligned"),
+        (t(4, 5, 6, 7, 8, 10, 9, 11), None, r"host_indices is not page-aligned"),
+        (torch.arange(4, dtype=torch.int32), None, r"host_indices must be a CPU int64 tensor"),
+        (torch.arange(8).view(2, 4), None, r"host_indices must be a 1-D tensor"),
+        ([0, 1, 2, 3], None, None),
+    ],
+)
+def test_bad_indices_raise(host, device, match) -> None:
+    """Every malformed input is a ValueError naming the argument and the rule."""
+    if match is None:  # a well-formed control case
+        assert plan(host, device).num_pages == 4
+        return
+    with pytest.raises(ValueError, match=match):
+        plan(host, device)
+
+
+def test_non_tensor_input_rejected() -> None:
+    """A Python sequence is not a tensor of slots."""
+    with pytest.raises(ValueError, match="host_indices must be a 1-D tensor of slot indices"):
+        plan((0, 1, 2, 3), t(0, 1, 2, 3))
+
+
+DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_cpu_indices_rejected(device: str) -> None:
+    """Plans are computed on the host: any non-CPU tensor (meta stands in for CUDA) is refused."""
+    with pytest.raises(ValueError, match=rf"device_indices must be a CPU int64 tensor.*{device}"):
+        plan([0], torch.arange(4, device=device))
+
+
+def test_dcp_widens_pages() -> None:
+    """With dcp 2 a page is 8 logical slots: 4 slots are ragged, 8 make one page."""
+    with pytest.raises(ValueError, match=r"whole pages of 8 slots \(page_size x dcp_size\)"):
+        plan(t(0, 1, 2, 3), dcp_size=2)
+    p = plan([5, 2], dcp_size=2)
+    assert p.host_pages.tolist() == [5, 2]
+    assert (p.num_pages, p.num_tokens) == (2, 16)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def test_contiguous_pages_are_one_run() -> None:
+    """Consecutive on both sides: a single run."""
+    assert plan([2, 3, 4], [5, 6, 7]).runs == (Run(0, 2, 5, 3),)
+
+
+def test_fragmented_pages_split_runs() -> None:
+    """A break on either side starts a new run."""
+    assert plan([0, 1, 5], [3, 4, 5]).runs == (Run(0, 0, 3, 2), Run(2, 5, 5, 1))
+    assert plan([0, 1, 2], [0, 2, 3]).runs == (Run(0, 0, 0, 1), Run(1, 1, 2, 2))
+    assert len(plan([9, 7, 5, 3]).runs) == 4
+
+
+def test_runs_in_clips_to_a_page_window() -> None:
+    """runs_in shifts host/device pages with the clipped start."""
+    p = plan([0, 1, 2, 8, 9], [10, 11, 12, 14, 15])
+    assert p.runs_in(1, 3) == [Run(1, 1, 11, 2), Run(3, 8, 14, 1)]
+    assert p.runs_in(4, 5) == [Run(4, 9, 15, 1)]
+    assert p.runs_in(0, 0) == []
+
+
+# --- backup steps ----------------------------------------------------------------------------
+
+
+def test_backup_is_one_step_per_copied_unit() -> None:
+    """Unchunked backup: every owned unit once, over all pages."""
+    p = plan([0, 1, 2], ownership=Ownership.rotating, rank=1)
+    assert [(s.unit.ordinal, s.first, s.count) for s in p.steps] == [(1, 0, 3), (3, 0, 3)]
+
+
+def test_chunked_covers_every_page_in_order_per_unit() -> None:
+    """chunked(2) over 5 pages: batches of 2, 2, 1, each with every copied unit."""
+    p = plan([0, 1, 2, 3, 4])
+    steps = p.chunked(2)
+    assert [(s.first, s.count) for s in steps[::4]] == [(0, 2), (2, 2), (4, 1)]
+    assert [s.unit.ordinal for s in steps[:4]] == [0, 1, 2, 3]
+    for unit in MODEL.units:
+        pages = [k for s in steps if s.unit == unit for k in range(s.first, s.first + s.count)]
+        assert pages == [0, 1, 2, 3, 4]
+    assert all(s.last_in_layer for s in steps)
+    assert p.chunked(0) == p.steps
+
+
+def test_copy_pieces_split_per_page_when_not_contiguous() -> None:
+    """Direct copies: whole clipped runs if host rows are contiguous, else one per page."""
+    p = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct)
+    step = p.steps[0]
+    assert p.copy_pieces(step, contiguous=True) == [Run(0, 0, 4, 3), Run(3, 6, 7, 1)]
+    assert p.copy_pieces(step, contiguous=False) == [
+        Run(0, 0, 4, 1),
+        Run(1, 1, 5, 1),
+        Run(2, 2, 6, 1),
+        Run(3, 6, 7, 1),
+    ]
+    assert (p.copy_ops(step, True), p.copy_ops(step, False)) == (2, 4)
+    kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
+    assert kernel.copy_ops(kernel.steps[0], False) == 1
+
+
+# --- bytes -----------------------------------------------------------------------------------
+
+FULL = 4 * 4 * PAGE_BYTES  # 4 layers x 4 pages
+
+
+def moved(direction, ownership, rank, group=(0, 1)) -> tuple[int, int, int]:
+    """(bytes copied between tiers, broadcast bytes sent, received) for 4 pages."""
+    p = plan([0, 1, 2, 3], direction=direction, ownership=ownership, group=group, rank=rank)
+    key = "d2h_bytes" if direction is Direction.backup else "h2d_bytes"
+    got = p.bytes_moved()
+    assert list(got) == [key, "broadcast_send_bytes", "broadcast_recv_bytes"]
+    return tuple(got.values())
+
+
+def test_bytes_moved_replicated() -> None:
+    """Every rank copies all 4 layers of 4 pages; nothing is broadcast."""
+    assert moved(Direction.backup, Ownership.replicated, 1) == (FULL, 0, 0)
+    assert moved(Direction.load, Ownership.replicated, 1) == (FULL, 0, 0)
+
+
+def test_bytes_moved_rotating() -> None:
+    """Each rank copies and sends its share and receives the rest (backup: no broadcast)."""
+    half = FULL // 2
+    for rank in (0, 1):
+        assert moved(Direction.backup, Ownership.rotating, rank) == (half, 0, 0)
+        assert moved(Direction.load, Ownership.rotating, rank) == (half, half, half)
+    quarter = FULL // 4
+    group = (4, 5, 6, 7)
+    assert moved(Direction.load, Ownership.rotating, 6, group) == (quarter, quarter, 3 * quarter)
+
+
+def test_bytes_moved_single_source() -> None:
+    """The first rank copies and sends everything; its peer only receives."""
+    assert moved(Direction.load, Ownership.single_source, 0) == (FULL, FULL, 0)
+    assert moved(Direction.load, Ownership.single_source, 1) == (0, 0, FULL)
+    assert moved(Direction.backup, Ownership.single_source, 0) == (FULL, 0, 0)
+    assert moved(Direction.backup, Ownership.single_source, 1) == (0, 0, 0)
+
+
+# --- load steps ------------------------------------------------------------------------------
+
+
+def test_load_steps_slice_exchanged_units_by_staging_bytes() -> None:
+    """2 pages fit the staging buffer: each layer is 2 steps, only the second ends the layer."""
+    p = plan(
+        [0, 1, 2, 3],
+        direction=Direction.load,
+        ownership=Ownership.rotating,
+        staging_bytes=2 * PAGE_BYTES + 1,
+    )
+    assert [(s.unit.ordinal, s.first, s.count, s.last_in_layer) for s in p.steps] == [
+        (u, f, 2, f == 2) for u in range(4) for f in (0, 2)
+    ]
+
+
+def test_load_steps_at_least_one_page_per_slice() -> None:
+    """A staging buffer smaller than a page still moves one page per step."""
+    p = plan([0, 1, 2], direction=Direction.load, ownership=Ownership.rotating, staging_bytes=1)
+    assert [(s.first, s.count) for s in p.steps if s.unit.ordinal == 0] == [(0, 1), (1, 1), (2, 1)]
+    assert sum(s.last_in_layer for s in p.steps) == 4
+
+
+def test_load_steps_unsliced_when_not_exchanged() -> None:
+    """Replicated loads ignore staging_bytes: one whole-transfer step per layer."""
+    p = plan([0, 1, 2, 3], direction=Direction.load, staging_bytes=1)
+    assert [(s.unit.ordinal, s.count, s.last_in_layer) for s in p.steps] == [
+        (u, 4, True) for u in range(4)
+    ]
+
+
+def test_load_steps_group_kv_and_index_by_layer() -> None:
+    """A DSA layer's KV and index-K units form one layer; only its very last step ends it.
+
+    Staging holds 2 KV pages (2 x 192 B) but all 4 index-K pages (64 B each)."""
+    p = plan(
+        [0, 1, 2, 3],
+        direction=Direction.load,
+        ownership=Ownership.rotating,
+        model=DSA,
+        staging_bytes=2 * PAGE * 48,
+    )
+    assert [(s.unit.ordinal, s.unit.layer, s.first, s.count, s.last_in_layer) for s in p.steps] == [
+        (0, 0, 0, 2, False),
+        (0, 0, 2, 2, True),
+        (1, 1, 0, 2, False),
+        (1, 1, 2, 2, False),
+        (2, 1, 0, 4, True),
+    ]
