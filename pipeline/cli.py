@@ -7,6 +7,7 @@ result to a plain function. `--json` prints one JSON document on stdout; logs go
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -17,10 +18,10 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pipeline import report
+from pipeline import ordering, report
 from pipeline.config import Session, typed
 from pipeline.launch import RankFailure, launch
-from pipeline.planner import plan_report
+from pipeline.planner import broadcasts_per_layer, plan_report
 from pipeline.runtime import pick_backend, pick_device
 from pipeline.validate import check_config, group_options, validate_all
 from pipeline.workload import run_rank
@@ -103,11 +104,34 @@ def validate(session: Session, as_json: bool) -> int:
     return 0 if not errors else 1
 
 
+def check_ordering(session: Session, as_json: bool) -> int:
+    """Model one sharded load against the forward's collectives under each ordering design."""
+    plain, verdict = session.effective()
+    per_layer, group = broadcasts_per_layer(plain)
+    configured = plain["strategy"]["ordering"]
+    designs = {
+        design: dataclasses.asdict(ordering.check(ordering.scenario(design, per_layer, group)))
+        for design in ordering.DESIGNS
+    }
+    result = {
+        "strategy": verdict.strategy,
+        "effective_strategy": verdict.effective_strategy,
+        "ranks": group,
+        "layers": len(per_layer),
+        "broadcasts": sum(per_layer),
+        "configured": configured,
+        "designs": designs,
+    }
+    print(json.dumps(result, indent=2) if as_json else report.ordering_text(result))
+    return 1 if designs[configured]["deadlock"] else 0
+
+
 COMMANDS: dict[str, Handler] = {
     "run": run,
     "explain": explain,
     "plan": plan,
     "validate": validate,
+    "check-ordering": check_ordering,
 }
 
 USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [OVERRIDE ...] [--cfg job] [--help]
@@ -118,6 +142,7 @@ subcommands:
   explain   is the strategy active for this topology? every rule, its fix, the fallback
   plan      per-rank bytes, ops and host capacity, without moving a byte
   validate  check every shipped config (and --config-dir), or the one the overrides compose
+  check-ordering  can the load's broadcasts deadlock against the forward's collectives?
 
 overrides use Hydra's grammar, e.g.
   hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented

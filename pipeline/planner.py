@@ -53,7 +53,7 @@ def counts(
     return ops
 
 
-def plan_report(plain: dict) -> dict[str, Any]:
+def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
     """Per-rank numbers for one backup and one load-back of the workload."""
     cfg = typed(plain)
     model: ModelGeometry = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
@@ -63,8 +63,8 @@ def plan_report(plain: dict) -> dict[str, Any]:
     chunk_pages = next(
         (s.chunk_pages for s in strategy.backup.prepare if isinstance(s, IssueChunk)), 0
     )
-    ranks = []
-    for rank in range(topology.tp_size):
+    rows = []
+    for rank in range(topology.tp_size) if ranks is None else ranks:
         owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
         sizing = size_pools(
             model,
@@ -106,9 +106,13 @@ def plan_report(plain: dict) -> dict[str, Any]:
             moved = plan.bytes_moved()
             row.update({k: row.get(k, 0) + v for k, v in moved.items()})
             row[f"{direction.value}_ops"] = counts(plan, model, topology, owned_per_pool)
+        row["load_broadcasts_per_layer"] = [  # `plan` is the load-back's now
+            sum(1 for s in plan.steps if s.unit.layer == layer and plan.exchanged(s.unit))
+            for layer in range(model.num_layers)
+        ]
         row["host_capacity_tokens"] = sizing.host_slots
         row["host_pool_bytes"] = sizing.host.pool_bytes
-        ranks.append(row)
+        rows.append(row)
     return {
         "model": model.name,
         "bytes_per_token": model.bytes_per_token,
@@ -117,5 +121,12 @@ def plan_report(plain: dict) -> dict[str, Any]:
         "num_tokens": workload.num_tokens,
         "placement": workload.placement.value,
         "stages": stage_lists(cfg.strategy),
-        "ranks": ranks,
+        "group_size": len(topology.replica_group(0, model)),
+        "ranks": rows,
     }
+
+
+def broadcasts_per_layer(plain: dict) -> tuple[list[int], int]:
+    """(broadcasts of one load-back per model layer, replica group size) for rank 0."""
+    report = plan_report(plain, ranks=[0])
+    return report["ranks"][0]["load_broadcasts_per_layer"], report["group_size"]

@@ -92,6 +92,20 @@ def run_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ordering_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"ordering model: {result['effective_strategy']} load of {result['layers']} layers "
+        f"({result['broadcasts']} broadcasts) on {result['ranks']} ranks, then a forward with "
+        "one all-reduce per layer",
+    ]
+    for design, finding in result["designs"].items():
+        verdict = "DEADLOCK" if finding["deadlock"] else "safe"
+        mark = "  <- configured" if design == result["configured"] else ""
+        lines.append(f"  {design:<15} {verdict:<9} ({finding['states']} states){mark}")
+        lines += [f"      {w}" for w in finding["witness"]]
+    return "\n".join(lines)
+
+
 def validate_text(result: dict[str, Any]) -> str:
     lines = [f"checked {len(result['checked'])} configs"]
     lines += [f"error: {e}" for e in result["errors"]]

@@ -154,3 +154,29 @@ def test_unknown_key_fails_before_anything_runs(tmp_path: Path) -> None:
     done = cli("run", "+strategy.chunk_page=4", cwd=tmp_path)
     assert done.returncode == 1
     assert "strategy.chunk_page: not a field of StrategyConfig" in done.stderr
+
+
+@pytest.mark.distributed
+def test_run_joins_a_torchrun_launch(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "pipeline",
+            "run",
+            "strategy=rotating",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)  # rank 0 alone prints: one JSON document
+    assert result["verified"] is True and [r["rank"] for r in result["ranks"]] == [0, 1]
