@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from pipeline.memcpy import CopyPages
 from pipeline.plan import Step, TransferPlan
 from pipeline.pools import DevicePool, HostPool
 
@@ -86,6 +87,8 @@ class TransferContext:
     trace: Trace
     host_view: HostPool
     """The host pool as the device addresses it: the pool itself on CPU, a UVA alias on cuda."""
+    copy_pages: CopyPages
+    """Copies one run of pages between two page-wise views (see `pipeline.memcpy`)."""
     staging: torch.Tensor
     """Flat byte buffer for gather/broadcast/scatter (staging_bytes long)."""
     layer_events: dict[int, Event]
@@ -119,3 +122,14 @@ def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Te
     assert ctx.host_pages is not None and ctx.device_pages is not None, "localize runs first"
     sl = slice(step.first, step.first + step.count)
     return ctx.host_pages[sl], ctx.device_pages[sl]
+
+
+def as_words(t: torch.Tensor) -> torch.Tensor:
+    """The same bytes viewed in the widest integer type that tiles every row: gather/scatter
+    kernels then move 8-byte words instead of 1- or 2-byte elements (over PCIe for UVA)."""
+    raw = t.view(torch.uint8)
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        size = dtype.itemsize
+        if all(s % size == 0 for s in (*raw.shape[-1:], *raw.stride()[:-1], raw.data_ptr())):
+            return raw.view(dtype)
+    return raw

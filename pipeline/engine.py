@@ -12,7 +12,7 @@ import torch
 
 from pipeline.assemble import Strategy
 from pipeline.context import Event, Stream, Trace, TransferContext
-from pipeline.executor import LoadHandle, issue
+from pipeline.executor import LoadHandle, finish, issue_copies
 from pipeline.ownership import OwnerMap, owner_map
 from pipeline.plan import Direction, build_plan
 from pipeline.pools import DevicePool, HostCapacity, HostPool, host_capacity
@@ -155,18 +155,21 @@ class Engine:
         """Copy device slots to host slots (logical, CPU int64); returns the ack event."""
         stream = self.runtime.write_stream
         ctx = self._context(Direction.backup, host_indices, device_indices, stream)
-        issue(self.strategy.backup, ctx, stream, defer_exchange=False)
+        issue_copies(self.strategy.backup, ctx, stream)
+        finish(self.strategy.backup, ctx, stream)
         return ctx.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
         """Copy host slots into device slots; the handle waits per layer and acks at the end."""
         stream = self.runtime.load_stream
         ctx = self._context(Direction.load, host_indices, device_indices, stream)
-        deferred = self.strategy.ordering is Ordering.forward_stream
-        copied = issue(self.strategy.load, ctx, stream, defer_exchange=deferred)
-        if not deferred:
+        copied = issue_copies(self.strategy.load, ctx, stream)
+        lazy = self.strategy.ordering is Ordering.forward_stream
+        handle = LoadHandle(ctx, self.strategy.load, copied, lazy=lazy)
+        if not lazy:
+            handle.finish(self.runtime.exchange_stream)
             self._gate.append(ctx.done)
-        return LoadHandle(ctx, self.strategy.load, copied)
+        return handle
 
     def begin_forward(self, forward: Stream) -> None:
         """The forward gate: `forward` waits for every load submitted since the last forward,
@@ -214,9 +217,10 @@ class Engine:
             device=self.runtime.device,
             trace=self.trace,
             host_view=self.host_view,
+            copy_pages=self.runtime.copy_pages,
             staging=self.staging,
-            layer_events={layer: stream.new_event() for layer in layers},
-            done=stream.new_event(),
+            layer_events={layer: self.runtime.exchange_stream.new_event() for layer in layers},
+            done=(self.runtime.exchange_stream if layers else stream).new_event(),
             ordered=True,
             sequence=sequence,
             steps=plan.steps,

@@ -1,9 +1,11 @@
 """The executor: walks a pipeline's stage lists over a transfer's steps, on streams.
 
-With ordering=gate every list runs on the transfer stream and the forward gate keeps the next
-forward behind the exchange. With ordering=forward_stream the exchange stages of layer i are
-issued on the consumer's (forward) stream when it calls `wait(i)`, in layer order, so the
-broadcasts take their place among the forward's own collectives.
+Copies and exchanges run on different streams. The transfer stream runs `prepare` and every
+step's `per_step` (the owner's copies), recording a "copied" event per layer. The `exchange`
+list of layer i then runs on a second stream once layer i is copied: the engine's exchange
+stream (ordering=gate), or the consumer's forward stream when it calls `wait(i)`
+(ordering=forward_stream). So every rank's copies run back to back on its own link while the
+broadcasts follow, instead of each layer's copy waiting for the previous layer's broadcast.
 """
 
 from __future__ import annotations
@@ -26,24 +28,44 @@ def run_stages(
         ctx.timings_s[name] = ctx.timings_s.get(name, 0.0) + time.perf_counter() - start
 
 
-def layers_of(steps: Iterable[Step]) -> dict[int, list[Step]]:
-    """Steps grouped by model layer, in order."""
-    grouped: dict[int, list[Step]] = {}
-    for step in steps:
-        grouped.setdefault(step.unit.layer, []).append(step)
-    return grouped
+def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> dict[int, Event]:
+    """`prepare` and every step's `per_step` on `stream`; per layer, a "copied" event."""
+    copied = {layer: stream.new_event() for layer in ctx.layer_events}
+
+    def work() -> None:
+        run_stages(pipeline.prepare, ctx, None, stream)
+        for step in ctx.steps:
+            run_stages(pipeline.per_step, ctx, step, stream)
+            if step.last_in_layer and step.unit.layer in copied:
+                stream.record(copied[step.unit.layer])
+
+    stream.submit(work)
+    return copied
+
+
+def finish(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
+    stream.submit(lambda: run_stages(pipeline.finish, ctx, None, stream))
 
 
 class LoadHandle:
     """What `Engine.load` returns: per-layer waits for the forward, and the ack."""
 
-    def __init__(self, ctx: TransferContext, pipeline: Pipeline, copied: dict[int, Event] | None):
+    def __init__(
+        self,
+        ctx: TransferContext,
+        pipeline: Pipeline,
+        copied: dict[int, Event],
+        *,
+        lazy: bool,
+    ) -> None:
         self.ctx = ctx
         self._pipeline = pipeline
         self._copied = copied
-        """Per layer, the H2D copies are done (forward_stream ordering only)."""
+        self._lazy = lazy
+        """Exchanges are issued by the consumer's waits (forward_stream ordering)."""
         self._next_layer = 0
-        self._finished = copied is None
+        self._finished = False
+        self._steps_by_layer: dict[int, list[Step]] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -53,52 +75,38 @@ class LoadHandle:
         """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda)."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
-        self._exchange_through(layer, consumer)
+        if self._lazy:
+            self.exchange_through(layer, consumer)
         consumer.wait_event(self.ctx.layer_events[layer])
 
     def ready(self, layer: int) -> bool:
         return self.ctx.layer_events[layer].query()
 
     def done(self, consumer: Stream) -> Event:
-        """The ack: completes after the whole exchange (issues what is left on `consumer`)."""
-        self._exchange_through(self.num_layers - 1, consumer)
-        if not self._finished:
-            self._finished = True
-            consumer.submit(lambda: run_stages(self._pipeline.finish, self.ctx, None, consumer))
+        """The ack: completes after the whole exchange (what is left is issued on `consumer`)."""
+        if self._lazy:
+            self.finish(consumer)
         return self.ctx.done
 
-    def _exchange_through(self, layer: int, consumer: Stream) -> None:
-        if self._copied is None:
-            return
-        copied = self._copied
+    def finish(self, stream: Stream) -> None:
+        """Issue every remaining layer's exchange, then the finish list, on `stream`."""
+        self.exchange_through(self.num_layers - 1, stream)
+        if not self._finished:
+            self._finished = True
+            finish(self._pipeline, self.ctx, stream)
+
+    def exchange_through(self, layer: int, stream: Stream) -> None:
+        """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
         while self._next_layer <= layer:
             i = self._next_layer
-            consumer.wait_event(copied[i])
-            consumer.submit(lambda i=i: self._exchange_layer(i, consumer))
+            stream.wait_event(self._copied[i])
+            stream.submit(lambda i=i: self._exchange_layer(i, stream))
             self._next_layer += 1
 
-    def _exchange_layer(self, layer: int, consumer: Stream) -> None:
-        for step in layers_of(self.ctx.steps)[layer]:
-            run_stages(self._pipeline.exchange, self.ctx, step, consumer)
-
-
-def issue(
-    pipeline: Pipeline, ctx: TransferContext, stream: Stream, *, defer_exchange: bool
-) -> dict[int, Event] | None:
-    """Submit a transfer on `stream`. With `defer_exchange`, return per-layer "copied" events
-    and leave the exchange and finish lists to the handle."""
-    copied = {layer: stream.new_event() for layer in ctx.layer_events} if defer_exchange else None
-
-    def work() -> None:
-        run_stages(pipeline.prepare, ctx, None, stream)
-        for step in ctx.steps:
-            run_stages(pipeline.per_step, ctx, step, stream)
-            if copied is None:
-                run_stages(pipeline.exchange, ctx, step, stream)
-            elif step.last_in_layer:
-                stream.record(copied[step.unit.layer])
-        if copied is None:
-            run_stages(pipeline.finish, ctx, None, stream)
-
-    stream.submit(work)
-    return copied
+    def _exchange_layer(self, layer: int, stream: Stream) -> None:
+        if self._steps_by_layer is None:  # steps are final once `prepare` has run
+            self._steps_by_layer = {}
+            for step in self.ctx.steps:
+                self._steps_by_layer.setdefault(step.unit.layer, []).append(step)
+        for step in self._steps_by_layer[layer]:
+            run_stages(self._pipeline.exchange, self.ctx, step, stream)

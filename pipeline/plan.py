@@ -109,25 +109,13 @@ class TransferPlan:
             for u in units
         )
 
-    def copy_pieces(self, step: Step, contiguous: bool) -> list[Run]:
-        """Direct-backend copies of a step: each clipped run, or each of its pages when the
-        host rows of consecutive pages are not adjacent (`HostPool.contiguous`)."""
-        runs = self.runs_in(step.first, step.count)
-        if contiguous:
-            return runs
-        return [
-            Run(r.first + k, r.host_page + k, r.device_page + k, 1)
-            for r in runs
-            for k in range(r.count)
-        ]
-
-    def copy_ops(self, step: Step, contiguous: bool) -> int:
-        """Copy calls a step issues on this rank: one (kernel) or one per piece (direct)."""
+    def copy_ops(self, step: Step) -> int:
+        """Copy calls a step issues on this rank: one (kernel) or one per run (direct)."""
         if not self.copies(step.unit):
             return 0
         if self.io_backend is IoBackend.kernel:
             return 1
-        return len(self.copy_pieces(step, contiguous))
+        return len(self.runs_in(step.first, step.count))
 
     def bytes_moved(self) -> dict[str, int]:
         """Bytes this rank copies between tiers and sends/receives in broadcasts."""

@@ -17,7 +17,7 @@ from pipeline.config import typed
 from pipeline.engine import size_pools
 from pipeline.ownership import owner_map
 from pipeline.plan import Direction, TransferPlan, build_plan
-from pipeline.pools import PageAllocator, page_tokens, runs_contiguous
+from pipeline.pools import PageAllocator, page_tokens
 from pipeline.schema import Placement, WorkloadConfig
 from pipeline.topology import ModelGeometry, Topology
 from stages.issue_chunk import IssueChunk
@@ -39,14 +39,11 @@ def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
     }
 
 
-def counts(
-    plan: TransferPlan, model: ModelGeometry, topology: Topology, owned_per_pool: dict[str, int]
-) -> dict[str, int]:
+def counts(plan: TransferPlan) -> dict[str, int]:
     """Ops this rank issues for one transfer, by kind."""
     ops = {"copy": 0, "gather": 0, "broadcast": 0, "scatter": 0}
     for step in plan.steps:
-        contiguous = runs_contiguous(topology.mem_layout, owned_per_pool[step.unit.pool])
-        ops["copy"] += plan.copy_ops(step, contiguous)
+        ops["copy"] += plan.copy_ops(step)
         if plan.exchanged(step.unit):
             ops["broadcast"] += 1
             ops["gather" if plan.source(step.unit) == plan.rank else "scatter"] += 1
@@ -82,8 +79,6 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
         source = device_alloc.alloc(num_pages, pick)
         host = PageAllocator(sizing.host.num_pages).alloc(num_pages, pick)
         target = device_alloc.alloc(num_pages, pick)
-        owned = owners.owned(rank, model.units)
-        owned_per_pool = {p: sum(u.pool == p for u in owned) for p in ("kv", "index")}
         row: dict[str, Any] = {"rank": rank}
         for direction, device_pages in ((Direction.backup, source), (Direction.load, target)):
             plan = build_plan(
@@ -105,7 +100,7 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
                 plan = dataclasses.replace(plan, steps=plan.chunked(chunk_pages))
             moved = plan.bytes_moved()
             row.update({k: row.get(k, 0) + v for k, v in moved.items()})
-            row[f"{direction.value}_ops"] = counts(plan, model, topology, owned_per_pool)
+            row[f"{direction.value}_ops"] = counts(plan)
         row["load_broadcasts_per_layer"] = [  # `plan` is the load-back's now
             sum(1 for s in plan.steps if s.unit.layer == layer and plan.exchanged(s.unit))
             for layer in range(model.num_layers)

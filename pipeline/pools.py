@@ -27,6 +27,10 @@ TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
 )
 
 
+PIN_CHUNK_BYTES = 64 << 30
+"""Largest piece pinned at once: bigger pools are allocated pageable and registered in pieces."""
+
+
 def unit_dtype(model: ModelGeometry, unit: Unit) -> torch.dtype:
     """KV rows use the model's KV dtype; index-K rows are packed bytes."""
     return TORCH_DTYPES[model.kv_dtype] if unit.pool == "kv" else torch.uint8
@@ -101,6 +105,7 @@ class HostPool:
         num_pages: int,
         layout: MemLayout,
         pin_memory: bool,
+        pin_chunk_bytes: int = PIN_CHUNK_BYTES,
     ) -> HostPool:
         storage = []
         for pool in ("kv", "index"):
@@ -113,7 +118,7 @@ class HostPool:
                     MemLayout.page_first_direct: (pages, len(units), rows, elems),
                 }[layout]
                 dtype = unit_dtype(model, units[0])
-                storage.append(torch.empty(shape, dtype=dtype, pin_memory=pin_memory))
+                storage.append(host_buffer(shape, dtype, pin_memory, pin_chunk_bytes))
         return cls(storage, num_pages, layout, owned)
 
     def layer(self, unit: Unit) -> torch.Tensor:
@@ -123,10 +128,6 @@ class HostPool:
                 "held by this rank's host pool"
             )
         return self.views[unit.ordinal]
-
-    def contiguous(self, unit: Unit) -> bool:
-        """Is a run of consecutive pages of `unit` one contiguous block of host memory?"""
-        return runs_contiguous(self.layout, sum(u.pool == unit.pool for u in self.owned))
 
     @property
     def nbytes(self) -> int:
@@ -142,10 +143,25 @@ def _unit_view(buf: torch.Tensor, layout: MemLayout, i: int) -> torch.Tensor:
     return buf[:, i]
 
 
-def runs_contiguous(layout: MemLayout, num_units: int) -> bool:
-    """Consecutive pages of one unit are contiguous in layer_first, or when the pool holds a
-    single unit; otherwise other units' rows sit between them and each page is copied alone."""
-    return layout is MemLayout.layer_first or num_units == 1
+def host_buffer(
+    shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool, chunk_bytes: int
+) -> torch.Tensor:
+    """A host buffer, pinned when asked: directly up to `chunk_bytes`, else registered with
+    the CUDA driver piece by piece (the registration lives as long as the process)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    if not pin_memory or numel * dtype.itemsize <= chunk_bytes:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+    buf = torch.empty(shape, dtype=dtype)
+    cudart = torch.cuda.cudart()
+    portable_mapped = 0x01 | 0x02  # every device sees it, and at the same address (UVA)
+    for offset in range(0, buf.nbytes, chunk_bytes):
+        size = min(chunk_bytes, buf.nbytes - offset)
+        error = cudart.cudaHostRegister(buf.data_ptr() + offset, size, portable_mapped)
+        if int(error) != 0:
+            raise RuntimeError(f"cudaHostRegister of {size} B failed with CUDA error {error}")
+    return buf
 
 
 @dataclass(frozen=True)

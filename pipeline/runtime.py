@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.context import Stream
+from pipeline.memcpy import CopyPages, copy_pages_cpu, cuda_copier, loaded_cudart
 from pipeline.schema import Backend
 from pipeline.streams import CudaStream, InlineStream, WorkerStream
 from pipeline.topology import DeviceKind, ModelGeometry, Topology
@@ -49,9 +50,13 @@ class Runtime:
     """Gloo group of all ranks for host-side agreement (ack polls, reports)."""
     load_stream: Stream
     write_stream: Stream
+    exchange_stream: Stream
+    """Where gated exchanges (gather, broadcast, scatter) run, behind each layer's copy."""
     forward_stream: Stream
     """Stands in for the serving engine's forward stream (the consumer of loads)."""
     timeout_s: float
+    copy_pages: CopyPages
+    """One copy call per run of pages (a strided DMA on cuda)."""
 
     @classmethod
     def start(
@@ -79,18 +84,38 @@ class Runtime:
             if group == replica and len(group) > 1:
                 transfer = pg
         cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        load: Stream
+        write: Stream
+        exchange: Stream
+        forward: Stream
         if device.type == "cuda":
-            streams: tuple[Stream, Stream, Stream] = (
-                CudaStream(torch.cuda.Stream(device)),
-                CudaStream(torch.cuda.Stream(device)),
-                CudaStream(torch.cuda.current_stream(device)),
-            )
+            load, write, exchange = (CudaStream(torch.cuda.Stream(device)) for _ in range(3))
+            forward = CudaStream(torch.cuda.current_stream(device))
         else:
-            streams = (WorkerStream(f"load-{rank}"), WorkerStream(f"write-{rank}"), InlineStream())
+            load, write, exchange = (
+                WorkerStream(f"{name}-{rank}") for name in ("load", "write", "exchange")
+            )
+            forward = InlineStream()
+        copy = cuda_copier(loaded_cudart()) if device.type == "cuda" else copy_pages_cpu
         return cls(
-            rank, world_size, device, replica, transfer, cpu_group, *streams, timeout_s=timeout_s
+            rank,
+            world_size,
+            device,
+            replica,
+            transfer,
+            cpu_group,
+            load,
+            write,
+            exchange,
+            forward,
+            timeout_s=timeout_s,
+            copy_pages=copy,
         )
 
+    @property
+    def streams(self) -> tuple[Stream, ...]:
+        return (self.load_stream, self.write_stream, self.exchange_stream, self.forward_stream)
+
     def close(self) -> None:
-        for stream in (self.load_stream, self.write_stream, self.forward_stream):
+        for stream in self.streams:
             stream.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.context import Stream, TransferContext, step_pages
+from pipeline.context import Stream, TransferContext, as_words, step_pages
 from pipeline.plan import Direction, Step
 from pipeline.topology import IoBackend
 
@@ -10,7 +10,8 @@ from pipeline.topology import IoBackend
 class Copy:
     """Owners only: D2H for a backup, H2D for a load-back.
 
-    io_backend direct issues one copy per contiguous block (coalesced runs of pages);
+    io_backend direct issues one copy per run of consecutive pages (strided on the host side
+    when other layers sit between its pages, as in page_first_direct);
     kernel issues one gather/scatter per step (`index_select`/`index_copy_`), which on cuda
     reads or writes pinned host memory through its UVA alias.
     """
@@ -25,6 +26,7 @@ class Copy:
         direction = "d2h" if to_host else "h2d"
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
+            host, device = as_words(host), as_words(device)
             if to_host:
                 host.index_copy_(0, host_pages, device.index_select(0, device_pages))
             else:
@@ -38,10 +40,10 @@ class Copy:
                 bytes=step.count * unit.page_bytes,
             )
             return
-        for run in plan.copy_pieces(step, ctx.host_pool.contiguous(unit)):
+        for run in plan.runs_in(step.first, step.count):
             d = device[run.device_page : run.device_page + run.count]
             h = host[run.host_page : run.host_page + run.count]
-            (h if to_host else d).copy_(d if to_host else h, non_blocking=True)
+            ctx.copy_pages(h, d) if to_host else ctx.copy_pages(d, h)
             ctx.trace.op(
                 "copy",
                 direction=direction,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pipeline.engine import Engine
-from pipeline.executor import issue
+from pipeline.executor import LoadHandle, issue_copies
 from pipeline.plan import Direction
 from pipeline.pools import page_tokens
 from pipeline.workload import (
@@ -24,16 +24,19 @@ from pipeline.workload import (
 from stages.scatter import Scatter
 
 
-def run_jobs(jobs: list[dict[str, Any]], rank: int, world_size: int, local_rank: int) -> list:
-    """`run` on this rank for each job config in turn (one spawn serves many configs)."""
+def run_jobs(
+    payload: tuple[list[dict[str, Any]], str], rank: int, world_size: int, local_rank: int
+) -> list:
+    """`run` on this rank for each config in turn (one spawn serves many configs)."""
+    configs, backend = payload
     return [
-        run_rank({"config": cfg, "backend": "gloo", "trace": True}, rank, world_size, local_rank)
-        for cfg in jobs
+        run_rank({"config": cfg, "backend": backend, "trace": True}, rank, world_size, local_rank)
+        for cfg in configs
     ]
 
 
-def _job(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"config": cfg, "backend": "gloo", "trace": False}
+def _job(cfg: dict[str, Any], backend: str = "gloo") -> dict[str, Any]:
+    return {"config": cfg, "backend": backend, "trace": False}
 
 
 def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], dict]:
@@ -146,7 +149,10 @@ def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
             stream,
         )
         ctx.ordered = False
-        issue(engine.strategy.load, ctx, stream, defer_exchange=False)
+        copied = issue_copies(engine.strategy.load, ctx, stream)
+        LoadHandle(ctx, engine.strategy.load, copied, lazy=False).finish(
+            engine.runtime.exchange_stream
+        )
         try:
             ctx.done.wait()
         except RuntimeError as e:
@@ -189,5 +195,71 @@ def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[st
             same(a, b) for a, b in zip(host_before, engine.host_pool.storage, strict=True)
         )
         return [*said, f"unchanged={unchanged}"]
+    finally:
+        engine.runtime.close()
+
+
+def no_sync_on_issue(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
+    """cuda: issue a backup and a load-back with device->host syncs turned into errors."""
+    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    try:
+        source = list(range(8))
+        fill_random(engine, source, torch.Generator().manual_seed(3))
+        expected = snapshot(engine, source)
+        target = [p + 8 for p in source]
+        poison(engine, target)
+        size = engine.sizing.widened
+        hosts, sources, targets = (page_tokens(p, size) for p in (source, source, target))
+        forward_stream = engine.runtime.forward_stream
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ack = engine.backup(hosts, sources)
+            forward_stream.wait_event(ack)
+            handle = engine.load(hosts, targets)
+            engine.begin_forward(forward_stream)
+            for layer in range(handle.num_layers):
+                handle.wait(layer, forward_stream)
+            done = handle.done(forward_stream)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        done.wait()
+        return first_mismatch(engine, target, expected)
+    finally:
+        engine.runtime.close()
+
+
+class SleepBefore:
+    """Test stage: puts a long GPU sleep on the stream before `layer`'s copy."""
+
+    def __init__(self, *, layer: int) -> None:
+        self.layer = layer
+
+    def __call__(self, ctx: Any, step: Any, stream: Any) -> None:
+        if step is not None and step.unit.layer == self.layer and step.first == 0:
+            torch.cuda._sleep(2_000_000_000)  # ~1 s at H200 clocks
+
+
+def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+    """cuda: layer 0 is usable while the last layer is still held up on the load stream."""
+    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    last = engine.model.num_layers - 1
+    load = engine.strategy.load
+    engine.strategy = dataclasses.replace(
+        engine.strategy,
+        load=dataclasses.replace(load, per_step=(SleepBefore(layer=last), *load.per_step)),
+    )
+    try:
+        host, source, expected = _backed_up(engine, 4)
+        target = [p + 8 for p in source]
+        size = engine.sizing.widened
+        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
+        forward_stream = engine.runtime.forward_stream
+        handle.wait(0, forward_stream)
+        handle.ctx.layer_events[0].wait()
+        result = {"layer0_ready": handle.ready(0), "last_ready_early": handle.ready(last)}
+        handle.done(forward_stream).wait()
+        result["mismatch"] = first_mismatch(engine, target, expected)
+        return result
     finally:
         engine.runtime.close()

@@ -80,7 +80,7 @@ def check_bytes(job: dict, reports: list[dict], group: list[int]) -> None:
 )
 def test_dedup_matrix_is_bit_exact(topology: str, tp: int, groups: list[list[int]]) -> None:
     jobs = dedup_matrix(topology, tp)
-    ranks = launch(rankfns.run_jobs, jobs, tp, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), tp, backend="gloo", timeout_s=120)
     assert ranks is not None
     for i, job in enumerate(jobs):
         reports = [ranks[r][i] for r in range(tp)]
@@ -102,7 +102,7 @@ def test_rotating_on_eight_ranks() -> None:
         )
         for p in ("contiguous", "fragmented")
     ]
-    ranks = launch(rankfns.run_jobs, jobs, 8, backend="gloo", timeout_s=300)
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 8, backend="gloo", timeout_s=300)
     assert ranks is not None
     assert all(r[i]["verified"] for r in ranks for i in range(len(jobs)))
 
@@ -114,7 +114,7 @@ def test_host_capacity_grows_or_memory_shrinks_by_group_size() -> None:
         job_config("strategy=rotating", *four_layers),
         job_config("strategy=rotating", "strategy.keep_capacity=true", *four_layers),
     ]
-    ranks = launch(rankfns.run_jobs, jobs, 4, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 4, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
         replicated, grown, kept = rank
@@ -134,7 +134,9 @@ def test_replicated_trace_equals_the_foundation() -> None:
         ),
         "replicated_kernel.jsonl": job_config(*common, "strategy.chunk_pages=3"),
     }
-    ranks = launch(rankfns.run_jobs, list(golden.values()), 2, backend="gloo", timeout_s=120)
+    ranks = launch(
+        rankfns.run_jobs, (list(golden.values()), "gloo"), 2, backend="gloo", timeout_s=120
+    )
     assert ranks is not None
     for i, name in enumerate(golden):
         expected = [json.loads(line) for line in (GOLDEN / name).read_text().splitlines()]
@@ -198,4 +200,4 @@ def test_a_sharded_load_that_bypasses_the_entry_point_raises() -> None:
 def test_a_failing_rank_is_reported_with_its_traceback() -> None:
     cfg = job_config(*SMALL, "workload.device_tokens=7")  # not whole pages: ValueError
     with pytest.raises(RankFailure, match="device_tokens=7 must be a multiple"):
-        launch(rankfns.run_jobs, [cfg], 2, backend="gloo", timeout_s=60)
+        launch(rankfns.run_jobs, ([cfg], "gloo"), 2, backend="gloo", timeout_s=60)

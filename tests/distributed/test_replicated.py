@@ -53,7 +53,7 @@ def page_copies(trace: list[dict], direction: str) -> dict[int, list[int]]:
 def test_replicated_matrix_is_bit_exact(tp: int) -> None:
     """tp x layouts x bf16/fp16/fp8 x placements x chunked/unchunked x io backends."""
     jobs = matrix(tp)
-    ranks = launch(rankfns.run_jobs, jobs, tp, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), tp, backend="gloo", timeout_s=120)
     assert ranks is not None
     for job_index, job in enumerate(jobs):
         reports = [ranks[r][job_index] for r in range(tp)]
@@ -83,7 +83,7 @@ def test_chunking_keeps_copies_bytes_and_order() -> None:
         job_config(*common, "strategy.chunk_pages=0"),
         job_config(*common, "strategy.chunk_pages=3"),
     ]
-    ranks = launch(rankfns.run_jobs, jobs, 2, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
         whole, chunked = rank[0]["trace"], rank[1]["trace"]

@@ -173,20 +173,14 @@ def test_chunked_covers_every_page_in_order_per_unit() -> None:
     assert p.chunked(0) == p.steps
 
 
-def test_copy_pieces_split_per_page_when_not_contiguous() -> None:
-    """Direct copies: whole clipped runs if host rows are contiguous, else one per page."""
+def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
+    """Direct copies: one per run of pages (strided on the host if need be); kernel: one."""
     p = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct)
     step = p.steps[0]
-    assert p.copy_pieces(step, contiguous=True) == [Run(0, 0, 4, 3), Run(3, 6, 7, 1)]
-    assert p.copy_pieces(step, contiguous=False) == [
-        Run(0, 0, 4, 1),
-        Run(1, 1, 5, 1),
-        Run(2, 2, 6, 1),
-        Run(3, 6, 7, 1),
-    ]
-    assert (p.copy_ops(step, True), p.copy_ops(step, False)) == (2, 4)
+    assert p.runs_in(step.first, step.count) == [Run(0, 0, 4, 3), Run(3, 6, 7, 1)]
+    assert p.copy_ops(step) == 2
     kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
-    assert kernel.copy_ops(kernel.steps[0], False) == 1
+    assert kernel.copy_ops(kernel.steps[0]) == 1
 
 
 # --- bytes -----------------------------------------------------------------------------------

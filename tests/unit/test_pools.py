@@ -77,27 +77,9 @@ def test_page_first_direct_keeps_a_page_of_a_layer_contiguous() -> None:
     assert host(layout=MemLayout.layer_first).layer(unit).is_contiguous()
 
 
-@pytest.mark.parametrize(
-    ("layout", "owned", "expected"),
-    [
-        (MemLayout.layer_first, 4, True),
-        (MemLayout.page_first, 4, False),
-        (MemLayout.page_first_direct, 4, False),
-        (MemLayout.page_first, 1, True),
-        (MemLayout.page_first_direct, 1, True),
-    ],
-)
-def test_contiguous_per_layout(layout: MemLayout, owned: int, expected: bool) -> None:
-    """Runs of pages are contiguous in layer_first, or when the pool holds one unit."""
-    pool = host(owned=MODEL.units[:owned], layout=layout)
-    assert pool.contiguous(MODEL.units[0]) is expected
-
-
-def test_contiguous_counts_units_of_the_same_pool() -> None:
-    """A DSA pool with one owned index unit: its index runs are contiguous, KV runs are not."""
+def test_a_dsa_pool_keeps_kv_and_index_units_in_separate_buffers() -> None:
     units = DSA.units
     pool = host(DSA, owned=(units[0], units[1], units[3]), layout=MemLayout.page_first)
-    assert pool.contiguous(units[3]) and not pool.contiguous(units[0])
     assert len(pool.storage) == 2
 
 

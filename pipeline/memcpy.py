@@ -1,0 +1,72 @@
+"""One copy call per run of pages, whatever the page stride of the host layout.
+
+A run of n pages of one layer is n equally spaced, contiguous blocks on each side (spaced by the
+layout's page stride). On CPU a strided tensor copy does it. On cuda `Tensor.copy_` would
+stage a non-contiguous host view through pageable memory (slow, and a sync), so a strided run
+goes to the copy engine as one `cudaMemcpy2DAsync` on the current stream instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import torch
+
+CopyPages = Callable[[torch.Tensor, torch.Tensor], None]
+"""copy(dst, src) of two [pages, rows, elems] views whose pages are each contiguous."""
+
+CUDA_MEMCPY_DEFAULT = 4
+"""cudaMemcpyDefault: the direction follows from the (unified) addresses."""
+
+
+def copy_pages_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+def loaded_cudart() -> ctypes.CDLL:
+    """The CUDA runtime library torch already loaded (same instance, same context)."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    if not paths:
+        raise RuntimeError(
+            "libcudart is not loaded in this process; torch links it statically "
+            "here, so strided runs cannot be copied as one cudaMemcpy2DAsync"
+        )
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+def cuda_copier(cudart: ctypes.CDLL) -> CopyPages:
+    memcpy2d = cudart.cudaMemcpy2DAsync
+    memcpy2d.restype = ctypes.c_int
+    memcpy2d.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.is_contiguous() and src.is_contiguous():
+            dst.copy_(src, non_blocking=True)
+            return
+        assert dst.shape == src.shape and dst[0].is_contiguous() and src[0].is_contiguous()
+        itemsize = dst.element_size()
+        error = memcpy2d(
+            dst.data_ptr(),
+            dst.stride(0) * itemsize,
+            src.data_ptr(),
+            src.stride(0) * itemsize,
+            dst[0].nbytes,
+            dst.shape[0],
+            CUDA_MEMCPY_DEFAULT,
+            torch.cuda.current_stream().cuda_stream,
+        )
+        if error:
+            raise RuntimeError(f"cudaMemcpy2DAsync failed with CUDA error {error}")
+
+    return copy

@@ -1,0 +1,91 @@
+"""The cuda path on two GPUs (NCCL, CUDA streams and events, pinned pools, UVA gathers).
+
+Skipped without two CUDA devices; run on the device machine with `python -m pytest tests/gpu`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import rankfns
+import torch
+from conftest import job_config
+
+from pipeline.engine import uva_alias
+from pipeline.launch import launch
+from pipeline.pools import host_buffer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+
+IO_LAYOUTS = (
+    ("direct", "layer_first"),
+    ("direct", "page_first_direct"),
+    ("kernel", "layer_first"),
+    ("kernel", "page_first"),
+)
+CUDA = ("topology.device=cuda", "topology=tp2")
+
+
+def test_bit_exact_on_both_gpus_for_every_strategy_and_io_backend() -> None:
+    configs = [
+        job_config(
+            *CUDA,
+            f"strategy={s}",
+            f"model={m}",
+            f"topology.io_backend={io}",
+            f"topology.mem_layout={layout}",
+            f"workload.placement={p}",
+            f"strategy.ordering={o}",
+            "workload.num_tokens=2048",
+            "workload.device_tokens=8192",
+            "strategy.chunk_pages=8",
+        )
+        for s, m, (io, layout), p, o in itertools.product(
+            ("replicated", "single_source", "rotating"),
+            ("deepseek_v3", "deepseek_v32"),
+            IO_LAYOUTS,
+            ("contiguous", "fragmented"),
+            ("gate", "forward_stream"),
+        )
+    ]
+    ranks = launch(rankfns.run_jobs, (configs, "nccl"), 2, backend="nccl", timeout_s=300)
+    assert ranks is not None
+    for i, cfg in enumerate(configs):
+        for r in ranks:
+            assert r[i]["verified"], (cfg["strategy"]["name"], cfg["topology"], r[i]["mismatch"])
+
+
+@pytest.mark.parametrize("io", ["direct", "kernel"])
+def test_issue_path_never_syncs_the_device(io: str) -> None:
+    layout = "page_first_direct" if io == "direct" else "page_first"
+    cfg = job_config(
+        *CUDA,
+        "strategy=rotating",
+        "model=deepseek_v32",
+        f"topology.io_backend={io}",
+        f"topology.mem_layout={layout}",
+        "workload.device_tokens=4096",
+    )
+    said = launch(rankfns.no_sync_on_issue, cfg, 2, backend="nccl", timeout_s=300)
+    assert said == ["", ""]
+
+
+def test_forward_uses_layer_0_while_the_last_layer_is_in_flight() -> None:
+    cfg = job_config(*CUDA, "strategy=rotating", "model=deepseek_v3", "workload.device_tokens=4096")
+    results = launch(rankfns.overlap_cuda, cfg, 2, backend="nccl", timeout_s=300)
+    assert results is not None
+    for r in results:
+        assert r == {"layer0_ready": True, "last_ready_early": False, "mismatch": ""}
+
+
+def test_a_pool_pinned_in_pieces_is_reachable_through_its_uva_alias() -> None:
+    host = host_buffer((40, 64, 576), torch.uint8, pin_memory=True, chunk_bytes=1 << 20)
+    assert host.is_pinned()  # registered in 2 MiB / 1 MiB = 2+ pieces
+    host.copy_(torch.randint(0, 256, host.shape, dtype=torch.uint8))
+    pages = torch.tensor([39, 0, 17, 18, 5])
+    got = uva_alias(host, torch.device("cuda", 0)).index_select(0, pages.cuda()).cpu()
+    assert torch.equal(got, host.index_select(0, pages))
