@@ -19,6 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline import ordering, report
+from pipeline.bench import run_bench
+from pipeline.bench.output import markdown
 from pipeline.config import Session, typed
 from pipeline.launch import RankFailure, launch
 from pipeline.planner import broadcasts_per_layer, plan_report
@@ -126,12 +128,26 @@ def check_ordering(session: Session, as_json: bool) -> int:
     return 1 if designs[configured]["deadlock"] else 0
 
 
+def bench(session: Session, as_json: bool) -> int:
+    """Strategies side by side with a hand-written loop and the measured link floors."""
+    result = run_bench(session)
+    if not result:  # a torchrun rank other than 0
+        return 0
+    if as_json:
+        print(json.dumps({k: v for k, v in result.items() if k != "raw"}, indent=2))
+    else:
+        print(markdown(result) + f"written to {session.cfg.bench.out_dir}/ ({result['png']})")
+    ok = all(r["bit_exact"] and r["reference_bit_exact"] for r in result["rows"])
+    return 0 if ok else 1
+
+
 COMMANDS: dict[str, Handler] = {
     "run": run,
     "explain": explain,
     "plan": plan,
     "validate": validate,
     "check-ordering": check_ordering,
+    "bench": bench,
 }
 
 USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [OVERRIDE ...] [--cfg job] [--help]
@@ -143,6 +159,7 @@ subcommands:
   plan      per-rank bytes, ops and host capacity, without moving a byte
   validate  check every shipped config (and --config-dir), or the one the overrides compose
   check-ordering  can the load's broadcasts deadlock against the forward's collectives?
+  bench     strategies side by side with a hand-written loop and the links' floors (GPU)
 
 overrides use Hydra's grammar, e.g.
   hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented

@@ -24,19 +24,26 @@ def copy_pages_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def loaded_cudart() -> ctypes.CDLL:
-    """The CUDA runtime library torch already loaded (same instance, same context)."""
+def loaded_cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library torch already loaded (same instance, same context), if any."""
     with open("/proc/self/maps") as maps:
         paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-    if not paths:
-        raise RuntimeError(
-            "libcudart is not loaded in this process; torch links it statically "
-            "here, so strided runs cannot be copied as one cudaMemcpy2DAsync"
-        )
-    return ctypes.CDLL(sorted(paths)[0])
+    return ctypes.CDLL(sorted(paths)[0]) if paths else None
 
 
-def cuda_copier(cudart: ctypes.CDLL) -> CopyPages:
+def copy_pages_per_page(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Fallback where no cudart can be loaded: one async copy per page of a strided run."""
+    if dst.is_contiguous() and src.is_contiguous():
+        dst.copy_(src, non_blocking=True)
+        return
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s, non_blocking=True)
+
+
+def cuda_copier(cudart: ctypes.CDLL | None) -> CopyPages:
+    """One cudaMemcpy2DAsync per strided run; the per-page fallback without a cudart."""
+    if cudart is None:
+        return copy_pages_per_page
     memcpy2d = cudart.cudaMemcpy2DAsync
     memcpy2d.restype = ctypes.c_int
     memcpy2d.argtypes = [

@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from pipeline.topology import ModelGeometry, Topology
+from pipeline.topology import IoBackend, ModelGeometry, Topology
 
 
 class Ownership(Enum):
@@ -105,6 +105,35 @@ class RuntimeConfig:
 
 
 @dataclass
+class BenchConfig:
+    sizes: list[int] = field(default_factory=lambda: [16384, 65536])
+    """Tokens per transfer, one set of cases per size."""
+    placements: list[Placement] = field(
+        default_factory=lambda: [Placement.contiguous, Placement.fragmented]
+    )
+    """Page placements to measure."""
+    strategies: list[str] = field(
+        default_factory=lambda: ["replicated", "single_source", "rotating"]
+    )
+    """Strategy options to put side by side (each also gets a hand-written reference loop)."""
+    contiguous_io: list[IoBackend] = field(
+        default_factory=lambda: [IoBackend.direct, IoBackend.kernel]
+    )
+    """io backends for contiguous placement (direct pairs with page_first_direct, kernel with
+    layer_first)."""
+    fragmented_io: list[IoBackend] = field(default_factory=lambda: [IoBackend.kernel])
+    """io backends for fragmented placement."""
+    repeats: int = 10
+    """Timed repetitions per case; the median is reported."""
+    warmup: int = 3
+    """Untimed repetitions before the timed ones."""
+    floor_bytes: int = 1 << 30
+    """Bytes per copy/broadcast when measuring the link floors."""
+    out_dir: str = "bench_out"
+    """Where bench.json, bench.md and bench.png go."""
+
+
+@dataclass
 class Config:
     model: ModelGeometry = MISSING
     """The model whose KV cache moves."""
@@ -116,6 +145,8 @@ class Config:
     """What `run` and `plan` move."""
     runtime: RuntimeConfig = MISSING
     """Process groups and timeouts."""
+    bench: BenchConfig = MISSING
+    """What `bench` measures."""
     strict: bool = False
     """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
 
@@ -126,6 +157,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "strategy": StrategyConfig,
     "workload": WorkloadConfig,
     "runtime": RuntimeConfig,
+    "bench": BenchConfig,
 }
 
 

@@ -74,15 +74,17 @@ def run_rank(job: dict[str, Any], rank: int, world_size: int, local_rank: int) -
     return report
 
 
-def fill_random(engine: Engine, pages: list[int], generator: torch.Generator) -> None:
-    """Random bytes into device pages (seeded per replica group, so peers hold the same)."""
-    index = torch.tensor(pages, dtype=torch.int64, device=engine.runtime.device)
+def fill_random(engine: Engine, pages: list[int], seed: int) -> None:
+    """Random bytes into device pages, drawn on the pool's device from `seed` (seeded per
+    replica group, so peers draw the same bytes)."""
+    device = engine.runtime.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    index = torch.tensor(pages, dtype=torch.int64, device=device)
     for unit in engine.model.units:
         layer = engine.device_pool.layer(unit).view(torch.uint8)
-        data = torch.randint(
-            0, 256, (len(pages), *layer.shape[1:]), dtype=torch.uint8, generator=generator
-        )
-        layer.index_copy_(0, index, data.to(layer.device))
+        shape = (len(pages), *layer.shape[1:])
+        data = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator, device=device)
+        layer.index_copy_(0, index, data)
 
 
 def poison(engine: Engine, pages: list[int]) -> None:
@@ -146,10 +148,8 @@ def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
     mismatch = ""
     for cycle in range(workload.cycles):
         source = device_alloc.alloc(num_pages, pick)
-        generator = torch.Generator().manual_seed(
-            workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0]
-        )
-        fill_random(engine, source, generator)
+        seed = workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0]
+        fill_random(engine, source, seed)
         expected = snapshot(engine, source)
         host = host_alloc.alloc(num_pages, pick)
         tokens = engine.model.page_size * engine.topology.dcp_size

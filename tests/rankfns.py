@@ -42,7 +42,7 @@ def _job(cfg: dict[str, Any], backend: str = "gloo") -> dict[str, Any]:
 def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], dict]:
     """Fill source pages, back them up; returns (host pages, source pages, expected bytes)."""
     source = list(range(num_pages))
-    fill_random(engine, source, torch.Generator().manual_seed(7))
+    fill_random(engine, source, 7)
     expected = snapshot(engine, source)
     host = list(range(num_pages))
     size = engine.sizing.widened
@@ -204,7 +204,7 @@ def no_sync_on_issue(cfg: dict, rank: int, world_size: int, local_rank: int) -> 
     engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
     try:
         source = list(range(8))
-        fill_random(engine, source, torch.Generator().manual_seed(3))
+        fill_random(engine, source, 3)
         expected = snapshot(engine, source)
         target = [p + 8 for p in source]
         poison(engine, target)

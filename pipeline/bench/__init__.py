@@ -1,0 +1,133 @@
+"""`bench`: strategies side by side with a hand-written loop and the links' measured floors.
+
+The parent composes one config per case (strategy x size x placement x io backend), every rank
+measures floors and cases (`bench.rank`), and the parent turns per-rank medians into one row per
+case and direction: the slowest rank's median time, GB/s per rank, the ratio to the host-path
+floor and to the hand-written loop, the CPU issue time, and bit-exactness. Output: bench.json,
+bench.md and bench.png in `bench.out_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.output import markdown, plot
+from pipeline.bench.rank import bench_rank
+from pipeline.config import GROUP_CHOICE_PREFIXES, Session
+from pipeline.launch import launch
+from pipeline.runtime import pick_backend, pick_device
+
+LAYOUT_FOR_IO = {"direct": "page_first_direct", "kernel": "layer_first"}
+"""The host layout each io backend is measured with (the pairs rotating accepts)."""
+
+
+def cases(session: Session) -> tuple[list[tuple[dict, dict]], list[dict]]:
+    """(runnable (config, case) pairs, skipped cases with the reason) for the bench config."""
+    bench = session.cfg.bench
+    kept = [o for o in session.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
+    runnable, skipped = [], []
+    for tokens in bench.sizes:
+        for placement in bench.placements:
+            ios = bench.contiguous_io if placement.value == "contiguous" else bench.fragmented_io
+            for io in ios:
+                for strategy in bench.strategies:
+                    case = {
+                        "tokens": tokens,
+                        "placement": placement.value,
+                        "io": io.value,
+                        "strategy": strategy,
+                    }
+                    plain, verdict = Session.compose(
+                        [
+                            *kept,
+                            f"strategy={strategy}",
+                            f"topology.io_backend={io.value}",
+                            f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
+                            f"workload.num_tokens={tokens}",
+                            "strategy.keep_capacity=true",
+                        ]
+                    ).effective()
+                    if verdict.active:
+                        runnable.append((plain, case))
+                    else:
+                        why = [r.message for r in verdict.rules if not r.passed]
+                        skipped.append({**case, "inactive": why})
+    return runnable, skipped
+
+
+def summarize(
+    ranks: list[dict], runnable: list[tuple[dict, dict]], session: Session
+) -> dict[str, Any]:
+    """One row per case and direction from every rank's repetitions."""
+    model, topology = session.model(), session.topology()
+    group = len(topology.replica_group(0, model))
+    floors = {
+        "h2d_alone_gbps": [r["floors"]["h2d_alone_gbps"] for r in ranks],
+        "h2d_all_gbps": [r["floors"]["h2d_all_gbps"] for r in ranks],
+        "d2h_alone_gbps": [r["floors"]["d2h_alone_gbps"] for r in ranks],
+        "d2h_all_gbps": [r["floors"]["d2h_all_gbps"] for r in ranks],
+        "broadcast_gbps": ranks[0]["floors"].get("broadcast_gbps"),
+    }
+    rows = []
+    for i, (_, case) in enumerate(runnable):
+        unique = case["tokens"] * model.bytes_per_token
+        per_rank = [r["cases"][i] for r in ranks]
+        for direction in ("backup", "load"):
+            seconds = max(statistics.median(c[f"{direction}_s"]) for c in per_rank)
+            reference = max(statistics.median(c[f"reference_{direction}_s"]) for c in per_rank)
+            if direction == "load":
+                floor_s = unique / (sum(floors["h2d_all_gbps"]) * 1e9)
+                if group > 1 and floors["broadcast_gbps"]:
+                    floor_s = max(
+                        floor_s, unique * (group - 1) / group / (floors["broadcast_gbps"] * 1e9)
+                    )
+            else:
+                floor_s = unique / (sum(floors["d2h_all_gbps"]) * 1e9)
+            rows.append(
+                {
+                    **case,
+                    "direction": direction,
+                    "ms": seconds * 1e3,
+                    "reference_ms": reference * 1e3,
+                    "gbps_per_rank": unique / seconds / 1e9,
+                    "x_floor": floor_s / seconds,
+                    "x_reference": reference / seconds,
+                    "issue_ms": max(c["issue_s"][direction] for c in per_rank) * 1e3,
+                    "bit_exact": all(c["bit_exact"] for c in per_rank),
+                    "reference_bit_exact": all(c["reference_bit_exact"] for c in per_rank),
+                    "unique_bytes": unique,
+                }
+            )
+    return {
+        "model": model.name,
+        "topology": topology.name,
+        "ranks": len(ranks),
+        "device_name": ranks[0].get("device_name", "cpu"),
+        "floors": floors,
+        "rows": rows,
+    }
+
+
+def run_bench(session: Session) -> dict[str, Any]:
+    runnable, skipped = cases(session)
+    plain, _ = session.effective()
+    topology = session.topology()
+    backend = pick_backend(session.cfg.runtime.backend, pick_device(topology.device, 0))
+    job = {"base": plain, "backend": backend, "cases": runnable}
+    ranks = launch(
+        bench_rank, job, topology.tp_size, backend=backend, timeout_s=session.cfg.runtime.timeout_s
+    )
+    if ranks is None:
+        return {}
+    result = summarize(ranks, runnable, session)
+    result["skipped"] = skipped
+    result["raw"] = ranks
+    out = Path(session.cfg.bench.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    (out / "bench.md").write_text(markdown(result))
+    result["png"] = plot(result, out / "bench.png")
+    return result
