@@ -105,6 +105,10 @@ class TransferContext:
     """Local device page ids on `device` (set by localize)."""
     steps: tuple[Step, ...] = ()
     """Steps the executor walks (the plan's, or issue_chunk's batches)."""
+    page_slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )
+    """Page ids per (first, count) slice, made once per transfer (see `step_pages`)."""
     timings_s: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each stage on this rank (issue time on cuda)."""
 
@@ -118,18 +122,21 @@ def staging_for(ctx: TransferContext, step: Step) -> torch.Tensor:
 
 
 def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-    """(host page ids, device page ids) of a step's slice, on the pool's device."""
-    assert ctx.host_pages is not None and ctx.device_pages is not None, "localize runs first"
-    sl = slice(step.first, step.first + step.count)
-    return ctx.host_pages[sl], ctx.device_pages[sl]
+    """(host page ids, device page ids) of a step's slice, on the pool's device (sliced once
+    per slice and transfer: the same slice serves every unit)."""
+    key = (step.first, step.count)
+    if key not in ctx.page_slices:
+        assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
+        sl = slice(step.first, step.first + step.count)
+        ctx.page_slices[key] = (ctx.host_pages[sl], ctx.device_pages[sl])
+    return ctx.page_slices[key]
 
 
-def as_words(t: torch.Tensor) -> torch.Tensor:
-    """The same bytes viewed in the widest integer type that tiles every row: gather/scatter
-    kernels then move 8-byte words instead of 1- or 2-byte elements (over PCIe for UVA)."""
-    raw = t.view(torch.uint8)
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        size = dtype.itemsize
-        if all(s % size == 0 for s in (*raw.shape[-1:], *raw.stride()[:-1], raw.data_ptr())):
-            return raw.view(dtype)
-    return raw
+def exchange_buffer(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, bool]:
+    """(what a step's broadcast moves, whether gather/scatter must fill it): the device slots
+    themselves when this rank's pages of the step are consecutive, else the staging buffer."""
+    layer = ctx.device_pool.layer(step.unit)
+    first = ctx.plan.device_run(step)
+    if first is not None:
+        return layer[first : first + step.count], False
+    return staging_for(ctx, step), True

@@ -97,11 +97,15 @@ class LoadHandle:
 
     def exchange_through(self, layer: int, stream: Stream) -> None:
         """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
-        while self._next_layer <= layer:
-            i = self._next_layer
-            stream.wait_event(self._copied[i])
-            stream.submit(lambda i=i: self._exchange_layer(i, stream))
-            self._next_layer += 1
+        layers = range(self._next_layer, layer + 1)
+        self._next_layer = max(self._next_layer, layer + 1)
+        if layers:
+            stream.submit(lambda: self._exchange_layers(layers, stream))
+
+    def _exchange_layers(self, layers: range, stream: Stream) -> None:
+        for layer in layers:
+            stream.wait_event(self._copied[layer])
+            self._exchange_layer(layer, stream)
 
     def _exchange_layer(self, layer: int, stream: Stream) -> None:
         if self._steps_by_layer is None:  # steps are final once `prepare` has run

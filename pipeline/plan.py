@@ -7,6 +7,7 @@ re-derive it. Everything here runs on CPU tensors: the plan is the host-side dec
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -91,12 +92,20 @@ class TransferPlan:
         """The runs clipped to pages [first, first + count) of the transfer."""
         end = first + count
         clipped = []
-        for r in self.runs:
+        start = bisect.bisect_right(self.runs, first, key=lambda r: r.first) - 1
+        for r in self.runs[max(start, 0) :]:
+            if r.first >= end:
+                break
             lo, hi = max(r.first, first), min(r.first + r.count, end)
             if lo < hi:
                 shift = lo - r.first
                 clipped.append(Run(lo, r.host_page + shift, r.device_page + shift, hi - lo))
         return clipped
+
+    def device_run(self, step: Step) -> int | None:
+        """The first device page when the step's device pages are consecutive, else None."""
+        runs = self.runs_in(step.first, step.count)
+        return runs[0].device_page if len(runs) == 1 else None
 
     def chunked(self, chunk_pages: int) -> tuple[Step, ...]:
         """Backup steps in batches of `chunk_pages` pages (all copied units per batch)."""
@@ -220,9 +229,10 @@ def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ..
 def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
     """Per model layer, each of its units; exchanged units in staging-sized page slices."""
     steps: list[Step] = []
-    layers = sorted({u.layer for u in plan.units})
-    for layer in layers:
-        units = [u for u in plan.units if u.layer == layer]
+    by_layer: dict[int, list[Unit]] = {}
+    for u in plan.units:
+        by_layer.setdefault(u.layer, []).append(u)
+    for _, units in sorted(by_layer.items()):
         slices = [
             (u, first, min(per, plan.num_pages - first))
             for u in units

@@ -31,6 +31,17 @@ PIN_CHUNK_BYTES = 64 << 30
 """Largest piece pinned at once: bigger pools are allocated pageable and registered in pieces."""
 
 
+def as_words(t: torch.Tensor) -> torch.Tensor:
+    """The same bytes viewed in the widest integer type that tiles every row: gather/scatter
+    kernels then move 8-byte words instead of 1- or 2-byte elements (over PCIe for UVA)."""
+    raw = t.view(torch.uint8)
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        size = dtype.itemsize
+        if all(s % size == 0 for s in (*raw.shape[-1:], *raw.stride()[:-1], raw.data_ptr())):
+            return raw.view(dtype)
+    return raw
+
+
 def unit_dtype(model: ModelGeometry, unit: Unit) -> torch.dtype:
     """KV rows use the model's KV dtype; index-K rows are packed bytes."""
     return TORCH_DTYPES[model.kv_dtype] if unit.pool == "kv" else torch.uint8
@@ -47,6 +58,8 @@ class DevicePool:
     def __init__(self, buffers: Mapping[int, torch.Tensor], num_pages: int) -> None:
         self.buffers = dict(buffers)
         self.num_pages = num_pages
+        self.words = {o: as_words(b) for o, b in self.buffers.items()}
+        """Per unit, the buffer as integer words (for gather/scatter kernels)."""
 
     @classmethod
     def allocate(cls, model: ModelGeometry, num_pages: int, device: torch.device) -> DevicePool:
@@ -92,6 +105,8 @@ class HostPool:
             units = [u for u in owned if u.pool == kind]
             for i, u in enumerate(units):
                 self.views[u.ordinal] = _unit_view(buf, layout, i)
+        self.words = {o: as_words(v) for o, v in self.views.items()}
+        """Per unit, the view as integer words (for gather/scatter kernels)."""
 
     def alias(self, storage: list[torch.Tensor]) -> HostPool:
         """The same pool over other tensors of the same shapes (e.g. its UVA alias on cuda)."""

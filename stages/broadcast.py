@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
-from pipeline.context import Stream, TransferContext
+from pipeline.context import Stream, TransferContext, exchange_buffer
 from pipeline.plan import Step
 
 
 class Broadcast:
-    """One primitive for both dedup strategies: the source rank is the unit's owner.
+    """One primitive for both dedup strategies: the source rank is the unit's owner. It moves
+    the step's pages straight between device slots where they are consecutive, else staging.
 
     Runs on the dedicated transfer group. It refuses to run for a transfer that did not enter
     through an ordered entry point: an unordered broadcast can interleave with the forward's
@@ -28,7 +30,8 @@ class Broadcast:
             )
         nbytes = step.count * step.unit.page_bytes
         source = plan.source(step.unit)
-        dist.broadcast(ctx.staging[:nbytes], src=source, group=ctx.group)
+        buffer, _ = exchange_buffer(ctx, step)
+        dist.broadcast(buffer.view(torch.uint8), src=source, group=ctx.group)
         ctx.trace.op(
             "broadcast",
             unit=step.unit.ordinal,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.context import Stream, TransferContext, as_words, step_pages
+from pipeline.context import Stream, TransferContext, step_pages
 from pipeline.plan import Direction, Step
 from pipeline.topology import IoBackend
 
@@ -26,7 +26,7 @@ class Copy:
         direction = "d2h" if to_host else "h2d"
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
-            host, device = as_words(host), as_words(device)
+            host, device = ctx.host_view.words[unit.ordinal], ctx.device_pool.words[unit.ordinal]
             if to_host:
                 host.index_copy_(0, host_pages, device.index_select(0, device_pages))
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.context import Stream, TransferContext, staging_for, step_pages
+from pipeline.context import Stream, TransferContext, exchange_buffer, step_pages
 from pipeline.plan import Step
 
 
@@ -12,6 +12,7 @@ class Gather:
     """Owner of an exchanged unit: `index_select` its device pages into staging, in order.
 
     Device page ids may differ per rank; only their order (the transfer's page order) is shared.
+    Nothing to do when the owner's pages of the step are consecutive: it broadcasts them in place.
     """
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
@@ -19,10 +20,11 @@ class Gather:
         plan = ctx.plan
         if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.rank:
             return
+        buffer, staged = exchange_buffer(ctx, step)
+        if not staged:
+            return
         _, device_pages = step_pages(ctx, step)
-        torch.index_select(
-            ctx.device_pool.layer(step.unit), 0, device_pages, out=staging_for(ctx, step)
-        )
+        torch.index_select(ctx.device_pool.layer(step.unit), 0, device_pages, out=buffer)
         ctx.trace.op(
             "gather",
             unit=step.unit.ordinal,

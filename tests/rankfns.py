@@ -66,7 +66,8 @@ def _load_and_check(engine: Engine, host: list[int], target: list[int], expected
 def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_rank: int) -> str:
     """Break one rank on purpose; returns what verification said on this rank.
 
-    skip_scatter: rank 1 takes part in every broadcast but drops what it receives.
+    skip_scatter: rank 1 takes part in every broadcast but drops what it receives (the load
+    targets every other page: consecutive pages would be broadcast in place, with no scatter).
     diverge_host: after the backup, one byte of host page 0 of layer 0 flips on the rank
     that holds it (rank 1 when replicated, the layer's owner otherwise).
     """
@@ -84,7 +85,7 @@ def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_r
         holder = engine.owners.sources[0]
         if case == "diverge_host" and rank == (1 if holder is None else holder):
             engine.host_pool.layer(unit).view(torch.uint8)[host[0], 0, 0] ^= 0xFF
-        return _load_and_check(engine, host, [p + 8 for p in source], expected)
+        return _load_and_check(engine, host, [2 * p + 8 for p in source], expected)
     finally:
         engine.runtime.close()
 
@@ -245,16 +246,19 @@ def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict
     engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
     last = engine.model.num_layers - 1
     load = engine.strategy.load
-    engine.strategy = dataclasses.replace(
-        engine.strategy,
-        load=dataclasses.replace(load, per_step=(SleepBefore(layer=last), *load.per_step)),
-    )
     try:
         host, source, expected = _backed_up(engine, 4)
         target = [p + 8 for p in source]
         size = engine.sizing.widened
-        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
         forward_stream = engine.runtime.forward_stream
+        # a first load creates the NCCL communicators (the host blocks meanwhile): untimed
+        engine.strategy = dataclasses.replace(engine.strategy, load=load)
+        engine.load(page_tokens(host, size), page_tokens(target, size)).done(forward_stream).wait()
+        engine.strategy = dataclasses.replace(
+            engine.strategy,
+            load=dataclasses.replace(load, per_step=(SleepBefore(layer=last), *load.per_step)),
+        )
+        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
         handle.wait(0, forward_stream)
         handle.ctx.layer_events[0].wait()
         result = {"layer0_ready": handle.ready(0), "last_ready_early": handle.ready(last)}
