@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 from enum import Enum
@@ -69,7 +70,7 @@ class TransferPlan:
     io_backend: IoBackend
     steps: tuple[Step, ...]
 
-    @property
+    @functools.cached_property
     def num_pages(self) -> int:
         return len(self.host_pages)
 
@@ -103,9 +104,11 @@ class TransferPlan:
         return clipped
 
     def device_run(self, step: Step) -> int | None:
-        """The first device page when the step's device pages are consecutive, else None."""
-        runs = self.runs_in(step.first, step.count)
-        return runs[0].device_page if len(runs) == 1 else None
+        """The first device page when the step's pages lie in one run, else None (O(log n))."""
+        run = self.runs[bisect.bisect_right(self.runs, step.first, key=lambda r: r.first) - 1]
+        if step.first + step.count > run.first + run.count:
+            return None
+        return run.device_page + step.first - run.first
 
     def chunked(self, chunk_pages: int) -> tuple[Step, ...]:
         """Backup steps in batches of `chunk_pages` pages (all copied units per batch)."""
@@ -232,14 +235,13 @@ def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
     by_layer: dict[int, list[Unit]] = {}
     for u in plan.units:
         by_layer.setdefault(u.layer, []).append(u)
+    n = plan.num_pages
     for _, units in sorted(by_layer.items()):
         slices = [
-            (u, first, min(per, plan.num_pages - first))
+            (u, first, min(per, n - first))
             for u in units
-            for per in [
-                max(1, staging_bytes // u.page_bytes) if plan.exchanged(u) else plan.num_pages
-            ]
-            for first in range(0, plan.num_pages, per)
+            for per in [max(1, staging_bytes // u.page_bytes) if plan.exchanged(u) else n]
+            for first in range(0, n, per)
         ]
         steps += [
             Step(u, f, c, last_in_layer=i == len(slices) - 1) for i, (u, f, c) in enumerate(slices)

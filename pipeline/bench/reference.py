@@ -36,17 +36,16 @@ class Reference:
         self.pages = {"host": host_pages, "source": source_pages, "target": target_pages}
         self.num_pages = len(host_pages)
         self.cuda = engine.runtime.device.type == "cuda"
+        if self.cuda and not contiguous:  # kernels reach the host through its UVA alias
+            device = engine.runtime.device
+            host = host.alias([uva_alias(b, device) for b in host.storage])
+        self.host_views = host.views
 
     def _index(self, side: str) -> torch.Tensor:
         return torch.tensor(self.pages[side], device=self.engine.runtime.device)
 
     def _host(self, ordinal: int) -> torch.Tensor:
-        """The owned unit's host view, through its UVA alias on cuda (so kernels reach it)."""
-        view = self.host.views[ordinal]
-        if not self.cuda or self.contiguous:
-            return view
-        storage = [uva_alias(b, self.engine.runtime.device) for b in self.host.storage]
-        return self.host.alias(storage).views[ordinal]
+        return self.host_views[ordinal]
 
     def _block(self, t: torch.Tensor, side: str) -> torch.Tensor:
         first = self.pages[side][0]
