@@ -27,6 +27,9 @@ class Event(Protocol):
     def query(self) -> bool:
         """Has the event completed?"""
 
+    def fail(self, error: BaseException) -> None:
+        """Complete a pending event with `error`, so its waiters raise instead of hanging."""
+
 
 class Stream(Protocol):
     """An ordered queue of work: a CUDA stream, or a CPU thread standing in for one."""
@@ -95,6 +98,10 @@ class TransferContext:
     """Per model layer: completes once the layer is usable on this rank (load)."""
     done: Event
     """Completes once the whole transfer is done on this rank (the ack)."""
+    copied: dict[int, Event]
+    """Per model layer, the layer's copies are issued and done (when there is an exchange)."""
+    all_copied: Event
+    """Every copy of the transfer is done."""
     ordered: bool
     """The transfer entered through an ordered entry point (forward gate or forward stream)."""
     sequence: int
@@ -108,9 +115,21 @@ class TransferContext:
     page_slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict
     )
+    exchange_buffers: dict[tuple[int, int], tuple[torch.Tensor, bool]] = field(default_factory=dict)
+    """Per (unit, first page), what the step's broadcast moves (see `exchange_buffer`)."""
     """Page ids per (first, count) slice, made once per transfer (see `step_pages`)."""
     timings_s: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each stage on this rank (issue time on cuda)."""
+
+    def fail(self, error: BaseException) -> None:
+        """Complete every pending event of this transfer with `error` (its waiters raise)."""
+        for event in (
+            *self.layer_events.values(),
+            *self.copied.values(),
+            self.all_copied,
+            self.done,
+        ):
+            event.fail(error)
 
 
 def staging_for(ctx: TransferContext, step: Step) -> torch.Tensor:
@@ -135,8 +154,13 @@ def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Te
 def exchange_buffer(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, bool]:
     """(what a step's broadcast moves, whether gather/scatter must fill it): the device slots
     themselves when this rank's pages of the step are consecutive, else the staging buffer."""
-    layer = ctx.device_pool.layer(step.unit)
-    first = ctx.plan.device_run(step)
-    if first is not None:
-        return layer[first : first + step.count], False
-    return staging_for(ctx, step), True
+    key = (step.unit.ordinal, step.first)
+    if key not in ctx.exchange_buffers:
+        layer = ctx.device_pool.layer(step.unit)
+        first = ctx.plan.device_run(step)
+        ctx.exchange_buffers[key] = (
+            (layer[first : first + step.count], False)
+            if first is not None
+            else (staging_for(ctx, step), True)
+        )
+    return ctx.exchange_buffers[key]

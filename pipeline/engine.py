@@ -163,9 +163,9 @@ class Engine:
         """Copy host slots into device slots; the handle waits per layer and acks at the end."""
         stream = self.runtime.load_stream
         ctx = self._context(Direction.load, host_indices, device_indices, stream)
-        copied = issue_copies(self.strategy.load, ctx, stream)
+        issue_copies(self.strategy.load, ctx, stream)
         lazy = self.strategy.ordering is Ordering.forward_stream
-        handle = LoadHandle(ctx, self.strategy.load, copied, lazy=lazy)
+        handle = LoadHandle(ctx, self.strategy.load, lazy=lazy)
         if not lazy:
             handle.finish(self.runtime.exchange_stream)
             self._gate.append(ctx.done)
@@ -219,8 +219,10 @@ class Engine:
             host_view=self.host_view,
             copy_pages=self.runtime.copy_pages,
             staging=self.staging,
-            layer_events={layer: self.runtime.exchange_stream.new_event() for layer in layers},
-            done=(self.runtime.exchange_stream if layers else stream).new_event(),
+            layer_events={layer: stream.new_event() for layer in layers},
+            done=stream.new_event(),
+            copied={layer: stream.new_event() for layer in layers},
+            all_copied=stream.new_event(),
             ordered=True,
             sequence=sequence,
             steps=plan.steps,

@@ -23,14 +23,19 @@ def run_stages(
 ) -> None:
     for stage in stages:
         start = time.perf_counter()
-        stage(ctx, step, stream)
+        try:
+            stage(ctx, step, stream)
+        except BaseException as e:
+            ctx.fail(e)
+            raise
         name = type(stage).__name__
         ctx.timings_s[name] = ctx.timings_s.get(name, 0.0) + time.perf_counter() - start
 
 
-def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> dict[int, Event]:
-    """`prepare` and every step's `per_step` on `stream`; per layer, a "copied" event."""
-    copied = {layer: stream.new_event() for layer in ctx.layer_events}
+def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
+    """`prepare` and every step's `per_step` on `stream`, recording `ctx.copied` per layer
+    (only where there is an exchange to wait for it) and `ctx.all_copied` at the end."""
+    copied = ctx.copied if pipeline.exchange else {}
 
     def work() -> None:
         run_stages(pipeline.prepare, ctx, None, stream)
@@ -38,9 +43,9 @@ def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> di
             run_stages(pipeline.per_step, ctx, step, stream)
             if step.last_in_layer and step.unit.layer in copied:
                 stream.record(copied[step.unit.layer])
+        stream.record(ctx.all_copied)
 
     stream.submit(work)
-    return copied
 
 
 def finish(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
@@ -50,17 +55,9 @@ def finish(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
 class LoadHandle:
     """What `Engine.load` returns: per-layer waits for the forward, and the ack."""
 
-    def __init__(
-        self,
-        ctx: TransferContext,
-        pipeline: Pipeline,
-        copied: dict[int, Event],
-        *,
-        lazy: bool,
-    ) -> None:
+    def __init__(self, ctx: TransferContext, pipeline: Pipeline, *, lazy: bool) -> None:
         self.ctx = ctx
         self._pipeline = pipeline
-        self._copied = copied
         self._lazy = lazy
         """Exchanges are issued by the consumer's waits (forward_stream ordering)."""
         self._next_layer = 0
@@ -93,18 +90,19 @@ class LoadHandle:
         self.exchange_through(self.num_layers - 1, stream)
         if not self._finished:
             self._finished = True
+            stream.wait_event(self.ctx.all_copied)
             finish(self._pipeline, self.ctx, stream)
 
     def exchange_through(self, layer: int, stream: Stream) -> None:
         """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
         layers = range(self._next_layer, layer + 1)
         self._next_layer = max(self._next_layer, layer + 1)
-        if layers:
+        if layers and self._pipeline.exchange:
             stream.submit(lambda: self._exchange_layers(layers, stream))
 
     def _exchange_layers(self, layers: range, stream: Stream) -> None:
         for layer in layers:
-            stream.wait_event(self._copied[layer])
+            stream.wait_event(self.ctx.copied[layer])
             self._exchange_layer(layer, stream)
 
     def _exchange_layer(self, layer: int, stream: Stream) -> None:

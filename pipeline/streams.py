@@ -34,13 +34,17 @@ class CpuEvent:
     def query(self) -> bool:
         return self._done.is_set()
 
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self.set(error)
+
 
 class WorkerStream:
     """A CPU stream: one daemon thread runs submitted callables in submission order.
 
     Work submitted, recorded or awaited from inside the worker runs at once: it is already at
-    the head of the stream. After an error the stream skips its remaining work and fails every
-    event it made that is still pending, so no waiter hangs.
+    the head of the stream. After an error the stream skips its remaining work but still
+    completes every event recorded on it, carrying the error, so no waiter hangs.
     """
 
     def __init__(self, name: str) -> None:
@@ -48,8 +52,6 @@ class WorkerStream:
         self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._events: list[CpuEvent] = []
-        self._lock = threading.Lock()
 
     def _on_worker(self) -> bool:
         return threading.current_thread() is self._thread
@@ -65,28 +67,18 @@ class WorkerStream:
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
-            if self._error is not None:
+            if self._error is not None and not isinstance(work, _Record):
                 continue
             try:
                 work()
-            except BaseException as e:  # kept, then re-raised by every wait on this stream
+            except BaseException as e:  # kept, then carried by every later record
                 self._error = e
-                with self._lock:
-                    for event in self._events:
-                        if not event.query():
-                            event.set(e)
 
     def new_event(self) -> CpuEvent:
-        event = CpuEvent()
-        with self._lock:
-            self._events = [e for e in self._events if not e.query()]
-            self._events.append(event)
-            if self._error is not None:
-                event.set(self._error)
-        return event
+        return CpuEvent()
 
     def record(self, event: CpuEvent) -> None:
-        self.submit(event.set)
+        self.submit(_Record(event, self))
 
     def wait_event(self, event: CpuEvent) -> None:
         self.submit(event.wait)
@@ -101,6 +93,16 @@ class WorkerStream:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+class _Record:
+    """Completes an event when the worker reaches it, with the stream's error if it has one."""
+
+    def __init__(self, event: CpuEvent, stream: WorkerStream) -> None:
+        self.event, self.stream = event, stream
+
+    def __call__(self) -> None:
+        self.event.set(self.stream._error)
 
 
 class InlineStream:
@@ -134,6 +136,9 @@ class CudaEvent:
 
     def query(self) -> bool:
         return self.event.query()
+
+    def fail(self, error: BaseException) -> None:
+        """Nothing to do: on cuda an issue error is raised to the caller as it happens."""
 
 
 class CudaStream:

@@ -150,10 +150,8 @@ def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
             stream,
         )
         ctx.ordered = False
-        copied = issue_copies(engine.strategy.load, ctx, stream)
-        LoadHandle(ctx, engine.strategy.load, copied, lazy=False).finish(
-            engine.runtime.exchange_stream
-        )
+        issue_copies(engine.strategy.load, ctx, stream)
+        LoadHandle(ctx, engine.strategy.load, lazy=False).finish(engine.runtime.exchange_stream)
         try:
             ctx.done.wait()
         except RuntimeError as e:

@@ -11,7 +11,14 @@ import pytest
 from pipeline import schema, topology
 
 SCHEMAS = {
-    schema: ["Config", "StrategyConfig", "PipelineConfig", "WorkloadConfig", "RuntimeConfig"],
+    schema: [
+        "Config",
+        "StrategyConfig",
+        "PipelineConfig",
+        "WorkloadConfig",
+        "RuntimeConfig",
+        "BenchConfig",
+    ],
     topology: ["ModelGeometry", "IndexerConfig", "Topology"],
 }
 CASES = [(module, name) for module, names in SCHEMAS.items() for name in names]
