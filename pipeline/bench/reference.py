@@ -92,13 +92,16 @@ class Reference:
                 if self.contiguous:
                     dist.broadcast(self._block(dev, "target"), src=source, group=rt.transfer_group)
                     continue
-                raw = staging[: n * unit.page_bytes]
-                view = raw.view(dev.dtype).view(n, *dev.shape[1:])
-                if source == rt.rank:
-                    torch.index_select(dev, 0, target, out=view)
-                dist.broadcast(raw, src=source, group=rt.transfer_group)
-                if source != rt.rank:
-                    dev.index_copy_(0, target, view)
+                per = staging.numel() // unit.page_bytes  # staging-sized slices of pages
+                for first in range(0, n, per):
+                    pages = target[first : first + per]
+                    raw = staging[: len(pages) * unit.page_bytes]
+                    view = raw.view(dev.dtype).view(len(pages), *dev.shape[1:])
+                    if source == rt.rank:
+                        torch.index_select(dev, 0, pages, out=view)
+                    dist.broadcast(raw, src=source, group=rt.transfer_group)
+                    if source != rt.rank:
+                        dev.index_copy_(0, pages, view)
         _join(streams)
 
 
