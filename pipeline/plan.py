@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
 import torch
 
 from pipeline.ownership import OwnerMap
@@ -205,25 +206,27 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
             f"{name} has {n} slots: transfers move whole pages of {widened} slots "
             "(page_size x dcp_size)"
         )
-    if int(indices.min()) < 0 or int(indices.max()) >= num_slots:
+    # numpy, single-threaded: torch's intra-op thread pool costs milliseconds per small op
+    # on a many-core host shared by several ranks, and this runs on every transfer's issue path
+    slots = indices.numpy()
+    if slots.min() < 0 or slots.max() >= num_slots:
         raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
-    blocks = indices.view(-1, widened)
+    blocks = slots.reshape(-1, widened)
     starts = blocks[:, 0]
-    if bool((starts % widened != 0).any()) or bool(
-        (blocks != starts.unsqueeze(1) + torch.arange(widened)).any()
-    ):
+    if (starts % widened).any() or (blocks != starts[:, None] + np.arange(widened)).any():
         raise ValueError(
             f"{name} is not page-aligned: every {widened} consecutive slots must "
             f"be one whole page (start at a multiple of {widened}, then +1 each)"
         )
     pages = starts // widened
-    if len(torch.unique(pages)) != len(pages):
+    if len(np.unique(pages)) != len(pages):
         raise ValueError(f"{name} names a page twice: each page moves once per transfer")
-    return pages
+    return torch.from_numpy(pages)
 
 
 def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ...]:
-    breaks = ((host_pages.diff() != 1) | (device_pages.diff() != 1)).nonzero().flatten() + 1
+    hosts, devices = host_pages.numpy(), device_pages.numpy()
+    breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
     bounds = [0, *breaks.tolist(), len(host_pages)]
     hp, dp = host_pages.tolist(), device_pages.tolist()
     return tuple(Run(a, hp[a], dp[a], b - a) for a, b in itertools.pairwise(bounds))
