@@ -123,6 +123,8 @@ class BenchConfig:
     layer_first)."""
     fragmented_io: list[IoBackend] = field(default_factory=lambda: [IoBackend.kernel])
     """io backends for fragmented placement."""
+    chunk_pages: list[int] = field(default_factory=lambda: [0, 16])
+    """strategy.chunk_pages settings to compare (0: the backup issued as one batch)."""
     repeats: int = 10
     """Timed repetitions per case; the median is reported."""
     warmup: int = 3

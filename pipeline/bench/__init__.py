@@ -9,6 +9,7 @@ bench.md and bench.png in `bench.out_dir`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -32,29 +33,30 @@ def cases(session: Session) -> tuple[list[tuple[dict, dict]], list[dict]]:
     for tokens in bench.sizes:
         for placement in bench.placements:
             ios = bench.contiguous_io if placement.value == "contiguous" else bench.fragmented_io
-            for io in ios:
-                for strategy in bench.strategies:
-                    case = {
-                        "tokens": tokens,
-                        "placement": placement.value,
-                        "io": io.value,
-                        "strategy": strategy,
-                    }
-                    plain, verdict = Session.compose(
-                        [
-                            *kept,
-                            f"strategy={strategy}",
-                            f"topology.io_backend={io.value}",
-                            f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
-                            f"workload.num_tokens={tokens}",
-                            "strategy.keep_capacity=true",
-                        ]
-                    ).effective()
-                    if verdict.active:
-                        runnable.append((plain, case))
-                    else:
-                        why = [r.message for r in verdict.rules if not r.passed]
-                        skipped.append({**case, "inactive": why})
+            for io, chunk, strategy in itertools.product(ios, bench.chunk_pages, bench.strategies):
+                case = {
+                    "tokens": tokens,
+                    "placement": placement.value,
+                    "io": io.value,
+                    "chunk_pages": chunk,
+                    "strategy": strategy,
+                }
+                plain, verdict = Session.compose(
+                    [
+                        *kept,
+                        f"strategy={strategy}",
+                        f"topology.io_backend={io.value}",
+                        f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
+                        f"workload.num_tokens={tokens}",
+                        f"strategy.chunk_pages={chunk}",
+                        "strategy.keep_capacity=true",
+                    ]
+                ).effective()
+                if verdict.active:
+                    runnable.append((plain, case))
+                else:
+                    why = [r.message for r in verdict.rules if not r.passed]
+                    skipped.append({**case, "inactive": why})
     return runnable, skipped
 
 

@@ -23,15 +23,16 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| broadcast (algorithm bandwidth) | {f['broadcast_gbps']:.1f} |")
     lines += [
         "",
-        "| direction | placement | tokens | io | strategy | ms | GB/s per rank | x floor "
-        "| hand loop ms | x hand loop | issue ms | bit-exact |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| direction | placement | tokens | io | chunk | strategy | ms | GB/s per rank "
+        "| x floor | hand loop ms | x hand loop | issue ms | bit-exact |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in result["rows"]:
         exact = "yes" if r["bit_exact"] and r["reference_bit_exact"] else "NO"
         lines.append(
             f"| {r['direction']} | {r['placement']} | {r['tokens']} | {r['io']} "
-            f"| {r['strategy']} | {r['ms']:.2f} | {r['gbps_per_rank']:.1f} | {r['x_floor']:.3f} "
+            f"| {r['chunk_pages']} | {r['strategy']} | {r['ms']:.2f} | {r['gbps_per_rank']:.1f} "
+            f"| {r['x_floor']:.3f} "
             f"| {r['reference_ms']:.2f} | {r['x_reference']:.3f} | {r['issue_ms']:.2f} "
             f"| {exact} |"
         )
@@ -53,7 +54,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
         return "no PNG: matplotlib is not installed"
     rows = result["rows"]
     labels = [
-        f"{r['direction']} {r['placement'][:4]} {r['tokens'] // 1024}K {r['io'][:3]}\n"
+        f"{r['direction']} {r['placement'][:4]} {r['tokens'] // 1024}K {r['io'][:3]} "
+        f"c{r['chunk_pages']}\n"
         f"{r['strategy']}"
         for r in rows
     ]
