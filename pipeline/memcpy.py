@@ -40,10 +40,13 @@ def copy_pages_per_page(dst: torch.Tensor, src: torch.Tensor) -> None:
         d.copy_(s, non_blocking=True)
 
 
-def cuda_copier(cudart: ctypes.CDLL | None) -> CopyPages:
+def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
     """One cudaMemcpy2DAsync per strided run; the per-page fallback without a cudart."""
     if cudart is None:
         return copy_pages_per_page
+    # the raw handle of the current stream without torch.cuda.current_stream()'s Python
+    # device lookups (tens of microseconds per call, on every copy of the issue path)
+    current_stream = torch._C._cuda_getCurrentRawStream
     memcpy2d = cudart.cudaMemcpy2DAsync
     memcpy2d.restype = ctypes.c_int
     memcpy2d.argtypes = [
@@ -71,7 +74,7 @@ def cuda_copier(cudart: ctypes.CDLL | None) -> CopyPages:
             dst[0].nbytes,
             dst.shape[0],
             CUDA_MEMCPY_DEFAULT,
-            torch.cuda.current_stream().cuda_stream,
+            current_stream(device_index),
         )
         if error:
             raise RuntimeError(f"cudaMemcpy2DAsync failed with CUDA error {error}")

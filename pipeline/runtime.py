@@ -96,7 +96,9 @@ class Runtime:
                 WorkerStream(f"{name}-{rank}") for name in ("load", "write", "exchange")
             )
             forward = InlineStream()
-        copy = cuda_copier(loaded_cudart()) if device.type == "cuda" else copy_pages_cpu
+        copy = (
+            cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
+        )
         return cls(
             rank,
             world_size,
