@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.context import Stage
-from pipeline.schema import Ordering, Ownership, StrategyConfig
+from pipeline.schema import IdleSyncSkipConfig, Ordering, Ownership, StrategyConfig
 
 STAGE_PACKAGE = "stages"
 PIPELINE_LISTS = ("prepare", "per_step", "exchange", "finish")
@@ -40,6 +40,8 @@ class Strategy:
     ordering: Ordering
     staging_bytes: int
     keep_capacity: bool
+    idle_sync_skip: IdleSyncSkipConfig
+    poll_timer_every: int
     backup: Pipeline
     load: Pipeline
 
@@ -104,6 +106,8 @@ def assemble(strategy: DictConfig) -> Strategy:
         ordering=typed.ordering,
         staging_bytes=typed.staging_bytes,
         keep_capacity=typed.keep_capacity,
+        idle_sync_skip=typed.idle_sync_skip,
+        poll_timer_every=typed.poll_timer_every,
         backup=pipeline("backup"),
         load=pipeline("load"),
     )

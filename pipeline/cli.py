@@ -16,7 +16,7 @@ from collections.abc import Callable
 import hydra
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import ordering, report
 from pipeline.bench import run_bench
@@ -25,6 +25,9 @@ from pipeline.config import Session, typed
 from pipeline.launch import RankFailure, launch
 from pipeline.planner import broadcasts_per_layer, plan_report
 from pipeline.runtime import pick_backend, pick_device
+from pipeline.schema import SimulateConfig
+from pipeline.simulate import simulate_rank
+from pipeline.simulate import summarize as summarize_simulation
 from pipeline.validate import check_config, group_options, validate_all
 from pipeline.workload import run_rank
 
@@ -141,6 +144,22 @@ def bench(session: Session, as_json: bool) -> int:
     return 0 if ok else 1
 
 
+def simulate(session: Session, as_json: bool) -> int:
+    """A randomized scheduler on real ranks: ack polls with the idle-sync skip off and on."""
+    plain, _ = session.effective()
+    cfg = typed(plain)
+    sim: SimulateConfig = OmegaConf.to_object(cfg.simulate)  # type: ignore[assignment]
+    job = {"config": plain, "backend": "gloo", "simulate": sim}
+    ranks = launch(
+        simulate_rank, job, cfg.topology.tp_size, backend="gloo", timeout_s=cfg.runtime.timeout_s
+    )
+    if ranks is None:
+        return 0
+    result = {"predicate": sim.predicate.value, **summarize_simulation(ranks)}
+    print(json.dumps(result, indent=2) if as_json else report.simulate_text(result))
+    return 0 if result["ok"] else 1
+
+
 COMMANDS: dict[str, Handler] = {
     "run": run,
     "explain": explain,
@@ -148,6 +167,7 @@ COMMANDS: dict[str, Handler] = {
     "validate": validate,
     "check-ordering": check_ordering,
     "bench": bench,
+    "simulate": simulate,
 }
 
 USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [OVERRIDE ...] [--cfg job] [--help]
@@ -160,6 +180,7 @@ subcommands:
   validate  check every shipped config (and --config-dir), or the one the overrides compose
   check-ordering  can the load's broadcasts deadlock against the forward's collectives?
   bench     strategies side by side with a hand-written loop and the links' floors (GPU)
+  simulate  a randomized scheduler proves the ack poll and its idle-sync skip on real ranks
 
 overrides use Hydra's grammar, e.g.
   hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.acks import Ack, AckLedger, digest_of
 from pipeline.assemble import Strategy
 from pipeline.context import Event, Stream, Trace, TransferContext
 from pipeline.executor import LoadHandle, finish, issue_copies
 from pipeline.ownership import OwnerMap, owner_map
 from pipeline.plan import Direction, build_plan
-from pipeline.pools import DevicePool, HostCapacity, HostPool, host_capacity
+from pipeline.pools import DevicePool, HostCapacity, HostPool, PageAllocator, host_capacity
 from pipeline.runtime import Runtime
 from pipeline.schema import Ordering
-from pipeline.topology import IoBackend, ModelGeometry, Topology
+from pipeline.topology import IoBackend, ModelGeometry, StorageBackend, Topology
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Engine:
         host_pool: HostPool,
         host_view: HostPool,
         staging: torch.Tensor,
+        acks: AckLedger,
     ) -> None:
         self.strategy = strategy
         self.runtime = runtime
@@ -88,6 +90,10 @@ class Engine:
         self.host_pool = host_pool
         self.host_view = host_view
         self.staging = staging
+        self.acks = acks
+        """Submitted transfers in order, released by `poll`."""
+        self.host_allocator = PageAllocator(sizing.host.num_pages)
+        """Host slots, handed out identically on every rank (replicated state)."""
         self.trace = Trace()
         self.timings_s: dict[str, float] = {}
         """Seconds per stage over all transfers (issue time on cuda)."""
@@ -104,6 +110,7 @@ class Engine:
         *,
         device_tokens: int,
         host_ratio: float,
+        debug_consensus: bool = False,
     ) -> Engine:
         """Allocate the pools of this rank (topology already normalized)."""
         owners = owner_map(strategy.ownership, runtime.replica_group, model.units)
@@ -149,6 +156,14 @@ class Engine:
             staging=torch.empty(
                 strategy.staging_bytes if exchanged else 0, dtype=torch.uint8, device=device
             ),
+            acks=AckLedger(
+                runtime.cpu_group,
+                skip_enabled=strategy.idle_sync_skip.enabled,
+                max_skips=strategy.idle_sync_skip.max_skips,
+                storage_attached=topology.storage_backend is not StorageBackend.none,
+                debug_consensus=debug_consensus,
+                poll_timer_every=strategy.poll_timer_every,
+            ),
         )
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
@@ -157,6 +172,7 @@ class Engine:
         ctx = self._context(Direction.backup, host_indices, device_indices, stream)
         issue_copies(self.strategy.backup, ctx, stream)
         finish(self.strategy.backup, ctx, stream)
+        self.acks.submit("backup", ctx.done)
         return ctx.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
@@ -169,7 +185,17 @@ class Engine:
         if not lazy:
             handle.finish(self.runtime.exchange_stream)
             self._gate.append(ctx.done)
+        self.acks.submit("load", ctx.done)
         return handle
+
+    def poll(self) -> list[Ack]:
+        """Release the acks that every rank has seen complete (the same ones everywhere)."""
+        return self.acks.poll(self.state_digest)
+
+    def state_digest(self) -> int:
+        """Digest of this rank's replicated state: host allocator free list and ack ledger."""
+        ledger = [(a.seq, a.kind) for a in self.acks.pending]
+        return digest_of(self.host_allocator.free_pages(), ledger)
 
     def begin_forward(self, forward: Stream) -> None:
         """The forward gate: `forward` waits for every load submitted since the last forward,

@@ -154,7 +154,10 @@ def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: f
             if failed or (p.exitcode is None and len(done) < world_size):
                 p.terminate()
             p.join()
-    if failed:
-        rank = min(failed)
-        raise RankFailure(f"rank {rank} failed:\n{failed[rank]}")
+    if failed:  # the first to report is usually the cause; its peers failed because of it
+        rank = next(iter(failed))
+        also = sorted(set(failed) - {rank})
+        raise RankFailure(
+            f"rank {rank} failed{f' (then ranks {also})' if also else ''}:\n{failed[rank]}"
+        )
     return [done[r] for r in range(world_size)]

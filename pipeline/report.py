@@ -106,6 +106,24 @@ def ordering_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def simulate_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"simulate: {result['ranks']} ranks, predicate {result['predicate']}",
+        f"{'seed':>4} {'reduces off':>11} {'reduces on':>10} {'skipped':>7} {'forced':>6} "
+        f"{'poll ms off':>11} {'poll ms on':>10}  ranks agree  on == off",
+    ]
+    for r in result["runs"]:
+        agree = "yes" if r["ranks_agree"] else "NO"
+        same = "yes" if r["skip_on_equals_off"] else "NO"
+        lines.append(
+            f"{r['seed']:>4} {r['reduces_off']:>11} {r['reduces_on']:>10} {r['skipped']:>7} "
+            f"{r['forced']:>6} {r['poll_ms_off']:>11.3f} {r['poll_ms_on']:>10.3f}  "
+            f"{agree:>11}  {same:>8}"
+        )
+    lines.append("ok" if result["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
 def validate_text(result: dict[str, Any]) -> str:
     lines = [f"checked {len(result['checked'])} configs"]
     lines += [f"error: {e}" for e in result["errors"]]

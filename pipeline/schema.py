@@ -53,6 +53,14 @@ class PipelineConfig:
 
 
 @dataclass
+class IdleSyncSkipConfig:
+    enabled: bool = False
+    """Skip the per-poll MIN all-reduce while no ack is outstanding (and no storage backend)."""
+    max_skips: int = 8
+    """After this many consecutive skips one sync is forced (and checks replicated state)."""
+
+
+@dataclass
 class StrategyConfig:
     name: str = MISSING
     """Strategy name, shown in reports and used as a fallback target."""
@@ -76,6 +84,10 @@ class StrategyConfig:
     """Every N loads, all-gather digests of the loaded pages and compare them; 0 is off."""
     ordering: Ordering = Ordering.gate
     """How broadcasts stay ordered against the forward's collectives."""
+    idle_sync_skip: IdleSyncSkipConfig = field(default_factory=IdleSyncSkipConfig)
+    """Leave out the ack poll's collective while nothing is in flight."""
+    poll_timer_every: int = 0
+    """Log the mean time spent in poll() every N polls; 0 is off."""
 
 
 @dataclass
@@ -102,6 +114,8 @@ class RuntimeConfig:
     """Collective and rank-join timeout."""
     trace_file: str | None = None
     """Write the op trace of every rank here as JSON lines; null writes none."""
+    debug_consensus: bool = False
+    """All-gather the inputs of every rank-replicated decision and raise on divergence."""
 
 
 @dataclass
@@ -135,6 +149,33 @@ class BenchConfig:
     """Where bench.json, bench.md and bench.png go."""
 
 
+class IdlePredicate(Enum):
+    ledger = "ledger"
+    event_status = "event_status"
+
+
+@dataclass
+class SimulateConfig:
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Scheduler seeds; each runs with the idle-sync skip off, then on."""
+    steps: int = 300
+    """Scheduler steps per run (one ack poll each)."""
+    arrive_prob: float = 0.3
+    """Chance that a request arrives in a step."""
+    num_prefixes: int = 12
+    """Distinct prefixes requests draw from (hits load back, misses prefill and back up)."""
+    max_pages: int = 4
+    """Largest request, in pages."""
+    max_jitter_polls: int = 3
+    """Each ack fires on each rank after up to this many extra polls (rank-local jitter)."""
+    max_skips: int = 8
+    """Consecutive skips before a forced sync."""
+    predicate: IdlePredicate = IdlePredicate.ledger
+    """The skip decision's input: ledger (right) or event_status (the negative control)."""
+    debug_consensus: bool = True
+    """All-gather the skip decision's inputs every poll and raise on divergence."""
+
+
 @dataclass
 class Config:
     model: ModelGeometry = MISSING
@@ -149,6 +190,8 @@ class Config:
     """Process groups and timeouts."""
     bench: BenchConfig = MISSING
     """What `bench` measures."""
+    simulate: SimulateConfig = MISSING
+    """What `simulate` drives."""
     strict: bool = False
     """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
 
@@ -160,6 +203,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "workload": WorkloadConfig,
     "runtime": RuntimeConfig,
     "bench": BenchConfig,
+    "simulate": SimulateConfig,
 }
 
 

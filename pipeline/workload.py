@@ -55,6 +55,7 @@ def open_engine(
             topology,
             device_tokens=workload.device_tokens,
             host_ratio=workload.host_ratio,
+            debug_consensus=cfg.runtime.debug_consensus,
         )
     except BaseException:
         runtime.close()
@@ -143,7 +144,7 @@ def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
     rng = random.Random(workload.seed)  # same draws on every rank: identical slot choices
     pick = None if workload.placement is Placement.contiguous else rng
     device_alloc = PageAllocator(engine.sizing.device_pages)
-    host_alloc = PageAllocator(engine.sizing.host.num_pages)
+    host_alloc = engine.host_allocator
     seconds = {"backup": 0.0, "load": 0.0}
     mismatch = ""
     for cycle in range(workload.cycles):
@@ -166,6 +167,8 @@ def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
         handle.done(rt.forward_stream).wait()
         seconds["load"] += time.perf_counter() - start
         mismatch = mismatch or first_mismatch(engine, target, expected)
+        while engine.acks.pending:  # release both acks; the ledger is the same on every rank
+            engine.poll()
         device_alloc.free(target)
         host_alloc.free(host)
     return rank_report(engine, seconds, mismatch)

@@ -265,3 +265,20 @@ def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict
         return result
     finally:
         engine.runtime.close()
+
+
+def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_rank: int) -> str:
+    """Idle skips, then the forced sync: rank 1's host allocator differs (a bug to catch)."""
+    cfg, max_skips = args
+    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    try:
+        if rank == 1:
+            engine.host_allocator.alloc(1)
+        for _ in range(max_skips + 1):
+            try:
+                engine.poll()
+            except RuntimeError as e:
+                return str(e)
+        return ""
+    finally:
+        engine.runtime.close()
