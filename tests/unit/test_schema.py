@@ -18,6 +18,8 @@ SCHEMAS = {
         "WorkloadConfig",
         "RuntimeConfig",
         "BenchConfig",
+        "SimulateConfig",
+        "IdleSyncSkipConfig",
     ],
     topology: ["ModelGeometry", "IndexerConfig", "Topology"],
 }
