@@ -70,9 +70,6 @@ class Trace:
         with self._lock:
             self.ops.append({"op": kind, **fields})
 
-    def count(self, kind: str) -> int:
-        return sum(1 for o in self.ops if o["op"] == kind)
-
     def total(self, kind: str, key: str = "bytes") -> int:
         return sum(o[key] for o in self.ops if o["op"] == kind)
 
