@@ -15,7 +15,7 @@ from pipeline.assemble import Strategy
 from pipeline.context import Event, Stream, Trace, TransferContext
 from pipeline.executor import LoadHandle, finish, issue_copies
 from pipeline.ownership import OwnerMap, owner_map
-from pipeline.plan import Direction, build_plan
+from pipeline.plan import Direction, TransferPlan, build_plan
 from pipeline.pools import DevicePool, HostCapacity, HostPool, PageAllocator, host_capacity
 from pipeline.runtime import Runtime
 from pipeline.schema import Ordering
@@ -60,6 +60,36 @@ def size_pools(
     device_pages = device_tokens // widened
     budget = int(host_ratio * device_pages * sum(u.page_bytes for u in model.units))
     return Sizing(device_pages, host_capacity(model, owners, rank, budget, keep_capacity), widened)
+
+
+def plan_transfer(
+    direction: Direction,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    *,
+    rank: int,
+    model: ModelGeometry,
+    topology: Topology,
+    owners: OwnerMap,
+    sizing: Sizing,
+    staging_bytes: int,
+) -> TransferPlan:
+    """The plan of one transfer on `rank` (what the engine runs and what `plan` reports)."""
+    return build_plan(
+        direction,
+        host_indices,
+        device_indices,
+        rank=rank,
+        units=model.units,
+        owners=owners,
+        page_size=model.page_size,
+        dcp_size=topology.dcp_size,
+        dcp_rank=topology.dcp_rank(rank),
+        host_slots=sizing.host_slots,
+        device_slots=sizing.device_slots,
+        io_backend=topology.io_backend,
+        staging_bytes=staging_bytes,
+    )
 
 
 class Engine:
@@ -212,19 +242,15 @@ class Engine:
         stream: Stream,
     ) -> TransferContext:
         """Plan (validating the indices before any byte moves) and set up one transfer."""
-        plan = build_plan(
+        plan = plan_transfer(
             direction,
             host_indices,
             device_indices,
             rank=self.runtime.rank,
-            units=self.model.units,
+            model=self.model,
+            topology=self.topology,
             owners=self.owners,
-            page_size=self.model.page_size,
-            dcp_size=self.topology.dcp_size,
-            dcp_rank=self.topology.dcp_rank(self.runtime.rank),
-            host_slots=self.sizing.host_slots,
-            device_slots=self.sizing.device_slots,
-            io_backend=self.topology.io_backend,
+            sizing=self.sizing,
             staging_bytes=self.strategy.staging_bytes,
         )
         layers = sorted({s.unit.layer for s in plan.steps}) if direction is Direction.load else []

@@ -14,9 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.assemble import PIPELINE_LISTS, assemble
 from pipeline.config import typed
-from pipeline.engine import size_pools
+from pipeline.engine import plan_transfer, size_pools
 from pipeline.ownership import owner_map
-from pipeline.plan import Direction, TransferPlan, build_plan
+from pipeline.plan import Direction, TransferPlan
 from pipeline.pools import PageAllocator, page_tokens
 from pipeline.schema import Placement, WorkloadConfig
 from pipeline.topology import ModelGeometry, Topology
@@ -46,7 +46,8 @@ def counts(plan: TransferPlan) -> dict[str, int]:
         ops["copy"] += plan.copy_ops(step)
         if plan.exchanged(step.unit):
             ops["broadcast"] += 1
-            ops["gather" if plan.source(step.unit) == plan.rank else "scatter"] += 1
+            if plan.device_run(step) is None:  # consecutive pages are broadcast in place
+                ops["gather" if plan.source(step.unit) == plan.rank else "scatter"] += 1
     return ops
 
 
@@ -81,19 +82,15 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
         target = device_alloc.alloc(num_pages, pick)
         row: dict[str, Any] = {"rank": rank}
         for direction, device_pages in ((Direction.backup, source), (Direction.load, target)):
-            plan = build_plan(
+            plan = plan_transfer(
                 direction,
                 page_tokens(host, sizing.widened),
                 page_tokens(device_pages, sizing.widened),
                 rank=rank,
-                units=model.units,
+                model=model,
+                topology=topology,
                 owners=owners,
-                page_size=model.page_size,
-                dcp_size=topology.dcp_size,
-                dcp_rank=topology.dcp_rank(rank),
-                host_slots=sizing.host_slots,
-                device_slots=sizing.device_slots,
-                io_backend=topology.io_backend,
+                sizing=sizing,
                 staging_bytes=strategy.staging_bytes,
             )
             if direction is Direction.backup:
