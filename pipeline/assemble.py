@@ -42,6 +42,7 @@ class Strategy:
     keep_capacity: bool
     idle_sync_skip: IdleSyncSkipConfig
     poll_timer_every: int
+    cuda_graphs: int
     backup: Pipeline
     load: Pipeline
 
@@ -108,6 +109,7 @@ def assemble(strategy: DictConfig) -> Strategy:
         keep_capacity=typed.keep_capacity,
         idle_sync_skip=typed.idle_sync_skip,
         poll_timer_every=typed.poll_timer_every,
+        cuda_graphs=typed.cuda_graphs,
         backup=pipeline("backup"),
         load=pipeline("load"),
     )

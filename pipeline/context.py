@@ -91,12 +91,13 @@ class TransferContext:
     """Copies one run of pages between two page-wise views (see `pipeline.memcpy`)."""
     staging: torch.Tensor
     """Flat byte buffer for gather/broadcast/scatter (staging_bytes long)."""
+    layers: tuple[int, ...]
+    """Model layers a load makes usable one by one (none for a backup)."""
     layer_events: dict[int, Event]
-    """Per model layer: completes once the layer is usable on this rank (load)."""
+    """Per model layer: completes once the layer is usable on this rank (load); made by the
+    executor, or owned by the CUDA graph that records them."""
     done: Event
     """Completes once the whole transfer is done on this rank (the ack)."""
-    copied: dict[int, Event]
-    """Per model layer, the layer's copies are issued and done (when there is an exchange)."""
     all_copied: Event
     """Every copy of the transfer is done."""
     ordered: bool
@@ -109,12 +110,19 @@ class TransferContext:
     """Local device page ids on `device` (set by localize)."""
     steps: tuple[Step, ...] = ()
     """Steps the executor walks (the plan's, or issue_chunk's batches)."""
+    copied: dict[int, Event] = field(default_factory=dict)
+    """Per model layer, the layer's copies are issued and done (made where there is an
+    exchange to wait for them)."""
+    in_graph: bool = False
+    """The steps are being captured into a CUDA graph: nothing may depend on page ids."""
     page_slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict
     )
+    """Page ids per (first, count) slice, made once per transfer (see `step_pages`)."""
     exchange_buffers: dict[tuple[int, int], tuple[torch.Tensor, bool]] = field(default_factory=dict)
     """Per (unit, first page), what the step's broadcast moves (see `exchange_buffer`)."""
-    """Page ids per (first, count) slice, made once per transfer (see `step_pages`)."""
+    by_layer: dict[int, list[Step]] = field(default_factory=dict)
+    """The steps of each model layer (see `layer_steps`)."""
     timings_s: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each stage on this rank (issue time on cuda)."""
 
@@ -127,6 +135,15 @@ class TransferContext:
             self.done,
         ):
             event.fail(error)
+
+
+def layer_steps(ctx: TransferContext, layer: int) -> list[Step]:
+    """The steps of one model layer, grouped once per transfer (steps are final after
+    `prepare`)."""
+    if not ctx.by_layer:
+        for step in ctx.steps:
+            ctx.by_layer.setdefault(step.unit.layer, []).append(step)
+    return ctx.by_layer[layer]
 
 
 def staging_for(ctx: TransferContext, step: Step) -> torch.Tensor:
@@ -150,11 +167,12 @@ def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Te
 
 def exchange_buffer(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, bool]:
     """(what a step's broadcast moves, whether gather/scatter must fill it): the device slots
-    themselves when this rank's pages of the step are consecutive, else the staging buffer."""
+    themselves when this rank's pages of the step are consecutive, else the staging buffer
+    (always inside a graph, which must not bake in page ids)."""
     key = (step.unit.ordinal, step.first)
     if key not in ctx.exchange_buffers:
         layer = ctx.device_pool.layer(step.unit)
-        first = ctx.plan.device_run(step)
+        first = None if ctx.in_graph else ctx.plan.device_run(step)
         ctx.exchange_buffers[key] = (
             (layer[first : first + step.count], False)
             if first is not None

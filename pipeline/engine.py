@@ -13,7 +13,8 @@ import torch
 from pipeline.acks import Ack, AckLedger, digest_of
 from pipeline.assemble import Strategy
 from pipeline.context import Event, Stream, Trace, TransferContext
-from pipeline.executor import LoadHandle, finish, issue_copies
+from pipeline.executor import LoadHandle, issue_steps, issue_transfer, prepare
+from pipeline.graphs import TransferGraphs
 from pipeline.ownership import OwnerMap, owner_map
 from pipeline.plan import Direction, TransferPlan, build_plan
 from pipeline.pools import DevicePool, HostCapacity, HostPool, PageAllocator, host_capacity
@@ -109,6 +110,7 @@ class Engine:
         host_view: HostPool,
         staging: torch.Tensor,
         acks: AckLedger,
+        graphs: TransferGraphs | None = None,
     ) -> None:
         self.strategy = strategy
         self.runtime = runtime
@@ -122,12 +124,15 @@ class Engine:
         self.staging = staging
         self.acks = acks
         """Submitted transfers in order, released by `poll`."""
+        self.graphs = graphs
+        """CUDA graphs of gated transfers, per shape (cuda with io_backend=kernel only)."""
         self.host_allocator = PageAllocator(sizing.host.num_pages)
         """Host slots, handed out identically on every rank (replicated state)."""
         self.trace = Trace()
         self.timings_s: dict[str, float] = {}
         """Seconds per stage over all transfers (issue time on cuda)."""
         self._gate: list[Event] = []
+        self._layers = tuple(sorted({u.layer for u in model.units}))
         self._sequence = {Direction.backup: 0, Direction.load: 0}
 
     @classmethod
@@ -194,29 +199,44 @@ class Engine:
                 debug_consensus=debug_consensus,
                 poll_timer_every=strategy.poll_timer_every,
             ),
+            graphs=TransferGraphs(strategy.cuda_graphs)
+            if uva and strategy.cuda_graphs > 0
+            else None,
         )
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
         """Copy device slots to host slots (logical, CPU int64); returns the ack event."""
         stream = self.runtime.write_stream
-        ctx = self._context(Direction.backup, host_indices, device_indices, stream)
-        issue_copies(self.strategy.backup, ctx, stream)
-        finish(self.strategy.backup, ctx, stream)
+        graphs = self.graphs
+        ctx = self._context(
+            Direction.backup, host_indices, device_indices, stream, graphed=graphs is not None
+        )
+        issue_transfer(self.strategy.backup, ctx, stream, stream, graphs)
         self.acks.submit("backup", ctx.done)
         return ctx.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
         """Copy host slots into device slots; the handle waits per layer and acks at the end."""
-        stream = self.runtime.load_stream
-        ctx = self._context(Direction.load, host_indices, device_indices, stream)
-        issue_copies(self.strategy.load, ctx, stream)
+        stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.ordering is Ordering.forward_stream
-        handle = LoadHandle(ctx, self.strategy.load, lazy=lazy)
-        if not lazy:
-            handle.finish(self.runtime.exchange_stream)
+        graphs = None if lazy else self.graphs
+        ctx = self._context(
+            Direction.load, host_indices, device_indices, stream, graphed=graphs is not None
+        )
+        if lazy:  # the consumer's waits issue the exchanges
+            prepare(pipeline, ctx, stream)
+            issue_steps(pipeline, ctx, stream)
+        else:
+            issue_transfer(pipeline, ctx, stream, self.runtime.exchange_stream, graphs)
             self._gate.append(ctx.done)
         self.acks.submit("load", ctx.done)
-        return handle
+        return LoadHandle(ctx, pipeline, lazy=lazy)
+
+    def close(self) -> None:
+        """Release the graphs, then the runtime (graphs hold the transfer group's NCCL work)."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.runtime.close()
 
     def poll(self) -> list[Ack]:
         """Release the acks that every rank has seen complete (the same ones everywhere)."""
@@ -240,8 +260,11 @@ class Engine:
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         stream: Stream,
+        *,
+        graphed: bool,
     ) -> TransferContext:
-        """Plan (validating the indices before any byte moves) and set up one transfer."""
+        """Plan (validating the indices before any byte moves) and set up one transfer
+        (`graphed`: its layer events come from a CUDA graph)."""
         plan = plan_transfer(
             direction,
             host_indices,
@@ -253,7 +276,7 @@ class Engine:
             sizing=self.sizing,
             staging_bytes=self.strategy.staging_bytes,
         )
-        layers = sorted({s.unit.layer for s in plan.steps}) if direction is Direction.load else []
+        layers = self._layers if direction is Direction.load else ()
         sequence = self._sequence[direction]
         self._sequence[direction] += 1
         # The transfer must see everything the forward stream did to these slots so far.
@@ -271,9 +294,9 @@ class Engine:
             host_view=self.host_view,
             copy_pages=self.runtime.copy_pages,
             staging=self.staging,
-            layer_events={layer: stream.new_event() for layer in layers},
+            layers=layers,
+            layer_events={} if graphed else {layer: stream.new_event() for layer in layers},
             done=stream.new_event(),
-            copied={layer: stream.new_event() for layer in layers},
             all_copied=stream.new_event(),
             ordered=True,
             sequence=sequence,

@@ -6,6 +6,9 @@ list of layer i then runs on a second stream once layer i is copied: the engine'
 stream (ordering=gate), or the consumer's forward stream when it calls `wait(i)`
 (ordering=forward_stream). So every rank's copies run back to back on its own link while the
 broadcasts follow, instead of each layer's copy waiting for the previous layer's broadcast.
+
+`issue_transfer` issues a whole transfer (the gated entry points); with `graphs` the steps and
+exchanges are replayed as one CUDA graph per transfer shape (see `pipeline.graphs`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import time
 from collections.abc import Iterable
 
 from pipeline.assemble import Pipeline
-from pipeline.context import Event, Stage, Stream, TransferContext
+from pipeline.context import Event, Stage, Stream, TransferContext, layer_steps
+from pipeline.graphs import TransferGraphs
 from pipeline.plan import Step
+from pipeline.streams import CudaStream
 
 
 def run_stages(
@@ -32,13 +37,18 @@ def run_stages(
         ctx.timings_s[name] = ctx.timings_s.get(name, 0.0) + time.perf_counter() - start
 
 
-def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
-    """`prepare` and every step's `per_step` on `stream`, recording `ctx.copied` per layer
-    (only where there is an exchange to wait for it) and `ctx.all_copied` at the end."""
-    copied = ctx.copied if pipeline.exchange else {}
+def prepare(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
+    stream.submit(lambda: run_stages(pipeline.prepare, ctx, None, stream))
+
+
+def issue_steps(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
+    """Every step's `per_step` on `stream`, recording `ctx.copied` per layer (only where there
+    is an exchange to wait for it) and `ctx.all_copied` at the end."""
+    if pipeline.exchange:
+        ctx.copied = {layer: stream.new_event() for layer in ctx.layers}
+    copied = ctx.copied
 
     def work() -> None:
-        run_stages(pipeline.prepare, ctx, None, stream)
         for step in ctx.steps:
             run_stages(pipeline.per_step, ctx, step, stream)
             if step.last_in_layer and step.unit.layer in copied:
@@ -48,8 +58,58 @@ def issue_copies(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> No
     stream.submit(work)
 
 
+def issue_exchanges(
+    pipeline: Pipeline, ctx: TransferContext, layers: Iterable[int], stream: Stream
+) -> None:
+    """The `exchange` list of every step of `layers` on `stream`, each layer behind its copy."""
+    if not pipeline.exchange:
+        return
+
+    def work() -> None:
+        for layer in layers:
+            stream.wait_event(ctx.copied[layer])
+            for step in layer_steps(ctx, layer):
+                run_stages(pipeline.exchange, ctx, step, stream)
+
+    stream.submit(work)
+
+
 def finish(pipeline: Pipeline, ctx: TransferContext, stream: Stream) -> None:
     stream.submit(lambda: run_stages(pipeline.finish, ctx, None, stream))
+
+
+def issue_transfer(
+    pipeline: Pipeline,
+    ctx: TransferContext,
+    stream: Stream,
+    exchange: Stream,
+    graphs: TransferGraphs | None,
+) -> None:
+    """A whole transfer: copies on `stream`, exchanges on `exchange`, then `finish`.
+
+    With `graphs` (cuda only) the copies and exchanges are one graph replay on `stream`, and
+    `finish` runs on `stream` after it.
+    """
+    prepare(pipeline, ctx, stream)
+    layers = ctx.layers
+    if graphs is None:
+        issue_steps(pipeline, ctx, stream)
+        issue_exchanges(pipeline, ctx, layers, exchange)
+        exchange.wait_event(ctx.all_copied)
+        finish(pipeline, ctx, exchange)
+        return
+    assert isinstance(stream, CudaStream) and isinstance(exchange, CudaStream)
+
+    def body(ctx: TransferContext) -> None:
+        issue_steps(pipeline, ctx, stream)
+        if pipeline.exchange:
+            issue_exchanges(pipeline, ctx, layers, exchange)
+            exchanged = exchange.new_event()
+            exchange.record(exchanged)
+            stream.wait_event(exchanged)  # a graph ends on the stream it began on
+
+    graphs.issue(ctx, stream, exchange, body)
+    finish(pipeline, ctx, stream)
 
 
 class LoadHandle:
@@ -62,11 +122,10 @@ class LoadHandle:
         """Exchanges are issued by the consumer's waits (forward_stream ordering)."""
         self._next_layer = 0
         self._finished = False
-        self._steps_by_layer: dict[int, list[Step]] | None = None
 
     @property
     def num_layers(self) -> int:
-        return len(self.ctx.layer_events)
+        return len(self.ctx.layers)
 
     def wait(self, layer: int, consumer: Stream) -> None:
         """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda)."""
@@ -82,33 +141,16 @@ class LoadHandle:
     def done(self, consumer: Stream) -> Event:
         """The ack: completes after the whole exchange (what is left is issued on `consumer`)."""
         if self._lazy:
-            self.finish(consumer)
+            self.exchange_through(self.num_layers - 1, consumer)
+            if not self._finished:
+                self._finished = True
+                consumer.wait_event(self.ctx.all_copied)
+                finish(self._pipeline, self.ctx, consumer)
         return self.ctx.done
-
-    def finish(self, stream: Stream) -> None:
-        """Issue every remaining layer's exchange, then the finish list, on `stream`."""
-        self.exchange_through(self.num_layers - 1, stream)
-        if not self._finished:
-            self._finished = True
-            stream.wait_event(self.ctx.all_copied)
-            finish(self._pipeline, self.ctx, stream)
 
     def exchange_through(self, layer: int, stream: Stream) -> None:
         """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
         layers = range(self._next_layer, layer + 1)
         self._next_layer = max(self._next_layer, layer + 1)
-        if layers and self._pipeline.exchange:
-            stream.submit(lambda: self._exchange_layers(layers, stream))
-
-    def _exchange_layers(self, layers: range, stream: Stream) -> None:
-        for layer in layers:
-            stream.wait_event(self.ctx.copied[layer])
-            self._exchange_layer(layer, stream)
-
-    def _exchange_layer(self, layer: int, stream: Stream) -> None:
-        if self._steps_by_layer is None:  # steps are final once `prepare` has run
-            self._steps_by_layer = {}
-            for step in self.ctx.steps:
-                self._steps_by_layer.setdefault(step.unit.layer, []).append(step)
-        for step in self._steps_by_layer[layer]:
-            run_stages(self._pipeline.exchange, self.ctx, step, stream)
+        if layers:
+            issue_exchanges(self._pipeline, self.ctx, layers, stream)

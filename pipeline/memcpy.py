@@ -13,15 +13,18 @@ from collections.abc import Callable
 
 import torch
 
-CopyPages = Callable[[torch.Tensor, torch.Tensor], None]
-"""copy(dst, src) of two [pages, rows, elems] views whose pages are each contiguous."""
+CopyPages = Callable[[torch.Tensor, int, torch.Tensor, int, int], None]
+"""copy(dst, dst_page, src, src_page, count): `count` pages between two [pages, rows, elems]
+views whose pages are each contiguous."""
 
 CUDA_MEMCPY_DEFAULT = 4
 """cudaMemcpyDefault: the direction follows from the (unified) addresses."""
 
 
-def copy_pages_cpu(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.copy_(src)
+def copy_pages_cpu(
+    dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
+) -> None:
+    dst[dst_page : dst_page + count].copy_(src[src_page : src_page + count])
 
 
 def loaded_cudart() -> ctypes.CDLL | None:
@@ -31,13 +34,12 @@ def loaded_cudart() -> ctypes.CDLL | None:
     return ctypes.CDLL(sorted(paths)[0]) if paths else None
 
 
-def copy_pages_per_page(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Fallback where no cudart can be loaded: one async copy per page of a strided run."""
-    if dst.is_contiguous() and src.is_contiguous():
-        dst.copy_(src, non_blocking=True)
-        return
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s, non_blocking=True)
+def copy_pages_per_page(
+    dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
+) -> None:
+    """Fallback where no cudart can be loaded: one async copy per page."""
+    for i in range(count):
+        dst[dst_page + i].copy_(src[src_page + i], non_blocking=True)
 
 
 def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
@@ -60,19 +62,19 @@ def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
         ctypes.c_void_p,
     ]
 
-    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-        if dst.is_contiguous() and src.is_contiguous():
-            dst.copy_(src, non_blocking=True)
-            return
-        assert dst.shape == src.shape and dst[0].is_contiguous() and src[0].is_contiguous()
-        itemsize = dst.element_size()
+    def copy(
+        dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
+    ) -> None:
+        # plain integers from the views' strides: no sliced tensors on the issue path
+        item = dst.element_size()
+        dst_pitch, src_pitch = dst.stride(0) * item, src.stride(0) * item
         error = memcpy2d(
-            dst.data_ptr(),
-            dst.stride(0) * itemsize,
-            src.data_ptr(),
-            src.stride(0) * itemsize,
-            dst[0].nbytes,
-            dst.shape[0],
+            dst.data_ptr() + dst_page * dst_pitch,
+            dst_pitch,
+            src.data_ptr() + src_page * src_pitch,
+            src_pitch,
+            dst.shape[1] * dst.shape[2] * item,
+            count,
             CUDA_MEMCPY_DEFAULT,
             current_stream(device_index),
         )

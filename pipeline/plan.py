@@ -26,7 +26,7 @@ class Direction(Enum):
     load = "load"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Run:
     """Consecutive transfer pages that are consecutive on both the host and the device side."""
 
@@ -37,7 +37,7 @@ class Run:
     count: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One unit over a slice of the transfer's pages: the grain a per-step stage works on."""
 
@@ -234,19 +234,13 @@ def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ..
 
 def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
     """Per model layer, each of its units; exchanged units in staging-sized page slices."""
-    steps: list[Step] = []
-    by_layer: dict[int, list[Unit]] = {}
-    for u in plan.units:
-        by_layer.setdefault(u.layer, []).append(u)
     n = plan.num_pages
-    for _, units in sorted(by_layer.items()):
-        slices = [
-            (u, first, min(per, n - first))
-            for u in units
-            for per in [max(1, staging_bytes // u.page_bytes) if plan.exchanged(u) else n]
-            for first in range(0, n, per)
-        ]
-        steps += [
-            Step(u, f, c, last_in_layer=i == len(slices) - 1) for i, (u, f, c) in enumerate(slices)
-        ]
+    slices: dict[int, list[tuple[Unit, int, int]]] = {}
+    for u in plan.units:
+        per = max(1, staging_bytes // u.page_bytes) if plan.exchanged(u) else n
+        slices.setdefault(u.layer, []).extend((u, f, min(per, n - f)) for f in range(0, n, per))
+    steps: list[Step] = []
+    for layer in sorted(slices):
+        last = len(slices[layer]) - 1
+        steps += [Step(u, f, c, i == last) for i, (u, f, c) in enumerate(slices[layer])]
     return tuple(steps)

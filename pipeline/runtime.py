@@ -83,6 +83,10 @@ class Runtime:
             pg = dist.new_group(list(group), backend=backend, timeout=timeout)
             if group == replica and len(group) > 1:
                 transfer = pg
+        if transfer is not None and device.type == "cuda":
+            # NCCL makes a communicator on its first collective, which must not be one that a
+            # CUDA graph captures
+            dist.broadcast(torch.zeros(1, device=device), src=replica[0], group=transfer)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout)
         load: Stream
         write: Stream

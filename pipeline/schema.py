@@ -88,6 +88,15 @@ class StrategyConfig:
     """Leave out the ack poll's collective while nothing is in flight."""
     poll_timer_every: int = 0
     """Log the mean time spent in poll() every N polls; 0 is off."""
+    cuda_graphs: int = 8
+    """On cuda with io_backend=kernel, a gated transfer (every backup; loads with
+    ordering=gate) replays a CUDA graph of its copies and exchanges, captured on the first
+    transfer of its page count; this many page counts are kept (0: always issue stage by
+    stage)."""
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs < 0:
+            raise ValueError(f"strategy.cuda_graphs={self.cuda_graphs} must be >= 0 (0 is off)")
 
 
 @dataclass

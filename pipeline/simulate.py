@@ -155,7 +155,7 @@ def simulate_rank(
             for skip in (False, True)
         ]
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 def summarize(ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:

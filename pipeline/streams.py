@@ -128,8 +128,9 @@ class InlineStream:
 
 
 class CudaEvent:
-    def __init__(self) -> None:
-        self.event = torch.cuda.Event()
+    def __init__(self, *, external: bool = False) -> None:
+        self.event = torch.cuda.Event(external=external)
+        """external: recorded inside a CUDA graph, waited on outside it."""
 
     def wait(self) -> None:
         self.event.synchronize()

@@ -6,6 +6,7 @@ objects the rest of the code uses (`OmegaConf.to_object` builds them and runs `_
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -134,9 +135,10 @@ class ModelGeometry:
             return tuple(range(self.num_layers))
         return tuple(self.indexer.layers)
 
-    @property
+    @functools.cached_property
     def units(self) -> tuple[Unit, ...]:
-        """KV layers first, then index-K layers, in ordinal order."""
+        """KV layers first, then index-K layers, in ordinal order (made once: every transfer
+        plan reads them)."""
         kv = [
             Unit(
                 ordinal=i,

@@ -69,7 +69,7 @@ def run_rank(job: dict[str, Any], rank: int, world_size: int, local_rank: int) -
     try:
         report = drive(engine, workload)
     finally:
-        engine.runtime.close()
+        engine.close()
     if job.get("trace"):
         report["trace"] = engine.trace.ops
     return report

@@ -41,9 +41,10 @@ class Copy:
             )
             return
         for run in plan.runs_in(step.first, step.count):
-            d = device[run.device_page : run.device_page + run.count]
-            h = host[run.host_page : run.host_page + run.count]
-            ctx.copy_pages(h, d) if to_host else ctx.copy_pages(d, h)
+            if to_host:
+                ctx.copy_pages(host, run.host_page, device, run.device_page, run.count)
+            else:
+                ctx.copy_pages(device, run.device_page, host, run.host_page, run.count)
             ctx.trace.op(
                 "copy",
                 direction=direction,

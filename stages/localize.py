@@ -26,19 +26,20 @@ def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int
 
 
 class Localize:
-    """Translate the plan's host and device slots into local page ids on the pool's device."""
+    """Translate the plan's host and device slots into local page ids on the pool's device.
+
+    Kernels index pages, so only each page's first row on this rank is needed: it is localized
+    on the host, where the plan's slots are, and one small non-blocking copy (no device sync)
+    moves both sides' ids, a page_size-th of the slots.
+    """
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
         plan = ctx.plan
 
-        def pages(indices: torch.Tensor) -> torch.Tensor:
-            rows = localize(
-                indices.to(ctx.device, non_blocking=True),
-                plan.page_size,
-                plan.dcp_size,
-                plan.dcp_rank,
-            )
-            return rows[:: plan.page_size] // plan.page_size
+        def first_rows(indices: torch.Tensor) -> torch.Tensor:
+            rows = localize(indices, plan.page_size, plan.dcp_size, plan.dcp_rank)
+            return rows[:: plan.page_size]
 
-        ctx.host_pages = pages(plan.host_indices)
-        ctx.device_pages = pages(plan.device_indices)
+        firsts = torch.stack((first_rows(plan.host_indices), first_rows(plan.device_indices)))
+        pages = firsts.to(ctx.device, non_blocking=True) // plan.page_size
+        ctx.host_pages, ctx.device_pages = pages[0], pages[1]

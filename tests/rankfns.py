@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pipeline.engine import Engine
-from pipeline.executor import LoadHandle, issue_copies
+from pipeline.executor import issue_transfer
 from pipeline.plan import Direction
 from pipeline.pools import page_tokens
 from pipeline.workload import (
@@ -87,7 +87,7 @@ def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_r
             engine.host_pool.layer(unit).view(torch.uint8)[host[0], 0, 0] ^= 0xFF
         return _load_and_check(engine, host, [2 * p + 8 for p in source], expected)
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 def overlap(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def overlap(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str,
         return result
     finally:
         release.set()
-        engine.runtime.close()
+        engine.close()
 
 
 class HoldBefore:
@@ -148,17 +148,17 @@ def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
             page_tokens(host, size),
             page_tokens([p + 8 for p in source], size),
             stream,
+            graphed=False,
         )
         ctx.ordered = False
-        issue_copies(engine.strategy.load, ctx, stream)
-        LoadHandle(ctx, engine.strategy.load, lazy=False).finish(engine.runtime.exchange_stream)
+        issue_transfer(engine.strategy.load, ctx, stream, engine.runtime.exchange_stream, None)
         try:
             ctx.done.wait()
         except RuntimeError as e:
             return str(e)
         return ""
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[str]:
@@ -195,7 +195,7 @@ def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[st
         )
         return [*said, f"unchanged={unchanged}"]
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 def no_sync_on_issue(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
@@ -225,7 +225,7 @@ def no_sync_on_issue(cfg: dict, rank: int, world_size: int, local_rank: int) -> 
         done.wait()
         return first_mismatch(engine, target, expected)
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 class SleepBefore:
@@ -264,7 +264,7 @@ def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict
         result["mismatch"] = first_mismatch(engine, target, expected)
         return result
     finally:
-        engine.runtime.close()
+        engine.close()
 
 
 def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_rank: int) -> str:
@@ -281,4 +281,4 @@ def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_ran
                 return str(e)
         return ""
     finally:
-        engine.runtime.close()
+        engine.close()

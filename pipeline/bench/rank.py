@@ -158,6 +158,9 @@ def measure_case(
         timer, engine, lambda: ref.load(engine.staging, streams), target, expected
     )
     engine.runtime.load_stream.synchronize()
+    if engine.graphs is not None:
+        result["graphs_captured"] = engine.graphs.captures
+        engine.graphs.clear()
     return result
 
 

@@ -1,0 +1,129 @@
+"""CUDA graphs of a transfer's copies and exchanges, one per transfer shape.
+
+Issuing a transfer stage by stage costs the host tens of microseconds per step (a kernel launch
+or DMA, an NCCL call, event records), milliseconds for a model's layers. With io_backend=kernel
+every step's work depends only on the transfer's page count: the page ids are read from index
+tensors on the device. So the first transfer of a page count is captured once, with its index
+tensors as static buffers, and every later one copies its page ids into those buffers and
+replays the graph: one launch instead of hundreds of calls.
+
+What a graph needs to stay equal to the eager issue:
+- Broadcasts go through the staging buffer (an in-place broadcast would bake in device pages).
+- Per-layer events are recorded as external graph nodes, so a consumer can wait for layer 0
+  while later layers are still moving. They belong to the graph and are re-recorded by every
+  replay, so a late wait on an older transfer's layer waits for a newer one: later, never early.
+- The graph runs on the transfer stream after whatever was issued on the exchange stream, so
+  its broadcasts stay ordered with every other broadcast of the transfer group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeline.context import TransferContext
+from pipeline.plan import Direction
+from pipeline.streams import CudaEvent, CudaStream
+
+GraphKey = tuple[Direction, int]
+"""(direction, page count): everything a captured transfer's work depends on."""
+
+
+@dataclass
+class CapturedTransfer:
+    graph: torch.cuda.CUDAGraph
+    host_pages: torch.Tensor
+    """Static buffer the graph reads host page ids from."""
+    device_pages: torch.Tensor
+    """Static buffer the graph reads device page ids from."""
+    layer_events: dict[int, CudaEvent]
+    """Recorded inside the graph (external nodes): per layer, usable after it."""
+    ops: list[dict[str, Any]]
+    """The trace ops the capture issued, logged again at every replay."""
+
+
+class TransferGraphs:
+    """At most `capacity` captured transfers, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._captured: OrderedDict[GraphKey, CapturedTransfer] = OrderedDict()
+        self.captures = 0
+        """Transfers captured so far (the rest were replays)."""
+
+    def __len__(self) -> int:
+        return len(self._captured)
+
+    def issue(
+        self,
+        ctx: TransferContext,
+        stream: CudaStream,
+        exchange: CudaStream,
+        body: Callable[[TransferContext], None],
+    ) -> None:
+        """Issue `body` (the transfer's steps and exchanges, after `prepare` ran) on `stream`
+        as a graph replay, capturing it first if this shape is new."""
+        assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
+        key = (ctx.plan.direction, ctx.plan.num_pages)
+        stream.stream.wait_stream(exchange.stream)
+        captured = self._captured.get(key)
+        if captured is None:
+            captured = self._capture(ctx, stream, body)
+            self._captured[key] = captured
+            while len(self._captured) > self.capacity:
+                _, evicted = self._captured.popitem(last=False)
+                evicted.graph.reset()
+        else:
+            self._captured.move_to_end(key)
+            with torch.cuda.stream(stream.stream):
+                captured.host_pages.copy_(ctx.host_pages, non_blocking=True)
+                captured.device_pages.copy_(ctx.device_pages, non_blocking=True)
+            ctx.trace.ops.extend(captured.ops)
+        with torch.cuda.stream(stream.stream):
+            captured.graph.replay()
+        ctx.layer_events.update(captured.layer_events)
+
+    def _capture(
+        self,
+        ctx: TransferContext,
+        stream: CudaStream,
+        body: Callable[[TransferContext], None],
+    ) -> CapturedTransfer:
+        """Capture `body` with static page ids and external layer events (runs nothing)."""
+        assert ctx.host_pages is not None and ctx.device_pages is not None
+        with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
+            ctx.host_pages, ctx.device_pages = ctx.host_pages.clone(), ctx.device_pages.clone()
+        layer_events = {layer: CudaEvent(external=True) for layer in ctx.layers}
+        ctx.layer_events = dict(layer_events)
+        ctx.in_graph = True
+        first_op = len(ctx.trace.ops)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream.stream):
+            # thread_local: other threads may keep using CUDA while this one captures
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                body(ctx)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the body's error is the one to see
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        self.captures += 1
+        return CapturedTransfer(
+            graph,
+            ctx.host_pages,
+            ctx.device_pages,
+            layer_events,
+            ctx.trace.ops[first_op:],
+        )
+
+    def clear(self) -> None:
+        """Release every graph (before the process groups they broadcast on are destroyed)."""
+        for captured in self._captured.values():
+            captured.graph.reset()
+        self._captured.clear()
