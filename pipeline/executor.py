@@ -108,7 +108,7 @@ def issue_transfer(
             exchange.record(exchanged)
             stream.wait_event(exchanged)  # a graph ends on the stream it began on
 
-    graphs.issue(ctx, stream, exchange, body)
+    graphs.issue(pipeline, ctx, stream, exchange, body)
     finish(pipeline, ctx, stream)
 
 

@@ -26,12 +26,13 @@ from typing import Any
 
 import torch
 
+from pipeline.assemble import Pipeline
 from pipeline.context import TransferContext
 from pipeline.plan import Direction
 from pipeline.streams import CudaEvent, CudaStream
 
-GraphKey = tuple[Direction, int]
-"""(direction, page count): everything a captured transfer's work depends on."""
+GraphKey = tuple[Pipeline, Direction, int]
+"""(stage lists, direction, page count): everything a captured transfer's work depends on."""
 
 
 @dataclass
@@ -61,15 +62,16 @@ class TransferGraphs:
 
     def issue(
         self,
+        pipeline: Pipeline,
         ctx: TransferContext,
         stream: CudaStream,
         exchange: CudaStream,
         body: Callable[[TransferContext], None],
     ) -> None:
-        """Issue `body` (the transfer's steps and exchanges, after `prepare` ran) on `stream`
-        as a graph replay, capturing it first if this shape is new."""
+        """Issue `body` (`pipeline`'s steps and exchanges, after `prepare` ran) on `stream` as
+        a graph replay, capturing it first if this shape is new."""
         assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
-        key = (ctx.plan.direction, ctx.plan.num_pages)
+        key = (pipeline, ctx.plan.direction, ctx.plan.num_pages)
         stream.stream.wait_stream(exchange.stream)
         captured = self._captured.get(key)
         if captured is None:

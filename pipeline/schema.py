@@ -148,6 +148,9 @@ class BenchConfig:
     """io backends for fragmented placement."""
     chunk_pages: list[int] = field(default_factory=lambda: [0, 16])
     """strategy.chunk_pages settings to compare (0: the backup issued as one batch)."""
+    cuda_graphs: list[int] = field(default_factory=lambda: [0, 8])
+    """strategy.cuda_graphs settings to compare for the kernel backend (0: issued stage by
+    stage; direct transfers are never graphed and run once)."""
     repeats: int = 10
     """Timed repetitions per case; the median is reported."""
     warmup: int = 3

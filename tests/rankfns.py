@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 from typing import Any
 
@@ -280,5 +281,40 @@ def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_ran
             except RuntimeError as e:
                 return str(e)
         return ""
+    finally:
+        engine.close()
+
+
+def graph_replays(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+    """cuda: transfers of one page count, other random pages each round, replay one graph per
+    direction; every round bit-exact, and replays log the same ops as the capture."""
+    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    try:
+        assert engine.graphs is not None, "graphs apply to this config"
+        size, pages = engine.sizing.widened, engine.sizing.device_pages
+        forward_stream = engine.runtime.forward_stream
+        pick = random.Random(5)  # the same draws on every rank
+        mismatches, ops = [], []
+        for round_ in range(3):
+            source = pick.sample(range(pages // 2), 6)
+            target = pick.sample(range(pages // 2, pages), 6)
+            host = pick.sample(range(engine.sizing.host.num_pages), 6)
+            fill_random(engine, source, round_)
+            expected = snapshot(engine, source)
+            poison(engine, target)
+            first_op = len(engine.trace.ops)
+            ack = engine.backup(page_tokens(host, size), page_tokens(source, size))
+            forward_stream.wait_event(ack)
+            handle = engine.load(page_tokens(host, size), page_tokens(target, size))
+            engine.begin_forward(forward_stream)
+            handle.done(forward_stream).wait()
+            mismatches.append(first_mismatch(engine, target, expected))
+            ops.append(engine.trace.ops[first_op:])
+        return {
+            "mismatches": mismatches,
+            "captures": engine.graphs.captures,
+            "same_ops": all(o == ops[0] for o in ops),
+            "ops": len(ops[0]),
+        }
     finally:
         engine.close()

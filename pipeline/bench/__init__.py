@@ -25,8 +25,9 @@ LAYOUT_FOR_IO = {"direct": "page_first_direct", "kernel": "layer_first"}
 """The host layout each io backend is measured with (the pairs rotating accepts)."""
 
 
-def cases(session: Session) -> tuple[list[tuple[dict, dict]], list[dict]]:
-    """(runnable (config, case) pairs, skipped cases with the reason) for the bench config."""
+def cases(session: Session, on_cuda: bool) -> tuple[list[tuple[dict, dict]], list[dict]]:
+    """(runnable (config, case) pairs, skipped cases with the reason) for the bench config.
+    CUDA graph settings multiply only cuda kernel-backend cases (nothing else is graphed)."""
     bench = session.cfg.bench
     kept = [o for o in session.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
     runnable, skipped = [], []
@@ -34,29 +35,34 @@ def cases(session: Session) -> tuple[list[tuple[dict, dict]], list[dict]]:
         for placement in bench.placements:
             ios = bench.contiguous_io if placement.value == "contiguous" else bench.fragmented_io
             for io, chunk, strategy in itertools.product(ios, bench.chunk_pages, bench.strategies):
-                case = {
-                    "tokens": tokens,
-                    "placement": placement.value,
-                    "io": io.value,
-                    "chunk_pages": chunk,
-                    "strategy": strategy,
-                }
-                plain, verdict = Session.compose(
-                    [
-                        *kept,
-                        f"strategy={strategy}",
-                        f"topology.io_backend={io.value}",
-                        f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
-                        f"workload.num_tokens={tokens}",
-                        f"strategy.chunk_pages={chunk}",
-                        "strategy.keep_capacity=true",
-                    ]
-                ).effective()
-                if verdict.active:
-                    runnable.append((plain, case))
-                else:
-                    why = [r.message for r in verdict.rules if not r.passed]
-                    skipped.append({**case, "inactive": why})
+                graphed = on_cuda and io.value == "kernel"
+                graph_settings = bench.cuda_graphs if graphed else [0]
+                for graphs in graph_settings:
+                    case = {
+                        "tokens": tokens,
+                        "placement": placement.value,
+                        "io": io.value,
+                        "chunk_pages": chunk,
+                        "strategy": strategy,
+                        "cuda_graphs": graphs,
+                    }
+                    plain, verdict = Session.compose(
+                        [
+                            *kept,
+                            f"strategy={strategy}",
+                            f"topology.io_backend={io.value}",
+                            f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
+                            f"workload.num_tokens={tokens}",
+                            f"strategy.chunk_pages={chunk}",
+                            f"strategy.cuda_graphs={graphs}",
+                            "strategy.keep_capacity=true",
+                        ]
+                    ).effective()
+                    if verdict.active:
+                        runnable.append((plain, case))
+                    else:
+                        why = [r.message for r in verdict.rules if not r.passed]
+                        skipped.append({**case, "inactive": why})
     return runnable, skipped
 
 
@@ -101,6 +107,7 @@ def summarize(
                     "bit_exact": all(c["bit_exact"] for c in per_rank),
                     "reference_bit_exact": all(c["reference_bit_exact"] for c in per_rank),
                     "unique_bytes": unique,
+                    "graphed": all("graphs_captured" in c for c in per_rank),
                 }
             )
     return {
@@ -114,10 +121,11 @@ def summarize(
 
 
 def run_bench(session: Session) -> dict[str, Any]:
-    runnable, skipped = cases(session)
-    plain, _ = session.effective()
     topology = session.topology()
-    backend = pick_backend(session.cfg.runtime.backend, pick_device(topology.device, 0))
+    device = pick_device(topology.device, 0)
+    runnable, skipped = cases(session, device.type == "cuda")
+    plain, _ = session.effective()
+    backend = pick_backend(session.cfg.runtime.backend, device)
     job = {"base": plain, "backend": backend, "cases": runnable}
     ranks = launch(
         bench_rank, job, topology.tp_size, backend=backend, timeout_s=session.cfg.runtime.timeout_s

@@ -6,6 +6,11 @@ from pathlib import Path
 from typing import Any
 
 
+def graphs(row: dict[str, Any]) -> str:
+    """Whether the case replayed CUDA graphs (only the kernel backend on cuda can)."""
+    return "yes" if row["graphed"] else "-" if row["io"] != "kernel" else "no"
+
+
 def markdown(result: dict[str, Any]) -> str:
     f = result["floors"]
     gbps = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
@@ -23,15 +28,17 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| broadcast (algorithm bandwidth) | {f['broadcast_gbps']:.1f} |")
     lines += [
         "",
-        "| direction | placement | tokens | io | chunk | strategy | ms | GB/s per rank "
+        "| direction | placement | tokens | io | graphs | chunk | strategy | ms | GB/s per rank "
         "| x floor | hand loop ms | x hand loop | issue ms | bit-exact |",
-        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- |",
     ]
     for r in result["rows"]:
         exact = "yes" if r["bit_exact"] and r["reference_bit_exact"] else "NO"
         lines.append(
             f"| {r['direction']} | {r['placement']} | {r['tokens']} | {r['io']} "
-            f"| {r['chunk_pages']} | {r['strategy']} | {r['ms']:.2f} | {r['gbps_per_rank']:.1f} "
+            f"| {graphs(r)} | {r['chunk_pages']} | {r['strategy']} | {r['ms']:.2f} "
+            f"| {r['gbps_per_rank']:.1f} "
             f"| {r['x_floor']:.3f} "
             f"| {r['reference_ms']:.2f} | {r['x_reference']:.3f} | {r['issue_ms']:.2f} "
             f"| {exact} |"
@@ -55,7 +62,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
     rows = result["rows"]
     labels = [
         f"{r['direction']} {r['placement'][:4]} {r['tokens'] // 1024}K {r['io'][:3]} "
-        f"c{r['chunk_pages']}\n"
+        f"c{r['chunk_pages']}{' g' if graphs(r) == 'yes' else ''}\n"
         f"{r['strategy']}"
         for r in rows
     ]

@@ -82,6 +82,24 @@ def test_forward_uses_layer_0_while_the_last_layer_is_in_flight() -> None:
         assert r == {"layer0_ready": True, "last_ready_early": False, "mismatch": ""}
 
 
+@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
+def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> None:
+    cfg = job_config(
+        *CUDA,
+        f"strategy={strategy}",
+        "model=deepseek_v32",
+        "topology.io_backend=kernel",
+        "topology.mem_layout=layer_first",
+        "workload.device_tokens=4096",
+        "strategy.chunk_pages=4",
+    )
+    results = launch(rankfns.graph_replays, cfg, 2, backend="nccl", timeout_s=300)
+    assert results is not None
+    for r in results:
+        assert r["mismatches"] == ["", "", ""]
+        assert r["captures"] == 2 and r["same_ops"] and r["ops"] > 0
+
+
 def test_a_pool_pinned_in_pieces_is_reachable_through_its_uva_alias() -> None:
     host = host_buffer((40, 64, 576), torch.uint8, pin_memory=True, chunk_bytes=1 << 20)
     assert host.is_pinned()  # registered in 2 MiB / 1 MiB = 2+ pieces

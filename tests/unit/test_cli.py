@@ -120,6 +120,7 @@ BAD = {
     "strategy/unbindable.yaml": "defaults: [replicated, _self_]\nname: u\nbackup:\n"
     "  prepare:\n    - _target_: stages.issue_chunk.IssueChunk\n"
     "      chunk_page: 4\n",
+    "strategy/badgraphs.yaml": "defaults: [replicated, _self_]\nname: g\ncuda_graphs: -1\n",
 }
 
 
@@ -138,6 +139,7 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
         "topology/impossible.yaml": "dp_size=3 must divide topology.tp_size=4",
         "strategy/evil.yaml": "'os.system' lies outside the 'stages' package",
         "strategy/unbindable.yaml": "strategy.backup.prepare[0]",
+        "strategy/badgraphs.yaml": "strategy.cuda_graphs=-1 must be >= 0",
     }
     for name, fragment in expectations.items():
         assert any(name in e and fragment in e for e in errors), (name, joined)
