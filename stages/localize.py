@@ -25,6 +25,12 @@ def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int
     return indices[dcp_rank::dcp_size] // dcp_size
 
 
+def first_rows(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
+    """This DCP rank's first row of each widened page: `localize(...)[::page_size]`, computed
+    on the page starts alone (a page_size x dcp_size-th of the slots)."""
+    return indices[dcp_rank :: page_size * dcp_size] // dcp_size
+
+
 class Localize:
     """Translate the plan's host and device slots into local page ids on the pool's device.
 
@@ -36,10 +42,11 @@ class Localize:
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
         plan = ctx.plan
 
-        def first_rows(indices: torch.Tensor) -> torch.Tensor:
-            rows = localize(indices, plan.page_size, plan.dcp_size, plan.dcp_rank)
-            return rows[:: plan.page_size]
-
-        firsts = torch.stack((first_rows(plan.host_indices), first_rows(plan.device_indices)))
+        firsts = torch.stack(
+            [
+                first_rows(indices, plan.page_size, plan.dcp_size, plan.dcp_rank)
+                for indices in (plan.host_indices, plan.device_indices)
+            ]
+        )
         pages = firsts.to(ctx.device, non_blocking=True) // plan.page_size
         ctx.host_pages, ctx.device_pages = pages[0], pages[1]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.pools import page_tokens
-from stages.localize import localize
+from stages.localize import first_rows, localize
 
 
 def test_dcp_1_is_identity() -> None:
@@ -21,6 +21,14 @@ def test_rank_gets_strided_slots(dcp: int) -> None:
     slots = page_tokens([5, 1, 2], 4 * dcp)
     for rank in range(dcp):
         assert localize(slots, 4, dcp, rank).tolist() == (slots[rank::dcp] // dcp).tolist()
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+def test_first_rows_are_every_page_size_th_localized_row(dcp: int) -> None:
+    slots = page_tokens([7, 0, 3, 4], 4 * dcp)
+    for rank in range(dcp):
+        expected = localize(slots, 4, dcp, rank)[::4]
+        assert first_rows(slots, 4, dcp, rank).tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("dcp", [2, 4])
