@@ -16,7 +16,7 @@ from pipeline.context import Event, Stream, Trace, TransferContext
 from pipeline.executor import LoadHandle, issue_steps, issue_transfer, prepare
 from pipeline.graphs import TransferGraphs
 from pipeline.ownership import OwnerMap, owner_map
-from pipeline.plan import Direction, TransferPlan, build_plan
+from pipeline.plan import Direction, StepsCache, TransferPlan, build_plan
 from pipeline.pools import DevicePool, HostCapacity, HostPool, PageAllocator, host_capacity
 from pipeline.runtime import Runtime
 from pipeline.schema import Ordering
@@ -74,6 +74,7 @@ def plan_transfer(
     owners: OwnerMap,
     sizing: Sizing,
     staging_bytes: int,
+    known_steps: StepsCache | None = None,
 ) -> TransferPlan:
     """The plan of one transfer on `rank` (what the engine runs and what `plan` reports)."""
     return build_plan(
@@ -90,6 +91,7 @@ def plan_transfer(
         device_slots=sizing.device_slots,
         io_backend=topology.io_backend,
         staging_bytes=staging_bytes,
+        known_steps=known_steps,
     )
 
 
@@ -133,6 +135,7 @@ class Engine:
         """Seconds per stage over all transfers (issue time on cuda)."""
         self._gate: list[Event] = []
         self._layers = tuple(sorted({u.layer for u in model.units}))
+        self._known_steps = StepsCache()
         self._sequence = {Direction.backup: 0, Direction.load: 0}
 
     @classmethod
@@ -275,6 +278,7 @@ class Engine:
             owners=self.owners,
             sizing=self.sizing,
             staging_bytes=self.strategy.staging_bytes,
+            known_steps=self._known_steps,
         )
         layers = self._layers if direction is Direction.load else ()
         sequence = self._sequence[direction]

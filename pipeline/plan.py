@@ -65,7 +65,6 @@ class TransferPlan:
     """Local host page of each transfer page (CPU int64)."""
     device_pages: torch.Tensor
     """Local device page of each transfer page (CPU int64)."""
-    runs: tuple[Run, ...]
     units: tuple[Unit, ...]
     owners: OwnerMap
     io_backend: IoBackend
@@ -74,6 +73,16 @@ class TransferPlan:
     @functools.cached_property
     def num_pages(self) -> int:
         return len(self.host_pages)
+
+    @functools.cached_property
+    def runs(self) -> tuple[Run, ...]:
+        """Maximal runs of pages consecutive on both sides (made when first asked for: the
+        kernel backend inside a CUDA graph never asks)."""
+        hosts, devices = self.host_pages.numpy(), self.device_pages.numpy()
+        breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
+        bounds = [0, *breaks.tolist(), self.num_pages]
+        hp, dp = hosts.tolist(), devices.tolist()
+        return tuple(Run(a, hp[a], dp[a], b - a) for a, b in itertools.pairwise(bounds))
 
     @property
     def num_tokens(self) -> int:
@@ -143,6 +152,22 @@ class TransferPlan:
         return {key: copied, "broadcast_send_bytes": send, "broadcast_recv_bytes": recv}
 
 
+class StepsCache:
+    """Steps per (direction, page count) of one engine, the `capacity` latest kept."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._steps: dict[tuple[Direction, int], tuple[Step, ...]] = {}
+
+    def get(self, key: tuple[Direction, int]) -> tuple[Step, ...] | None:
+        return self._steps.get(key)
+
+    def put(self, key: tuple[Direction, int], steps: tuple[Step, ...]) -> None:
+        self._steps[key] = steps
+        if len(self._steps) > self.capacity:
+            del self._steps[next(iter(self._steps))]
+
+
 def build_plan(
     direction: Direction,
     host_indices: torch.Tensor,
@@ -158,8 +183,12 @@ def build_plan(
     device_slots: int,
     io_backend: IoBackend,
     staging_bytes: int,
+    known_steps: StepsCache | None = None,
 ) -> TransferPlan:
-    """Validate logical indices and lay out the steps; raises ValueError on bad input."""
+    """Validate logical indices and lay out the steps; raises ValueError on bad input.
+
+    Steps depend only on the page count once the rest is fixed (one engine), so an engine
+    passes `known_steps` to lay them out once per page count."""
     widened = page_size * dcp_size
     host_pages = _pages("host_indices", host_indices, widened, host_slots)
     device_pages = _pages("device_indices", device_indices, widened, device_slots)
@@ -178,16 +207,20 @@ def build_plan(
         device_indices=device_indices,
         host_pages=host_pages,
         device_pages=device_pages,
-        runs=_runs(host_pages, device_pages),
         units=units,
         owners=owners,
         io_backend=io_backend,
         steps=(),
     )
-    if direction is Direction.backup:
-        steps = plan.chunked(plan.num_pages)
-    else:
-        steps = _load_steps(plan, staging_bytes)
+    key = (direction, plan.num_pages)
+    steps = known_steps.get(key) if known_steps is not None else None
+    if steps is None:
+        if direction is Direction.backup:
+            steps = plan.chunked(plan.num_pages)
+        else:
+            steps = _load_steps(plan, staging_bytes)
+        if known_steps is not None:
+            known_steps.put(key, steps)
     return dataclasses.replace(plan, steps=steps)
 
 
@@ -208,28 +241,19 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
         )
     # numpy, single-threaded: torch's intra-op thread pool costs milliseconds per small op
     # on a many-core host shared by several ranks, and this runs on every transfer's issue path
-    slots = indices.numpy()
-    if slots.min() < 0 or slots.max() >= num_slots:
-        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
-    blocks = slots.reshape(-1, widened)
+    blocks = indices.numpy().reshape(-1, widened)
     starts = blocks[:, 0]
-    if (starts % widened).any() or (blocks != starts[:, None] + np.arange(widened)).any():
+    if (starts % widened).any() or (blocks - starts[:, None] != np.arange(widened)).any():
         raise ValueError(
             f"{name} is not page-aligned: every {widened} consecutive slots must "
             f"be one whole page (start at a multiple of {widened}, then +1 each)"
         )
+    if starts.min() < 0 or starts.max() + widened > num_slots:  # whole pages: starts suffice
+        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     pages = starts // widened
-    if len(np.unique(pages)) != len(pages):
+    if (np.diff(np.sort(pages)) == 0).any():
         raise ValueError(f"{name} names a page twice: each page moves once per transfer")
     return torch.from_numpy(pages)
-
-
-def _runs(host_pages: torch.Tensor, device_pages: torch.Tensor) -> tuple[Run, ...]:
-    hosts, devices = host_pages.numpy(), device_pages.numpy()
-    breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
-    bounds = [0, *breaks.tolist(), len(host_pages)]
-    hp, dp = host_pages.tolist(), device_pages.tolist()
-    return tuple(Run(a, hp[a], dp[a], b - a) for a, b in itertools.pairwise(bounds))
 
 
 def _load_steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
