@@ -43,12 +43,21 @@ def init_backend(backend: str) -> str:
 
 
 def launch(
-    fn: RankFn, payload: Any, world_size: int, *, backend: str, timeout_s: float
+    fn: RankFn,
+    payload: Any,
+    world_size: int,
+    *,
+    backend: str,
+    timeout_s: float,
+    job_s: float | None = None,
 ) -> list[Any] | None:
-    """Run `fn` on every rank; every rank's result in rank order (None on torchrun ranks > 0)."""
+    """Run `fn` on every rank; every rank's result in rank order (None on torchrun ranks > 0).
+
+    `timeout_s` bounds each collective; spawned ranks that report nothing within `job_s`
+    (default: timeout_s + 30 s) are stopped. Long jobs (bench) pass a longer `job_s`."""
     if under_torchrun():
         return _join_torchrun(fn, payload, world_size, backend, timeout_s)
-    return _spawn(fn, payload, world_size, backend, timeout_s)
+    return _spawn(fn, payload, world_size, backend, timeout_s, job_s or timeout_s + 30)
 
 
 def _join_torchrun(
@@ -109,7 +118,9 @@ def _rank_entry(
             dist.destroy_process_group()
 
 
-def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: float) -> list[Any]:
+def _spawn(
+    fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: float, job_s: float
+) -> list[Any]:
     failed_at = 0.0
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -126,7 +137,7 @@ def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: f
         p.start()
     done: dict[int, Any] = {}
     failed: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s + 30
+    deadline = time.monotonic() + job_s
     try:
         while len(done) + len(failed) < world_size:
             if failed and time.monotonic() > failed_at + GRACE_S:
@@ -134,7 +145,7 @@ def _spawn(fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: f
             if time.monotonic() > deadline:
                 raise RankFailure(
                     f"ranks {sorted(set(range(world_size)) - set(done))} "
-                    f"reported nothing within {timeout_s + 30:.0f} s"
+                    f"reported nothing within {job_s:.0f} s"
                 )
             try:
                 rank, ok, value = results.get(timeout=0.5)

@@ -127,8 +127,14 @@ def run_bench(session: Session) -> dict[str, Any]:
     plain, _ = session.effective()
     backend = pick_backend(session.cfg.runtime.backend, device)
     job = {"base": plain, "backend": backend, "cases": runnable}
-    ranks = launch(
-        bench_rank, job, topology.tp_size, backend=backend, timeout_s=session.cfg.runtime.timeout_s
+    timeout_s = session.cfg.runtime.timeout_s
+    ranks = launch(  # each case may take up to a collective timeout
+        bench_rank,
+        job,
+        topology.tp_size,
+        backend=backend,
+        timeout_s=timeout_s,
+        job_s=timeout_s * (len(runnable) + 1),
     )
     if ranks is None:
         return {}
