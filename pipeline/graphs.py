@@ -46,6 +46,8 @@ class CapturedTransfer:
     """Recorded inside the graph (external nodes): per layer, usable after it."""
     ops: list[dict[str, Any]]
     """The trace ops the capture issued, logged again at every replay."""
+    replayed: torch.cuda.Event
+    """Recorded after the latest replay: the graph may be released once it completes."""
 
 
 class TransferGraphs:
@@ -54,6 +56,9 @@ class TransferGraphs:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._captured: OrderedDict[GraphKey, CapturedTransfer] = OrderedDict()
+        self._retired: list[CapturedTransfer] = []
+        """Evicted graphs whose last replay may still run (released once it is done: releasing
+        returns the graph's memory to the allocator)."""
         self.captures = 0
         """Transfers captured so far (the rest were replays)."""
 
@@ -73,13 +78,13 @@ class TransferGraphs:
         assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
         key = (pipeline, ctx.plan.direction, ctx.plan.num_pages)
         stream.stream.wait_stream(exchange.stream)
+        self._release_retired()
         captured = self._captured.get(key)
         if captured is None:
             captured = self._capture(ctx, stream, body)
             self._captured[key] = captured
             while len(self._captured) > self.capacity:
-                _, evicted = self._captured.popitem(last=False)
-                evicted.graph.reset()
+                self._retired.append(self._captured.popitem(last=False)[1])
         else:
             self._captured.move_to_end(key)
             with torch.cuda.stream(stream.stream):
@@ -88,6 +93,7 @@ class TransferGraphs:
             ctx.trace.ops.extend(captured.ops)
         with torch.cuda.stream(stream.stream):
             captured.graph.replay()
+        captured.replayed.record(stream.stream)
         ctx.layer_events.update(captured.layer_events)
 
     def _capture(
@@ -122,10 +128,23 @@ class TransferGraphs:
             ctx.device_pages,
             layer_events,
             ctx.trace.ops[first_op:],
+            torch.cuda.Event(),
         )
 
+    def _release_retired(self) -> None:
+        still_running = []
+        for captured in self._retired:
+            if captured.replayed.query():
+                captured.graph.reset()
+            else:
+                still_running.append(captured)
+        self._retired = still_running
+
     def clear(self) -> None:
-        """Release every graph (before the process groups they broadcast on are destroyed)."""
-        for captured in self._captured.values():
+        """Release every graph once the device is done with it (on teardown: this syncs;
+        before the process groups the graphs broadcast on are destroyed)."""
+        torch.cuda.synchronize()
+        for captured in (*self._captured.values(), *self._retired):
             captured.graph.reset()
         self._captured.clear()
+        self._retired.clear()

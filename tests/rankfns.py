@@ -285,9 +285,13 @@ def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_ran
         engine.close()
 
 
-def graph_replays(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
-    """cuda: transfers of one page count, other random pages each round, replay one graph per
-    direction; every round bit-exact, and replays log the same ops as the capture."""
+def graph_replays(
+    args: tuple[dict, list[int]], rank: int, world_size: int, local_rank: int
+) -> dict[str, Any]:
+    """cuda: one backup and load per round, of `counts[round]` pages, on other random pages each
+    round; every round bit-exact. Returns the captures and whether every round logged the same
+    ops (only meaningful for equal counts)."""
+    cfg, counts = args
     engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
     try:
         assert engine.graphs is not None, "graphs apply to this config"
@@ -295,10 +299,10 @@ def graph_replays(cfg: dict, rank: int, world_size: int, local_rank: int) -> dic
         forward_stream = engine.runtime.forward_stream
         pick = random.Random(5)  # the same draws on every rank
         mismatches, ops = [], []
-        for round_ in range(3):
-            source = pick.sample(range(pages // 2), 6)
-            target = pick.sample(range(pages // 2, pages), 6)
-            host = pick.sample(range(engine.sizing.host.num_pages), 6)
+        for round_, count in enumerate(counts):
+            source = pick.sample(range(pages // 2), count)
+            target = pick.sample(range(pages // 2, pages), count)
+            host = pick.sample(range(engine.sizing.host.num_pages), count)
             fill_random(engine, source, round_)
             expected = snapshot(engine, source)
             poison(engine, target)
@@ -313,6 +317,7 @@ def graph_replays(cfg: dict, rank: int, world_size: int, local_rank: int) -> dic
         return {
             "mismatches": mismatches,
             "captures": engine.graphs.captures,
+            "kept": len(engine.graphs),
             "same_ops": all(o == ops[0] for o in ops),
             "ops": len(ops[0]),
         }

@@ -82,9 +82,8 @@ def test_forward_uses_layer_0_while_the_last_layer_is_in_flight() -> None:
         assert r == {"layer0_ready": True, "last_ready_early": False, "mismatch": ""}
 
 
-@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
-def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> None:
-    cfg = job_config(
+def graph_config(strategy: str, *overrides: str) -> dict:
+    return job_config(
         *CUDA,
         f"strategy={strategy}",
         "model=deepseek_v32",
@@ -92,12 +91,27 @@ def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> N
         "topology.mem_layout=layer_first",
         "workload.device_tokens=4096",
         "strategy.chunk_pages=4",
+        *overrides,
     )
-    results = launch(rankfns.graph_replays, cfg, 2, backend="nccl", timeout_s=300)
+
+
+@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
+def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> None:
+    args = (graph_config(strategy), [6, 6, 6])
+    results = launch(rankfns.graph_replays, args, 2, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:
         assert r["mismatches"] == ["", "", ""]
         assert r["captures"] == 2 and r["same_ops"] and r["ops"] > 0
+
+
+def test_evicted_graphs_are_captured_again() -> None:
+    args = (graph_config("rotating", "strategy.cuda_graphs=1"), [6, 5, 6])
+    results = launch(rankfns.graph_replays, args, 2, backend="nccl", timeout_s=300)
+    assert results is not None
+    for r in results:
+        assert r["mismatches"] == ["", "", ""]
+        assert r["captures"] == 6 and r["kept"] == 1  # each transfer evicts the one before
 
 
 def test_a_pool_pinned_in_pieces_is_reachable_through_its_uva_alias() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.ownership import owner_map
-from pipeline.plan import Direction, Run, TransferPlan, build_plan
+from pipeline.plan import Direction, Run, StepsCache, TransferPlan, build_plan
 from pipeline.pools import page_tokens
 from pipeline.schema import Ownership
 from pipeline.topology import IndexerConfig, IoBackend, KvDtype, ModelGeometry, ModelKind
@@ -44,6 +44,7 @@ def plan(
     dcp_size=1,
     staging_bytes=1 << 20,
     io_backend=IoBackend.kernel,
+    known_steps=None,
 ) -> TransferPlan:
     """A plan over pages (lists of page ids become whole-page slot tensors)."""
 
@@ -66,6 +67,7 @@ def plan(
         device_slots=64 * dcp_size,
         io_backend=io_backend,
         staging_bytes=staging_bytes,
+        known_steps=known_steps,
     )
 
 
@@ -271,3 +273,18 @@ def test_load_steps_group_kv_and_index_by_layer() -> None:
         (1, 1, 2, 2, False),
         (2, 1, 0, 4, True),
     ]
+
+
+def test_known_steps_are_laid_out_once_per_direction_and_page_count() -> None:
+    cache = StepsCache(capacity=2)
+    load = dict(direction=Direction.load, ownership=Ownership.rotating, known_steps=cache)
+    first = plan([0, 1, 2], [5, 6, 7], **load)
+    again = plan([9, 3, 4], [1, 2, 8], **load)
+    assert again.steps is first.steps  # other pages, same count: the same steps
+    assert (
+        first.steps
+        == plan([0, 1, 2], [5, 6, 7], direction=Direction.load, ownership=Ownership.rotating).steps
+    )
+    assert plan([0, 1], **load).steps is not first.steps
+    assert plan([0, 1, 2], known_steps=cache).steps is not first.steps  # a backup lays its own
+    assert cache.get((Direction.load, 3)) is None  # the oldest of 3 keys, evicted at 2
