@@ -134,7 +134,7 @@ class Engine:
         self.timings_s: dict[str, float] = {}
         """Seconds per stage over all transfers (issue time on cuda)."""
         self._gate: list[Event] = []
-        self._layers = tuple(sorted({u.layer for u in model.units}))
+        self._layers = tuple(range(model.num_layers))
         self._known_steps = StepsCache()
         self._sequence = {Direction.backup: 0, Direction.load: 0}
 

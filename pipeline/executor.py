@@ -91,10 +91,9 @@ def issue_transfer(
     `finish` runs on `stream` after it.
     """
     prepare(pipeline, ctx, stream)
-    layers = ctx.layers
     if graphs is None:
         issue_steps(pipeline, ctx, stream)
-        issue_exchanges(pipeline, ctx, layers, exchange)
+        issue_exchanges(pipeline, ctx, ctx.layers, exchange)
         exchange.wait_event(ctx.all_copied)
         finish(pipeline, ctx, exchange)
         return
@@ -103,7 +102,7 @@ def issue_transfer(
     def body(ctx: TransferContext) -> None:
         issue_steps(pipeline, ctx, stream)
         if pipeline.exchange:
-            issue_exchanges(pipeline, ctx, layers, exchange)
+            issue_exchanges(pipeline, ctx, ctx.layers, exchange)
             exchanged = exchange.new_event()
             exchange.record(exchanged)
             stream.wait_event(exchanged)  # a graph ends on the stream it began on
@@ -132,7 +131,7 @@ class LoadHandle:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
         if self._lazy:
-            self.exchange_through(layer, consumer)
+            self._exchange_through(layer, consumer)
         consumer.wait_event(self.ctx.layer_events[layer])
 
     def ready(self, layer: int) -> bool:
@@ -141,14 +140,14 @@ class LoadHandle:
     def done(self, consumer: Stream) -> Event:
         """The ack: completes after the whole exchange (what is left is issued on `consumer`)."""
         if self._lazy:
-            self.exchange_through(self.num_layers - 1, consumer)
+            self._exchange_through(self.num_layers - 1, consumer)
             if not self._finished:
                 self._finished = True
                 consumer.wait_event(self.ctx.all_copied)
                 finish(self._pipeline, self.ctx, consumer)
         return self.ctx.done
 
-    def exchange_through(self, layer: int, stream: Stream) -> None:
+    def _exchange_through(self, layer: int, stream: Stream) -> None:
         """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
         layers = range(self._next_layer, layer + 1)
         self._next_layer = max(self._next_layer, layer + 1)

@@ -77,7 +77,8 @@ class TransferGraphs:
         a graph replay, capturing it first if this shape is new."""
         assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
         key = (pipeline, ctx.plan.direction, ctx.plan.num_pages)
-        stream.stream.wait_stream(exchange.stream)
+        if exchange is not stream:
+            stream.stream.wait_stream(exchange.stream)
         self._release_retired()
         captured = self._captured.get(key)
         if captured is None:

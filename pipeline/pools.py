@@ -7,6 +7,7 @@ Constructors are pure; `allocate` classmethods create the tensors.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,10 +164,7 @@ def host_buffer(
 ) -> torch.Tensor:
     """A host buffer, pinned when asked: directly up to `chunk_bytes`, else registered with
     the CUDA driver piece by piece (the registration lives as long as the process)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    if not pin_memory or numel * dtype.itemsize <= chunk_bytes:
+    if not pin_memory or math.prod(shape) * dtype.itemsize <= chunk_bytes:
         return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
     buf = torch.empty(shape, dtype=dtype)
     cudart = torch.cuda.cudart()

@@ -21,9 +21,20 @@ class Copy:
         plan, unit = ctx.plan, step.unit
         if not plan.copies(unit):
             return
-        device, host = ctx.device_pool.layer(unit), ctx.host_view.layer(unit)
         to_host = plan.direction is Direction.backup
-        direction = "d2h" if to_host else "h2d"
+
+        def traced(first: int, count: int, **where: int) -> None:
+            direction = "d2h" if to_host else "h2d"
+            ctx.trace.op(
+                "copy",
+                direction=direction,
+                unit=unit.ordinal,
+                first=first,
+                pages=count,
+                bytes=count * unit.page_bytes,
+                **where,
+            )
+
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
             host, device = ctx.host_view.words[unit.ordinal], ctx.device_pool.words[unit.ordinal]
@@ -31,27 +42,12 @@ class Copy:
                 host.index_copy_(0, host_pages, device.index_select(0, device_pages))
             else:
                 device.index_copy_(0, device_pages, host.index_select(0, host_pages))
-            ctx.trace.op(
-                "copy",
-                direction=direction,
-                unit=unit.ordinal,
-                first=step.first,
-                pages=step.count,
-                bytes=step.count * unit.page_bytes,
-            )
+            traced(step.first, step.count)
             return
+        device, host = ctx.device_pool.layer(unit), ctx.host_view.layer(unit)
         for run in plan.runs_in(step.first, step.count):
             if to_host:
                 ctx.copy_pages(host, run.host_page, device, run.device_page, run.count)
             else:
                 ctx.copy_pages(device, run.device_page, host, run.host_page, run.count)
-            ctx.trace.op(
-                "copy",
-                direction=direction,
-                unit=unit.ordinal,
-                first=run.first,
-                pages=run.count,
-                bytes=run.count * unit.page_bytes,
-                host_page=run.host_page,
-                device_page=run.device_page,
-            )
+            traced(run.first, run.count, host_page=run.host_page, device_page=run.device_page)

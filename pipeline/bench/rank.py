@@ -25,7 +25,7 @@ from pipeline.pools import HostPool, PageAllocator, page_tokens
 from pipeline.runtime import Runtime, pick_device
 from pipeline.schema import BenchConfig, Placement
 from pipeline.topology import MemLayout, ModelGeometry, Topology
-from pipeline.workload import POISON, fill_random, first_mismatch, snapshot
+from pipeline.workload import fill_random, first_mismatch, poison, snapshot
 
 
 class Timer:
@@ -168,9 +168,7 @@ def _checked(
     timer: Timer, engine: Engine, load: Callable[[], Any], target: list[int], expected: dict
 ) -> bool:
     """Poison the target pages, load once more, and compare every byte (on every rank)."""
-    index = torch.tensor(target, device=engine.runtime.device)
-    for unit in engine.model.units:
-        engine.device_pool.layer(unit).view(torch.uint8).index_fill_(0, index, POISON)
+    poison(engine, target)
     timer.line_up()
     load()
     timer.line_up()
