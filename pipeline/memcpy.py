@@ -43,12 +43,22 @@ def copy_pages_per_page(
 
 
 def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
-    """One cudaMemcpy2DAsync per strided run; the per-page fallback without a cudart."""
+    """One cudaMemcpy2DAsync per strided run (cudaMemcpyAsync where both sides are one
+    block); the per-page fallback without a cudart."""
     if cudart is None:
         return copy_pages_per_page
     # the raw handle of the current stream without torch.cuda.current_stream()'s Python
     # device lookups (tens of microseconds per call, on every copy of the issue path)
     current_stream = torch._C._cuda_getCurrentRawStream
+    memcpy = cudart.cudaMemcpyAsync
+    memcpy.restype = ctypes.c_int
+    memcpy.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     memcpy2d = cudart.cudaMemcpy2DAsync
     memcpy2d.restype = ctypes.c_int
     memcpy2d.argtypes = [
@@ -68,17 +78,19 @@ def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
         # plain integers from the views' strides: no sliced tensors on the issue path
         item = dst.element_size()
         dst_pitch, src_pitch = dst.stride(0) * item, src.stride(0) * item
-        error = memcpy2d(
+        width = dst.shape[1] * dst.shape[2] * item
+        dst_at, src_at = (
             dst.data_ptr() + dst_page * dst_pitch,
-            dst_pitch,
             src.data_ptr() + src_page * src_pitch,
-            src_pitch,
-            dst.shape[1] * dst.shape[2] * item,
-            count,
-            CUDA_MEMCPY_DEFAULT,
-            current_stream(device_index),
         )
+        stream = current_stream(device_index)
+        if dst_pitch == src_pitch == width:  # one block on both sides
+            error = memcpy(dst_at, src_at, width * count, CUDA_MEMCPY_DEFAULT, stream)
+        else:
+            error = memcpy2d(
+                dst_at, dst_pitch, src_at, src_pitch, width, count, CUDA_MEMCPY_DEFAULT, stream
+            )
         if error:
-            raise RuntimeError(f"cudaMemcpy2DAsync failed with CUDA error {error}")
+            raise RuntimeError(f"cudaMemcpy(2D)Async failed with CUDA error {error}")
 
     return copy

@@ -243,7 +243,7 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
     # on a many-core host shared by several ranks, and this runs on every transfer's issue path
     blocks = indices.numpy().reshape(-1, widened)
     starts = blocks[:, 0]
-    if (starts % widened).any() or (blocks - starts[:, None] != np.arange(widened)).any():
+    if (starts % widened).any() or not np.array_equal(blocks, starts[:, None] + np.arange(widened)):
         raise ValueError(
             f"{name} is not page-aligned: every {widened} consecutive slots must "
             f"be one whole page (start at a multiple of {widened}, then +1 each)"
@@ -251,7 +251,8 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
     if starts.min() < 0 or starts.max() + widened > num_slots:  # whole pages: starts suffice
         raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     pages = starts // widened
-    if (np.diff(np.sort(pages)) == 0).any():
+    ordered = np.sort(pages)
+    if (ordered[1:] == ordered[:-1]).any():
         raise ValueError(f"{name} names a page twice: each page moves once per transfer")
     return torch.from_numpy(pages)
 

@@ -128,15 +128,26 @@ class InlineStream:
 
 
 class CudaEvent:
+    """A CUDA event made when first recorded: making one costs the host microseconds, and a
+    transfer holds one or two per layer, so made up front they would delay its first copy.
+    Before its record it behaves as an unrecorded CUDA event: complete, and waits pass."""
+
     def __init__(self, *, external: bool = False) -> None:
-        self.event = torch.cuda.Event(external=external)
-        """external: recorded inside a CUDA graph, waited on outside it."""
+        self.external = external
+        """Recorded inside a CUDA graph, waited on outside it."""
+        self.event: torch.cuda.Event | None = None
+
+    def record(self, stream: torch.cuda.Stream) -> None:
+        if self.event is None:
+            self.event = torch.cuda.Event(external=self.external)
+        self.event.record(stream)
 
     def wait(self) -> None:
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
 
     def query(self) -> bool:
-        return self.event.query()
+        return self.event is None or self.event.query()
 
     def fail(self, error: BaseException) -> None:
         """Nothing to do: on cuda an issue error is raised to the caller as it happens."""
@@ -156,10 +167,11 @@ class CudaStream:
         return CudaEvent()
 
     def record(self, event: CudaEvent) -> None:
-        event.event.record(self.stream)
+        event.record(self.stream)
 
     def wait_event(self, event: CudaEvent) -> None:
-        self.stream.wait_event(event.event)
+        if event.event is not None:
+            self.stream.wait_event(event.event)
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -25,28 +25,16 @@ def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int
     return indices[dcp_rank::dcp_size] // dcp_size
 
 
-def first_rows(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
-    """This DCP rank's first row of each widened page: `localize(...)[::page_size]`, computed
-    on the page starts alone (a page_size x dcp_size-th of the slots)."""
-    return indices[dcp_rank :: page_size * dcp_size] // dcp_size
-
-
 class Localize:
-    """Translate the plan's host and device slots into local page ids on the pool's device.
+    """Move the plan's page ids to the pool's device, both sides in one non-blocking copy.
 
-    Kernels index pages, so only each page's first row on this rank is needed: it is localized
-    on the host, where the plan's slots are, and one small non-blocking copy (no device sync)
-    moves both sides' ids, a page_size-th of the slots.
+    The plan already localized them: widened page p is local page p on every DCP rank (its
+    slots p x widened + r, r = rank + k x dcp_size, are local rows p x page_size + k: see
+    `localize`), and kernels index whole pages. So no op runs over the slots here, and nothing
+    makes the device wait for the host.
     """
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
         plan = ctx.plan
-
-        firsts = torch.stack(
-            [
-                first_rows(indices, plan.page_size, plan.dcp_size, plan.dcp_rank)
-                for indices in (plan.host_indices, plan.device_indices)
-            ]
-        )
-        pages = firsts.to(ctx.device, non_blocking=True) // plan.page_size
+        pages = torch.stack([plan.host_pages, plan.device_pages]).to(ctx.device, non_blocking=True)
         ctx.host_pages, ctx.device_pages = pages[0], pages[1]

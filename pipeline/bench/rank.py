@@ -24,7 +24,7 @@ from pipeline.engine import Engine
 from pipeline.pools import HostPool, PageAllocator, page_tokens
 from pipeline.runtime import Runtime, pick_device
 from pipeline.schema import BenchConfig, Placement
-from pipeline.topology import MemLayout, ModelGeometry, Topology
+from pipeline.topology import ModelGeometry, Topology
 from pipeline.workload import fill_random, first_mismatch, poison, snapshot
 
 
@@ -131,13 +131,13 @@ def measure_case(
     result["issue_s"] = {k: statistics.median(v[timer.bench.warmup :]) for k, v in issue.items()}
     result["bit_exact"] = _checked(timer, engine, lambda: timer.once(load), target, expected)
 
-    key = (tokens, plain["strategy"]["ownership"])
-    if key not in reference_hosts:  # one layer_first buffer per size and ownership
+    key = (tokens, plain["strategy"]["ownership"], topology.mem_layout)
+    if key not in reference_hosts:  # one buffer per size, ownership and layout
         reference_hosts[key] = HostPool.allocate(
             model,
             engine.owners.owned(rt.rank, model.units),
             num_pages,
-            MemLayout.layer_first,
+            topology.mem_layout,
             pin_memory=timer.cuda,
         )
     contiguous = pick is None

@@ -1,8 +1,9 @@
 """The hand-written peer of `bench`: the same copies and broadcasts as a strategy, in a plain
 loop over plain tensors (its own layer_first host buffer, the engine's device pool).
 
-The yardstick, not the product path: no stages, plan or trace. Contiguous pages are one DMA per
-layer, broadcast straight into the device slots; fragmented pages use the same UVA
+The yardstick, not the product path: no stages, plan or trace. Its host buffer has the case's
+layout. Contiguous pages are one DMA per layer (`cudaMemcpy2DAsync` where the layout spaces a
+layer's pages apart), broadcast straight into the device slots; fragmented pages use the same UVA
 gather/scatter kernels as the `kernel` io backend, with a staging buffer for broadcasts. On cuda
 copies run on one stream and broadcasts on another, each broadcast behind its layer's copy.
 """
@@ -47,6 +48,11 @@ class Reference:
     def _host(self, ordinal: int) -> torch.Tensor:
         return self.host_views[ordinal]
 
+    def _dma(self, dst: torch.Tensor, dst_side: str, src: torch.Tensor, src_side: str) -> None:
+        """All pages of one layer, consecutive on both sides: one copy call."""
+        first = self.pages[dst_side][0], self.pages[src_side][0]
+        self.engine.runtime.copy_pages(dst, first[0], src, first[1], self.num_pages)
+
     def _block(self, t: torch.Tensor, side: str) -> torch.Tensor:
         first = self.pages[side][0]
         return t[first : first + self.num_pages]
@@ -59,7 +65,7 @@ class Reference:
             for unit in engine.owners.owned(rank, engine.model.units):
                 dev, host = engine.device_pool.layer(unit), self._host(unit.ordinal)
                 if self.contiguous:
-                    self._block(host, "host").copy_(self._block(dev, "source"), non_blocking=True)
+                    self._dma(host, "host", dev, "source")
                 else:
                     host.index_copy_(0, self._index("host"), dev.index_select(0, source))
         _join(streams)
@@ -75,9 +81,7 @@ class Reference:
                 if owners.copies(unit.ordinal, rt.rank):
                     dev, host = engine.device_pool.layer(unit), self._host(unit.ordinal)
                     if self.contiguous:
-                        self._block(dev, "target").copy_(
-                            self._block(host, "host"), non_blocking=True
-                        )
+                        self._dma(dev, "target", host, "host")
                     else:
                         dev.index_copy_(0, target, host.index_select(0, host_index))
                     if streams:

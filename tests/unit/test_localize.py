@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.ownership import owner_map
+from pipeline.plan import Direction, build_plan
 from pipeline.pools import page_tokens
-from stages.localize import first_rows, localize
+from pipeline.schema import Ownership
+from pipeline.topology import IoBackend
+from stages.localize import localize
 
 
 def test_dcp_1_is_identity() -> None:
@@ -24,11 +28,26 @@ def test_rank_gets_strided_slots(dcp: int) -> None:
 
 
 @pytest.mark.parametrize("dcp", [1, 2, 4])
-def test_first_rows_are_every_page_size_th_localized_row(dcp: int) -> None:
+def test_plan_page_ids_are_every_dcp_ranks_local_pages(dcp: int) -> None:
+    """What Localize uploads (the plan's page ids) is each rank's localized rows, per page."""
     slots = page_tokens([7, 0, 3, 4], 4 * dcp)
     for rank in range(dcp):
-        expected = localize(slots, 4, dcp, rank)[::4]
-        assert first_rows(slots, 4, dcp, rank).tolist() == expected.tolist()
+        plan = build_plan(
+            Direction.load,
+            slots,
+            slots,
+            rank=0,
+            units=(),
+            owners=owner_map(Ownership.replicated, (0,), ()),
+            page_size=4,
+            dcp_size=dcp,
+            dcp_rank=rank,
+            host_slots=64 * dcp,
+            device_slots=64 * dcp,
+            io_backend=IoBackend.kernel,
+            staging_bytes=1 << 20,
+        )
+        assert plan.device_pages.tolist() == (localize(slots, 4, dcp, rank)[::4] // 4).tolist()
 
 
 @pytest.mark.parametrize("dcp", [2, 4])
