@@ -105,9 +105,9 @@ class TransferContext:
     sequence: int
     """0-based count of earlier transfers in this direction on this engine."""
     host_pages: torch.Tensor | None = None
-    """Local host page ids on `device` (set by localize)."""
+    """Local host page ids on `device` (see `page_ids`)."""
     device_pages: torch.Tensor | None = None
-    """Local device page ids on `device` (set by localize)."""
+    """Local device page ids on `device` (see `page_ids`)."""
     steps: tuple[Step, ...] = ()
     """Steps the executor walks (the plan's, or issue_chunk's batches)."""
     copied: dict[int, Event] = field(default_factory=dict)
@@ -154,14 +154,25 @@ def staging_for(ctx: TransferContext, step: Step) -> torch.Tensor:
     return ctx.staging[:nbytes].view(layer.dtype).view(step.count, *layer.shape[1:])
 
 
+def page_ids(ctx: TransferContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(host page ids, device page ids) of the transfer on the pool's device, moved there on
+    first use by one non-blocking copy on the current stream (the plan's ids are already
+    local: see `stages.localize`)."""
+    if ctx.host_pages is None or ctx.device_pages is None:
+        plan = ctx.plan
+        pages = torch.stack([plan.host_pages, plan.device_pages]).to(ctx.device, non_blocking=True)
+        ctx.host_pages, ctx.device_pages = pages[0], pages[1]
+    return ctx.host_pages, ctx.device_pages
+
+
 def step_pages(ctx: TransferContext, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     """(host page ids, device page ids) of a step's slice, on the pool's device (sliced once
     per slice and transfer: the same slice serves every unit)."""
     key = (step.first, step.count)
     if key not in ctx.page_slices:
-        assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
+        host_pages, device_pages = page_ids(ctx)
         sl = slice(step.first, step.first + step.count)
-        ctx.page_slices[key] = (ctx.host_pages[sl], ctx.device_pages[sl])
+        ctx.page_slices[key] = (host_pages[sl], device_pages[sl])
     return ctx.page_slices[key]
 
 

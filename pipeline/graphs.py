@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from pipeline.assemble import Pipeline
-from pipeline.context import TransferContext
+from pipeline.context import TransferContext, page_ids
 from pipeline.plan import Direction
 from pipeline.streams import CudaEvent, CudaStream
 
@@ -75,7 +75,7 @@ class TransferGraphs:
     ) -> None:
         """Issue `body` (`pipeline`'s steps and exchanges, after `prepare` ran) on `stream` as
         a graph replay, capturing it first if this shape is new."""
-        assert ctx.host_pages is not None and ctx.device_pages is not None, "localize first"
+        host_pages, device_pages = page_ids(ctx)
         key = (pipeline, ctx.plan.direction, ctx.plan.num_pages)
         if exchange is not stream:
             stream.stream.wait_stream(exchange.stream)
@@ -89,8 +89,8 @@ class TransferGraphs:
         else:
             self._captured.move_to_end(key)
             with torch.cuda.stream(stream.stream):
-                captured.host_pages.copy_(ctx.host_pages, non_blocking=True)
-                captured.device_pages.copy_(ctx.device_pages, non_blocking=True)
+                captured.host_pages.copy_(host_pages, non_blocking=True)
+                captured.device_pages.copy_(device_pages, non_blocking=True)
             ctx.trace.ops.extend(captured.ops)
         with torch.cuda.stream(stream.stream):
             captured.graph.replay()
@@ -104,9 +104,9 @@ class TransferGraphs:
         body: Callable[[TransferContext], None],
     ) -> CapturedTransfer:
         """Capture `body` with static page ids and external layer events (runs nothing)."""
-        assert ctx.host_pages is not None and ctx.device_pages is not None
+        host_pages, device_pages = page_ids(ctx)
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
-            ctx.host_pages, ctx.device_pages = ctx.host_pages.clone(), ctx.device_pages.clone()
+            ctx.host_pages, ctx.device_pages = host_pages.clone(), device_pages.clone()
         layer_events = {layer: CudaEvent(external=True) for layer in ctx.layers}
         ctx.layer_events = dict(layer_events)
         ctx.in_graph = True

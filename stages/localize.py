@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.context import Stream, TransferContext
+from pipeline.context import Stream, TransferContext, page_ids
 from pipeline.plan import Step
+from pipeline.topology import IoBackend
 
 
 def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
@@ -26,15 +27,17 @@ def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int
 
 
 class Localize:
-    """Move the plan's page ids to the pool's device, both sides in one non-blocking copy.
+    """Put the transfer's page ids on the pool's device before the first kernel copy.
 
     The plan already localized them: widened page p is local page p on every DCP rank (its
     slots p x widened + r, r = rank + k x dcp_size, are local rows p x page_size + k: see
-    `localize`), and kernels index whole pages. So no op runs over the slots here, and nothing
-    makes the device wait for the host.
+    `localize`), and kernels index whole pages. So this is one non-blocking copy of both
+    sides' ids, on the transfer stream, with no op over the slots and no device sync. Direct
+    copies take page numbers from the plan's runs: they need the ids only for a staged
+    exchange or a verify, which move them on first use (`page_ids`), so a transfer of
+    consecutive pages never waits for them.
     """
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        plan = ctx.plan
-        pages = torch.stack([plan.host_pages, plan.device_pages]).to(ctx.device, non_blocking=True)
-        ctx.host_pages, ctx.device_pages = pages[0], pages[1]
+        if ctx.plan.io_backend is IoBackend.kernel:
+            page_ids(ctx)

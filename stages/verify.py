@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipeline.context import Stream, TransferContext
+from pipeline.context import Stream, TransferContext, page_ids
 from pipeline.plan import Step
 
 
@@ -32,13 +32,10 @@ class Verify:
         group = ctx.plan.owners.group
         if not self.every or ctx.sequence % self.every or len(group) == 1:
             return
-        assert ctx.device_pages is not None, "localize runs first"
+        _, device_pages = page_ids(ctx)
         units = ctx.plan.units
         mine = torch.stack(
-            [
-                page_digests(ctx.device_pool.layer(u).index_select(0, ctx.device_pages))
-                for u in units
-            ]
+            [page_digests(ctx.device_pool.layer(u).index_select(0, device_pages)) for u in units]
         )
         everyone = [torch.empty_like(mine) for _ in group]
         dist.all_gather(everyone, mine, group=ctx.group)
