@@ -47,6 +47,13 @@ class Step:
     count: int
     last_in_layer: bool
     """The last step of its model layer: the layer is complete after it (load)."""
+    batch: tuple[Unit, ...] = ()
+    """Chunked backups: every unit of `unit`'s pool kind this rank copies (`unit` first),
+    whose pages of the slice move in one copy call. Empty: `unit` alone."""
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        return self.batch or (self.unit,)
 
 
 @dataclass(frozen=True)
@@ -121,29 +128,35 @@ class TransferPlan:
         return run.device_page + step.first - run.first
 
     def chunked(self, chunk_pages: int) -> tuple[Step, ...]:
-        """Backup steps in batches of `chunk_pages` pages (all copied units per batch)."""
+        """Backup steps in batches of `chunk_pages` pages: per batch one step per pool kind,
+        over every unit of that kind this rank copies (a few large copies per batch, not one
+        small copy per layer)."""
         if chunk_pages <= 0:
             return self.steps
-        units = [u for u in self.units if self.copies(u)]
+        copied = [u for u in self.units if self.copies(u)]
+        kinds = [tuple(u for u in copied if u.pool == kind) for kind in ("kv", "index")]
         return tuple(
-            Step(u, first, min(chunk_pages, self.num_pages - first), last_in_layer=True)
+            Step(units[0], first, min(chunk_pages, self.num_pages - first), True, units)
             for first in range(0, self.num_pages, chunk_pages)
-            for u in units
+            for units in kinds
+            if units
         )
 
     def copy_ops(self, step: Step) -> int:
-        """Copy calls a step issues on this rank: one (kernel) or one per run (direct)."""
+        """Copy calls a step issues on this rank where its pools stack its units: one
+        (kernel), or per run the fewer of one per unit and one per page (direct)."""
         if not self.copies(step.unit):
             return 0
         if self.io_backend is IoBackend.kernel:
             return 1
-        return len(self.runs_in(step.first, step.count))
+        units = len(step.units)
+        return sum(min(units, r.count) for r in self.runs_in(step.first, step.count))
 
     def bytes_moved(self) -> dict[str, int]:
         """Bytes this rank copies between tiers and sends/receives in broadcasts."""
         copied = send = recv = 0
         for s in self.steps:
-            nbytes = s.count * s.unit.page_bytes
+            nbytes = s.count * sum(u.page_bytes for u in s.units)
             copied += nbytes if self.copies(s.unit) else 0
             if self.exchanged(s.unit):
                 send += nbytes if self.source(s.unit) == self.rank else 0
@@ -215,8 +228,9 @@ def build_plan(
     key = (direction, plan.num_pages)
     steps = known_steps.get(key) if known_steps is not None else None
     if steps is None:
-        if direction is Direction.backup:
-            steps = plan.chunked(plan.num_pages)
+        if direction is Direction.backup:  # each copied unit over every page
+            copied = [u for u in units if plan.copies(u)]
+            steps = tuple(Step(u, 0, plan.num_pages, last_in_layer=True) for u in copied)
         else:
             steps = _load_steps(plan, staging_bytes)
         if known_steps is not None:

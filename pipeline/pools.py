@@ -53,23 +53,62 @@ def unit_shape(model: ModelGeometry, unit: Unit, num_pages: int) -> tuple[int, i
     return (num_pages, unit.rows_per_page, unit.row_bytes // itemsize)
 
 
+def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
+    """Evenly spaced, same-shaped views of one buffer as one [n, *shape] view, or None.
+
+    A pool keeps its units of one kind in one buffer, so the units a rank copies (all of
+    them, or every group_size-th) stack: one kernel or copy call then covers them all.
+    """
+    first = views[0]
+    step = views[1].storage_offset() - first.storage_offset() if len(views) > 1 else 0
+    for i, v in enumerate(views):
+        if (
+            v.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or v.shape != first.shape
+            or v.stride() != first.stride()
+            or v.storage_offset() != first.storage_offset() + i * step
+        ):
+            return None
+    if len(views) > 1 and step <= 0:
+        return None
+    return first.as_strided((len(views), *first.shape), (step, *first.stride()))
+
+
+class StackedViews:
+    """Per set of units, their words views stacked (`stack_views`), made once per set."""
+
+    def __init__(self, words: Mapping[int, torch.Tensor]) -> None:
+        self._words = words
+        self._stacks: dict[tuple[int, ...], torch.Tensor | None] = {}
+
+    def __call__(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
+        key = tuple(u.ordinal for u in units)
+        if key not in self._stacks:
+            self._stacks[key] = stack_views([self._words[o] for o in key])
+        return self._stacks[key]
+
+
 class DevicePool:
-    """One tensor per unit, [num_pages, rows_per_page, row_elems], indexed by local page."""
+    """A view per unit, [num_pages, rows_per_page, row_elems], indexed by local page; the
+    units of one pool kind ('kv', 'index') share one buffer [units, pages, rows, elems]."""
 
     def __init__(self, buffers: Mapping[int, torch.Tensor], num_pages: int) -> None:
         self.buffers = dict(buffers)
         self.num_pages = num_pages
         self.words = {o: as_words(b) for o, b in self.buffers.items()}
         """Per unit, the buffer as integer words (for gather/scatter kernels)."""
+        self.stacked = StackedViews(self.words)
+        """Words of several units as one tensor, where they stack (see `stack_views`)."""
 
     @classmethod
     def allocate(cls, model: ModelGeometry, num_pages: int, device: torch.device) -> DevicePool:
-        buffers = {
-            u.ordinal: torch.empty(
-                unit_shape(model, u, num_pages), dtype=unit_dtype(model, u), device=device
-            )
-            for u in model.units
-        }
+        buffers = {}
+        for pool in ("kv", "index"):
+            units = [u for u in model.units if u.pool == pool]
+            if units:
+                shape = (len(units), *unit_shape(model, units[0], num_pages))
+                buf = torch.empty(shape, dtype=unit_dtype(model, units[0]), device=device)
+                buffers.update({u.ordinal: buf[i] for i, u in enumerate(units)})
         return cls(buffers, num_pages)
 
     def layer(self, unit: Unit) -> torch.Tensor:
@@ -108,6 +147,8 @@ class HostPool:
                 self.views[u.ordinal] = _unit_view(buf, layout, i)
         self.words = {o: as_words(v) for o, v in self.views.items()}
         """Per unit, the view as integer words (for gather/scatter kernels)."""
+        self.stacked = StackedViews(self.words)
+        """Words of several units as one tensor, where they stack (see `stack_views`)."""
 
     def alias(self, storage: list[torch.Tensor]) -> HostPool:
         """The same pool over other tensors of the same shapes (e.g. its UVA alias on cuda)."""

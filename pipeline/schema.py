@@ -78,7 +78,7 @@ class StrategyConfig:
     """Issue the backup in batches of this many pages; 0 issues one batch."""
     keep_capacity: bool = False
     """Sharded host pools keep the unsharded token capacity and use less memory instead."""
-    staging_bytes: int = 64 * 1024 * 1024
+    staging_bytes: int = 128 * 1024 * 1024
     """Largest staging buffer of one gather/broadcast/scatter; bigger layers go in chunks."""
     verify_every: int = 0
     """Every N loads, all-gather digests of the loaded pages and compare them; 0 is off."""

@@ -1,10 +1,10 @@
-"""copy: move a step's pages of one unit between this rank's device and host pools."""
+"""copy: move a step's pages of its units between this rank's device and host pools."""
 
 from __future__ import annotations
 
 from pipeline.context import Stream, TransferContext, step_pages
 from pipeline.plan import Direction, Step
-from pipeline.topology import IoBackend
+from pipeline.topology import IoBackend, Unit
 
 
 class Copy:
@@ -14,40 +14,64 @@ class Copy:
     when other layers sit between its pages, as in page_first_direct);
     kernel issues one gather/scatter per step (`index_select`/`index_copy_`), which on cuda
     reads or writes pinned host memory through its UVA alias.
+
+    A chunked backup's step covers every unit of a pool kind. Where both pools hold those
+    units evenly spaced in one buffer (`stacked`), fewer calls cover them all: one kernel
+    over [units, pages], or per run of pages the fewer of one copy per unit and one per page
+    (that page of every unit, as one strided copy). Else each unit is copied on its own.
     """
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
         assert step is not None, "copy is a per-step stage"
-        plan, unit = ctx.plan, step.unit
-        if not plan.copies(unit):
+        plan, units = ctx.plan, step.units
+        if not plan.copies(step.unit):
             return
         to_host = plan.direction is Direction.backup
+        host_words, device_words = ctx.host_view.words, ctx.device_pool.words
+        host = ctx.host_view.stacked(units) if len(units) > 1 else None
+        device = ctx.device_pool.stacked(units) if len(units) > 1 else None
 
-        def traced(first: int, count: int, **where: int) -> None:
-            direction = "d2h" if to_host else "h2d"
+        def traced(first: int, count: int, moved: tuple[Unit, ...], **where: int) -> None:
+            ids = [u.ordinal for u in moved]
             ctx.trace.op(
                 "copy",
-                direction=direction,
-                unit=unit.ordinal,
+                direction="d2h" if to_host else "h2d",
+                **({"unit": ids[0]} if len(ids) == 1 else {"units": ids}),
                 first=first,
                 pages=count,
-                bytes=count * unit.page_bytes,
+                bytes=count * sum(u.page_bytes for u in moved),
                 **where,
             )
 
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
-            host, device = ctx.host_view.words[unit.ordinal], ctx.device_pool.words[unit.ordinal]
-            if to_host:
-                host.index_copy_(0, host_pages, device.index_select(0, device_pages))
+            if host is not None and device is not None:
+                calls = [(host, device, 1, units)]
             else:
-                device.index_copy_(0, device_pages, host.index_select(0, host_pages))
-            traced(step.first, step.count)
+                calls = [(host_words[u.ordinal], device_words[u.ordinal], 0, (u,)) for u in units]
+            for h, d, dim, moved in calls:
+                if to_host:
+                    h.index_copy_(dim, host_pages, d.index_select(dim, device_pages))
+                else:
+                    d.index_copy_(dim, device_pages, h.index_select(dim, host_pages))
+                traced(step.first, step.count, moved)
             return
-        device, host = ctx.device_pool.layer(unit), ctx.host_view.layer(unit)
         for run in plan.runs_in(step.first, step.count):
-            if to_host:
-                ctx.copy_pages(host, run.host_page, device, run.device_page, run.count)
-            else:
-                ctx.copy_pages(device, run.device_page, host, run.host_page, run.count)
-            traced(run.first, run.count, host_page=run.host_page, device_page=run.device_page)
+            if host is not None and device is not None and run.count < len(units):
+                for k in range(run.count):  # page k of every unit in one call
+                    h, d = host[:, run.host_page + k], device[:, run.device_page + k]
+                    if to_host:
+                        ctx.copy_pages(h, 0, d, 0, len(units))
+                    else:
+                        ctx.copy_pages(d, 0, h, 0, len(units))
+                    at = {"host_page": run.host_page + k, "device_page": run.device_page + k}
+                    traced(run.first + k, 1, units, **at)
+                continue
+            at = {"host_page": run.host_page, "device_page": run.device_page}
+            for u in units:
+                h, d = host_words[u.ordinal], device_words[u.ordinal]
+                if to_host:
+                    ctx.copy_pages(h, run.host_page, d, run.device_page, run.count)
+                else:
+                    ctx.copy_pages(d, run.device_page, h, run.host_page, run.count)
+                traced(run.first, run.count, (u,), **at)

@@ -39,13 +39,13 @@ def matrix(tp: int) -> list[dict]:
 
 
 def page_copies(trace: list[dict], direction: str) -> dict[int, list[int]]:
-    """Per unit, the transfer pages copied in order (a copy of n pages expands to n)."""
+    """Per unit, the transfer pages copied in order (a copy of n pages expands to n; a copy
+    of several units, as chunked backups make, to each of them)."""
     per_unit: dict[int, list[int]] = {}
     for op in trace:
         if op["op"] == "copy" and op["direction"] == direction:
-            per_unit.setdefault(op["unit"], []).extend(
-                range(op["first"], op["first"] + op["pages"])
-            )
+            for unit in op.get("units", [op.get("unit")]):
+                per_unit.setdefault(unit, []).extend(range(op["first"], op["first"] + op["pages"]))
     return per_unit
 
 
@@ -93,6 +93,7 @@ def test_chunking_keeps_copies_bytes_and_order() -> None:
         chunked_ops = [o for o in chunked if o["op"] == "copy" and o["direction"] == "d2h"]
         assert sum(o["bytes"] for o in whole_ops) == sum(o["bytes"] for o in chunked_ops)
         assert len(chunked_ops) > len(whole_ops)  # really issued in more batches
+        assert all("units" in o for o in chunked_ops)  # each a page of every unit at once
         loads = [
             [o for o in t if o["op"] == "copy" and o["direction"] == "h2d"]
             for t in (whole, chunked)

@@ -163,16 +163,29 @@ def test_backup_is_one_step_per_copied_unit() -> None:
 
 
 def test_chunked_covers_every_page_in_order_per_unit() -> None:
-    """chunked(2) over 5 pages: batches of 2, 2, 1, each with every copied unit."""
+    """chunked(2) over 5 pages: batches of 2, 2, 1, each one step over every copied unit."""
     p = plan([0, 1, 2, 3, 4])
     steps = p.chunked(2)
-    assert [(s.first, s.count) for s in steps[::4]] == [(0, 2), (2, 2), (4, 1)]
-    assert [s.unit.ordinal for s in steps[:4]] == [0, 1, 2, 3]
+    assert [(s.first, s.count) for s in steps] == [(0, 2), (2, 2), (4, 1)]
+    assert all(s.units == MODEL.units and s.unit == MODEL.units[0] for s in steps)
     for unit in MODEL.units:
-        pages = [k for s in steps if s.unit == unit for k in range(s.first, s.first + s.count)]
+        pages = [k for s in steps if unit in s.units for k in range(s.first, s.first + s.count)]
         assert pages == [0, 1, 2, 3, 4]
     assert all(s.last_in_layer for s in steps)
     assert p.chunked(0) == p.steps
+
+
+def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> None:
+    """Replicated DSA: per batch, the kv units in one step and the index unit in another;
+    rotating rank 0 copies kv unit 0 and index unit 2 (ordinal % 2), one step each."""
+    kinds = [([0, 1], 0, 2), ([2], 0, 2), ([0, 1], 2, 1), ([2], 2, 1)]
+    got = [
+        ([u.ordinal for u in s.units], s.first, s.count)
+        for s in plan([0, 1, 2], model=DSA).chunked(2)
+    ]
+    assert got == kinds
+    rotating = plan([0, 1, 2], ownership=Ownership.rotating, rank=0, model=DSA).chunked(2)
+    assert [[u.ordinal for u in s.units] for s in rotating] == [[0], [2], [0], [2]]
 
 
 def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
@@ -183,6 +196,10 @@ def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
     assert p.copy_ops(step) == 2
     kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
     assert kernel.copy_ops(kernel.steps[0]) == 1
+    # a chunk over 4 units: the 3-page run as a copy per unit, the lone page as one copy
+    (chunk,) = p.chunked(4)
+    assert p.copy_ops(chunk) == 3 + 1
+    assert kernel.copy_ops(kernel.chunked(4)[0]) == 1
 
 
 # --- bytes -----------------------------------------------------------------------------------

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from pipeline.ownership import owner_map
-from pipeline.pools import DevicePool, HostPool, PageAllocator, host_capacity, page_tokens
+from pipeline.pools import (
+    DevicePool,
+    HostPool,
+    PageAllocator,
+    host_capacity,
+    page_tokens,
+    stack_views,
+)
 from pipeline.schema import Ownership
 from pipeline.topology import IndexerConfig, KvDtype, MemLayout, ModelGeometry, ModelKind
 
@@ -93,10 +100,42 @@ def test_nbytes_and_unowned_units() -> None:
 
 
 def test_device_pool_holds_every_unit() -> None:
-    """A device pool has one tensor per unit, page-wise."""
+    """A device pool has a view per unit, page-wise (one buffer per pool kind)."""
     pool = DevicePool.allocate(DSA, 3, torch.device("cpu"))
     assert [tuple(pool.layer(u).shape) for u in DSA.units] == [(3, 4, 48)] * 3 + [(3, 1, 64)] * 2
     assert pool.nbytes == 3 * (3 * 4 * 48 + 2 * 64)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_stacked_units_are_one_view_over_the_pool(layout: MemLayout) -> None:
+    """A rotating rank's units (every other kv layer) stack on both pools: a batch copy through
+    the stacks writes exactly those units' pages."""
+    owners = owner_map(Ownership.rotating, (0, 1), MODEL.units)
+    mine = owners.owned(1, MODEL.units)  # kv layers 1 and 3
+    device = DevicePool.allocate(MODEL, 5, torch.device("cpu"))
+    pool = host(owned=mine, layout=layout)
+    for o, words in device.words.items():
+        words.copy_(torch.arange(words.numel()).view(words.shape) + 1000 * o)
+    for words in pool.words.values():
+        words.zero_()
+    dev, hst = device.stacked(mine), pool.stacked(mine)
+    assert dev is not None and hst is not None
+    assert dev.shape[:2] == (2, 5) and hst.shape[:2] == (2, 6)
+    hst.index_copy_(1, torch.tensor([4, 0]), dev.index_select(1, torch.tensor([2, 3])))
+    for u in mine:
+        host_words, dev_words = pool.words[u.ordinal], device.words[u.ordinal]
+        assert torch.equal(host_words[4], dev_words[2]) and torch.equal(host_words[0], dev_words[3])
+        assert not host_words[1:4].any() and not host_words[5].any()
+
+
+def test_units_of_two_pool_kinds_or_uneven_spacing_do_not_stack() -> None:
+    device = DevicePool.allocate(DSA, 3, torch.device("cpu"))
+    kv = [u for u in DSA.units if u.pool == "kv"]
+    index = [u for u in DSA.units if u.pool == "index"]
+    assert device.stacked(tuple(kv)) is not None and device.stacked(tuple(index)) is not None
+    assert device.stacked((kv[0], index[0])) is None  # two buffers
+    assert device.stacked((kv[0], kv[1], kv[0])) is None  # not evenly spaced upward
+    assert stack_views([device.words[kv[1].ordinal], device.words[kv[0].ordinal]]) is None
 
 
 # --- host capacity ---------------------------------------------------------------------------
