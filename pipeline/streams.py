@@ -132,6 +132,8 @@ class CudaEvent:
     transfer holds one or two per layer, so made up front they would delay its first copy.
     Before its record it behaves as an unrecorded CUDA event: complete, and waits pass."""
 
+    __slots__ = ("event", "external")
+
     def __init__(self, *, external: bool = False) -> None:
         self.external = external
         """Recorded inside a CUDA graph, waited on outside it."""
