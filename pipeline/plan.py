@@ -127,20 +127,23 @@ class TransferPlan:
             return None
         return run.device_page + step.first - run.first
 
-    def chunked(self, chunk_pages: int) -> tuple[Step, ...]:
+    def chunked(self, chunk_pages: int, batch_bytes: int) -> tuple[Step, ...]:
         """Backup steps in batches of `chunk_pages` pages: per batch one step per pool kind,
-        over every unit of that kind this rank copies (a few large copies per batch, not one
-        small copy per layer)."""
+        over the units of that kind this rank copies (a few large copies per batch, not one
+        small copy per layer), split where a step would move more than `batch_bytes`."""
         if chunk_pages <= 0:
             return self.steps
         copied = [u for u in self.units if self.copies(u)]
-        kinds = [tuple(u for u in copied if u.pool == kind) for kind in ("kv", "index")]
-        return tuple(
-            Step(units[0], first, min(chunk_pages, self.num_pages - first), True, units)
-            for first in range(0, self.num_pages, chunk_pages)
-            for units in kinds
-            if units
-        )
+        steps = []
+        for first in range(0, self.num_pages, chunk_pages):
+            count = min(chunk_pages, self.num_pages - first)
+            for kind in ("kv", "index"):
+                units = [u for u in copied if u.pool == kind]
+                per = max(1, batch_bytes // (count * units[0].page_bytes)) if units else 1
+                for i in range(0, len(units), per):
+                    batch = tuple(units[i : i + per])
+                    steps.append(Step(batch[0], first, count, True, batch))
+        return tuple(steps)
 
     def copy_ops(self, step: Step) -> int:
         """Copy calls a step issues on this rank where its pools stack its units: one

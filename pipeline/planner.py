@@ -94,7 +94,9 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
                 staging_bytes=strategy.staging_bytes,
             )
             if direction is Direction.backup:
-                plan = dataclasses.replace(plan, steps=plan.chunked(chunk_pages))
+                plan = dataclasses.replace(
+                    plan, steps=plan.chunked(chunk_pages, strategy.staging_bytes)
+                )
             moved = plan.bytes_moved()
             row.update({k: row.get(k, 0) + v for k, v in moved.items()})
             row[f"{direction.value}_ops"] = counts(plan)

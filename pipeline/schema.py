@@ -79,7 +79,8 @@ class StrategyConfig:
     keep_capacity: bool = False
     """Sharded host pools keep the unsharded token capacity and use less memory instead."""
     staging_bytes: int = 128 * 1024 * 1024
-    """Largest staging buffer of one gather/broadcast/scatter; bigger layers go in chunks."""
+    """Largest staging buffer of one gather/broadcast/scatter (bigger layers go in chunks), and
+    of one chunked-backup copy call."""
     verify_every: int = 0
     """Every N loads, all-gather digests of the loaded pages and compare them; 0 is off."""
     ordering: Ordering = Ordering.gate

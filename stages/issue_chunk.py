@@ -9,13 +9,16 @@ from pipeline.plan import Step
 class IssueChunk:
     """Batches of `chunk_pages` pages, each with every copied layer; 0 keeps one batch.
 
-    Issued on one stream, so the copies of batch k run while batch k+1 is being issued.
+    Issued on one stream, so the copies of batch k run while batch k+1 is being issued. A
+    batch's layers of one pool kind move together, at most `batch_bytes` per copy call (a
+    kernel call gathers them through a temporary of that size).
     """
 
-    def __init__(self, *, chunk_pages: int = 0) -> None:
+    def __init__(self, *, chunk_pages: int = 0, batch_bytes: int) -> None:
         if chunk_pages < 0:
             raise ValueError(f"chunk_pages={chunk_pages} must be >= 0 (0 issues one batch)")
         self.chunk_pages = chunk_pages
+        self.batch_bytes = batch_bytes
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        ctx.steps = ctx.plan.chunked(self.chunk_pages)
+        ctx.steps = ctx.plan.chunked(self.chunk_pages, self.batch_bytes)

@@ -165,14 +165,14 @@ def test_backup_is_one_step_per_copied_unit() -> None:
 def test_chunked_covers_every_page_in_order_per_unit() -> None:
     """chunked(2) over 5 pages: batches of 2, 2, 1, each one step over every copied unit."""
     p = plan([0, 1, 2, 3, 4])
-    steps = p.chunked(2)
+    steps = p.chunked(2, 1 << 20)
     assert [(s.first, s.count) for s in steps] == [(0, 2), (2, 2), (4, 1)]
     assert all(s.units == MODEL.units and s.unit == MODEL.units[0] for s in steps)
     for unit in MODEL.units:
         pages = [k for s in steps if unit in s.units for k in range(s.first, s.first + s.count)]
         assert pages == [0, 1, 2, 3, 4]
     assert all(s.last_in_layer for s in steps)
-    assert p.chunked(0) == p.steps
+    assert p.chunked(0, 1 << 20) == p.steps
 
 
 def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> None:
@@ -181,11 +181,22 @@ def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> 
     kinds = [([0, 1], 0, 2), ([2], 0, 2), ([0, 1], 2, 1), ([2], 2, 1)]
     got = [
         ([u.ordinal for u in s.units], s.first, s.count)
-        for s in plan([0, 1, 2], model=DSA).chunked(2)
+        for s in plan([0, 1, 2], model=DSA).chunked(2, 1 << 20)
     ]
     assert got == kinds
-    rotating = plan([0, 1, 2], ownership=Ownership.rotating, rank=0, model=DSA).chunked(2)
+    rotating = plan([0, 1, 2], ownership=Ownership.rotating, rank=0, model=DSA).chunked(2, 1 << 20)
     assert [[u.ordinal for u in s.units] for s in rotating] == [[0], [2], [0], [2]]
+
+
+def test_chunked_steps_move_at_most_batch_bytes() -> None:
+    """4 kv units x 2 pages of PAGE_BYTES: a budget of 5 pages makes steps of 2 units; one
+    smaller than a unit's pages still copies each unit (one per step)."""
+    p = plan([0, 1, 2, 3])
+    assert [[u.ordinal for u in s.units] for s in p.chunked(2, 5 * PAGE_BYTES)] == [
+        [0, 1],
+        [2, 3],
+    ] * 2
+    assert [len(s.units) for s in p.chunked(2, 1)] == [1] * 8
 
 
 def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
@@ -197,9 +208,9 @@ def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
     kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
     assert kernel.copy_ops(kernel.steps[0]) == 1
     # a chunk over 4 units: the 3-page run as a copy per unit, the lone page as one copy
-    (chunk,) = p.chunked(4)
+    (chunk,) = p.chunked(4, 1 << 20)
     assert p.copy_ops(chunk) == 3 + 1
-    assert kernel.copy_ops(kernel.chunked(4)[0]) == 1
+    assert kernel.copy_ops(kernel.chunked(4, 1 << 20)[0]) == 1
 
 
 # --- bytes -----------------------------------------------------------------------------------
