@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,6 +43,13 @@ def copy_pages_per_page(
         dst[dst_page + i].copy_(src[src_page + i], non_blocking=True)
 
 
+def _bound(fn: Any, *argtypes: Any) -> Any:
+    """A cudart function with its argument types declared; it returns the cudaError_t."""
+    fn.restype = ctypes.c_int
+    fn.argtypes = list(argtypes)
+    return fn
+
+
 def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
     """One cudaMemcpy2DAsync per strided run (cudaMemcpyAsync where both sides are one
     block); the per-page fallback without a cudart."""
@@ -50,27 +58,9 @@ def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
     # the raw handle of the current stream without torch.cuda.current_stream()'s Python
     # device lookups (tens of microseconds per call, on every copy of the issue path)
     current_stream = torch._C._cuda_getCurrentRawStream
-    memcpy = cudart.cudaMemcpyAsync
-    memcpy.restype = ctypes.c_int
-    memcpy.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_void_p,
-    ]
-    memcpy2d = cudart.cudaMemcpy2DAsync
-    memcpy2d.restype = ctypes.c_int
-    memcpy2d.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_size_t,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_void_p,
-    ]
+    ptr, size, kind = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int  # a stream is a ptr
+    memcpy = _bound(cudart.cudaMemcpyAsync, ptr, ptr, size, kind, ptr)
+    memcpy2d = _bound(cudart.cudaMemcpy2DAsync, ptr, size, ptr, size, size, size, kind, ptr)
 
     def copy(
         dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.ownership import OwnerMap
-from pipeline.topology import IoBackend, Unit
+from pipeline.topology import IoBackend, Unit, by_pool_kind
 
 
 class Direction(Enum):
@@ -133,15 +133,14 @@ class TransferPlan:
         small copy per layer), split where a step would move more than `batch_bytes`."""
         if chunk_pages <= 0:
             return self.steps
-        copied = [u for u in self.units if self.copies(u)]
+        kinds = by_pool_kind(u for u in self.units if self.copies(u))
         steps = []
         for first in range(0, self.num_pages, chunk_pages):
             count = min(chunk_pages, self.num_pages - first)
-            for kind in ("kv", "index"):
-                units = [u for u in copied if u.pool == kind]
-                per = max(1, batch_bytes // (count * units[0].page_bytes)) if units else 1
+            for units in kinds:
+                per = max(1, batch_bytes // (count * units[0].page_bytes))
                 for i in range(0, len(units), per):
-                    batch = tuple(units[i : i + per])
+                    batch = units[i : i + per]
                     steps.append(Step(batch[0], first, count, True, batch))
         return tuple(steps)
 

@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 
 from pipeline.ownership import OwnerMap
-from pipeline.topology import KvDtype, MemLayout, ModelGeometry, Unit
+from pipeline.topology import KvDtype, MemLayout, ModelGeometry, Unit, by_pool_kind
 
 TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
     {
@@ -103,12 +103,10 @@ class DevicePool:
     @classmethod
     def allocate(cls, model: ModelGeometry, num_pages: int, device: torch.device) -> DevicePool:
         buffers = {}
-        for pool in ("kv", "index"):
-            units = [u for u in model.units if u.pool == pool]
-            if units:
-                shape = (len(units), *unit_shape(model, units[0], num_pages))
-                buf = torch.empty(shape, dtype=unit_dtype(model, units[0]), device=device)
-                buffers.update({u.ordinal: buf[i] for i, u in enumerate(units)})
+        for units in by_pool_kind(model.units):
+            shape = (len(units), *unit_shape(model, units[0], num_pages))
+            buf = torch.empty(shape, dtype=unit_dtype(model, units[0]), device=device)
+            buffers.update({u.ordinal: buf[i] for i, u in enumerate(units)})
         return cls(buffers, num_pages)
 
     def layer(self, unit: Unit) -> torch.Tensor:
@@ -140,9 +138,7 @@ class HostPool:
         self.layout = layout
         self.owned = owned
         self.views: dict[int, torch.Tensor] = {}
-        kinds = [k for k in ("kv", "index") if any(u.pool == k for u in owned)]
-        for buf, kind in zip(storage, kinds, strict=True):
-            units = [u for u in owned if u.pool == kind]
+        for buf, units in zip(storage, by_pool_kind(owned), strict=True):
             for i, u in enumerate(units):
                 self.views[u.ordinal] = _unit_view(buf, layout, i)
         self.words = {o: as_words(v) for o, v in self.views.items()}
@@ -165,17 +161,15 @@ class HostPool:
         pin_chunk_bytes: int = PIN_CHUNK_BYTES,
     ) -> HostPool:
         storage = []
-        for pool in ("kv", "index"):
-            units = [u for u in owned if u.pool == pool]
-            if units:
-                pages, rows, elems = unit_shape(model, units[0], num_pages)
-                shape = {
-                    MemLayout.layer_first: (len(units), pages, rows, elems),
-                    MemLayout.page_first: (pages, rows, len(units), elems),
-                    MemLayout.page_first_direct: (pages, len(units), rows, elems),
-                }[layout]
-                dtype = unit_dtype(model, units[0])
-                storage.append(host_buffer(shape, dtype, pin_memory, pin_chunk_bytes))
+        for units in by_pool_kind(owned):
+            pages, rows, elems = unit_shape(model, units[0], num_pages)
+            shape = {
+                MemLayout.layer_first: (len(units), pages, rows, elems),
+                MemLayout.page_first: (pages, rows, len(units), elems),
+                MemLayout.page_first_direct: (pages, len(units), rows, elems),
+            }[layout]
+            dtype = unit_dtype(model, units[0])
+            storage.append(host_buffer(shape, dtype, pin_memory, pin_chunk_bytes))
         return cls(storage, num_pages, layout, owned)
 
     def layer(self, unit: Unit) -> torch.Tensor:

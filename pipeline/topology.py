@@ -7,6 +7,7 @@ objects the rest of the code uses (`OmegaConf.to_object` builds them and runs `_
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -79,6 +80,14 @@ class Unit:
     @property
     def page_bytes(self) -> int:
         return self.rows_per_page * self.row_bytes
+
+
+def by_pool_kind(units: Iterable[Unit]) -> list[tuple[Unit, ...]]:
+    """The units of each pool kind ('kv', then 'index'), in order; kinds without units left
+    out. A pool keeps each kind in one buffer."""
+    units = tuple(units)
+    kinds = (tuple(u for u in units if u.pool == kind) for kind in ("kv", "index"))
+    return [kind for kind in kinds if kind]
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from pipeline.context import Stream, TransferContext, step_pages
 from pipeline.plan import Direction, Step
 from pipeline.topology import IoBackend, Unit
@@ -28,8 +30,7 @@ class Copy:
             return
         to_host = plan.direction is Direction.backup
         host_words, device_words = ctx.host_view.words, ctx.device_pool.words
-        host = ctx.host_view.stacked(units) if len(units) > 1 else None
-        device = ctx.device_pool.stacked(units) if len(units) > 1 else None
+        stacks = _stacks(ctx, units)
 
         def traced(first: int, count: int, moved: tuple[Unit, ...], **where: int) -> None:
             ids = [u.ordinal for u in moved]
@@ -43,10 +44,16 @@ class Copy:
                 **where,
             )
 
+        def dma(h: torch.Tensor, host_page: int, d: torch.Tensor, device_page: int, n: int) -> None:
+            if to_host:
+                ctx.copy_pages(h, host_page, d, device_page, n)
+            else:
+                ctx.copy_pages(d, device_page, h, host_page, n)
+
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
-            if host is not None and device is not None:
-                calls = [(host, device, 1, units)]
+            if stacks is not None:
+                calls = [(*stacks, 1, units)]
             else:
                 calls = [(host_words[u.ordinal], device_words[u.ordinal], 0, (u,)) for u in units]
             for h, d, dim, moved in calls:
@@ -57,21 +64,25 @@ class Copy:
                 traced(step.first, step.count, moved)
             return
         for run in plan.runs_in(step.first, step.count):
-            if host is not None and device is not None and run.count < len(units):
+            if stacks is not None and run.count < len(units):
                 for k in range(run.count):  # page k of every unit in one call
-                    h, d = host[:, run.host_page + k], device[:, run.device_page + k]
-                    if to_host:
-                        ctx.copy_pages(h, 0, d, 0, len(units))
-                    else:
-                        ctx.copy_pages(d, 0, h, 0, len(units))
-                    at = {"host_page": run.host_page + k, "device_page": run.device_page + k}
-                    traced(run.first + k, 1, units, **at)
+                    hp, dp = run.host_page + k, run.device_page + k
+                    dma(stacks[0][:, hp], 0, stacks[1][:, dp], 0, len(units))
+                    traced(run.first + k, 1, units, host_page=hp, device_page=dp)
                 continue
             at = {"host_page": run.host_page, "device_page": run.device_page}
             for u in units:
                 h, d = host_words[u.ordinal], device_words[u.ordinal]
-                if to_host:
-                    ctx.copy_pages(h, run.host_page, d, run.device_page, run.count)
-                else:
-                    ctx.copy_pages(d, run.device_page, h, run.host_page, run.count)
+                dma(h, run.host_page, d, run.device_page, run.count)
                 traced(run.first, run.count, (u,), **at)
+
+
+def _stacks(
+    ctx: TransferContext, units: tuple[Unit, ...]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host, device) [units, pages, rows, words] views of a batch of units, where both pools
+    stack them (a single unit is copied through its own views)."""
+    if len(units) < 2:
+        return None
+    host, device = ctx.host_view.stacked(units), ctx.device_pool.stacked(units)
+    return None if host is None or device is None else (host, device)

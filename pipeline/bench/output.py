@@ -38,8 +38,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['direction']} | {r['placement']} | {r['tokens']} | {r['io']} "
             f"| {graphs(r)} | {r['chunk_pages']} | {r['strategy']} | {r['ms']:.2f} "
-            f"| {r['gbps_per_rank']:.1f} "
-            f"| {r['x_floor']:.3f} "
+            f"| {r['gbps_per_rank']:.1f} | {r['x_floor']:.3f} "
             f"| {r['reference_ms']:.2f} | {r['x_reference']:.3f} | {r['issue_ms']:.2f} "
             f"| {exact} |"
         )
