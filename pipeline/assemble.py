@@ -39,6 +39,7 @@ class Strategy:
     ownership: Ownership
     ordering: Ordering
     staging_bytes: int
+    chunk_pages: int
     keep_capacity: bool
     idle_sync_skip: IdleSyncSkipConfig
     poll_timer_every: int
@@ -106,6 +107,7 @@ def assemble(strategy: DictConfig) -> Strategy:
         ownership=typed.ownership,
         ordering=typed.ordering,
         staging_bytes=typed.staging_bytes,
+        chunk_pages=typed.chunk_pages,
         keep_capacity=typed.keep_capacity,
         idle_sync_skip=typed.idle_sync_skip,
         poll_timer_every=typed.poll_timer_every,

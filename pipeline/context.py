@@ -91,6 +91,10 @@ class TransferContext:
     """Copies one run of pages between two page-wise views (see `pipeline.memcpy`)."""
     staging: torch.Tensor
     """Flat byte buffer for gather/broadcast/scatter (staging_bytes long)."""
+    batch_staging: torch.Tensor | None
+    """Backups: two device buffers [2, bytes] a chunked backup gathers its batches into."""
+    gather_stream: Stream
+    """Where a chunked backup gathers its batches (see `stages.copy`)."""
     layers: tuple[int, ...]
     """Model layers a load makes usable one by one (none for a backup)."""
     layer_events: dict[int, Event]
@@ -125,6 +129,8 @@ class TransferContext:
     """The steps of each model layer (see `layer_steps`)."""
     timings_s: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each stage on this rank (issue time on cuda)."""
+    batches_moved: list[Event] = field(default_factory=list)
+    """Per batch gathered into `batch_staging`, in order: its copy to the host is done."""
 
     def fail(self, error: BaseException) -> None:
         """Complete every pending event of this transfer with `error` (its waiters raise)."""

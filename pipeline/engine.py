@@ -20,7 +20,7 @@ from pipeline.plan import Direction, StepsCache, TransferPlan, build_plan
 from pipeline.pools import DevicePool, HostCapacity, HostPool, PageAllocator, host_capacity
 from pipeline.runtime import Runtime
 from pipeline.schema import Ordering
-from pipeline.topology import IoBackend, ModelGeometry, StorageBackend, Topology
+from pipeline.topology import IoBackend, ModelGeometry, StorageBackend, Topology, by_pool_kind
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,18 @@ def plan_transfer(
     )
 
 
+def batch_staging_bytes(
+    strategy: Strategy, model: ModelGeometry, owners: OwnerMap, rank: int
+) -> int:
+    """Bytes of one of the two buffers a chunked backup gathers its batches into: one batch
+    of the widest pool kind this rank copies, at most `staging_bytes` (0 when not chunked)."""
+    if strategy.chunk_pages <= 0:
+        return 0
+    kinds = by_pool_kind(owners.owned(rank, model.units))
+    widest = max((sum(u.page_bytes for u in units) for units in kinds), default=0)
+    return min(strategy.chunk_pages * widest, strategy.staging_bytes)
+
+
 class Engine:
     """One rank's device and host tiers, and the strategy that moves bytes between them."""
 
@@ -111,6 +123,7 @@ class Engine:
         host_pool: HostPool,
         host_view: HostPool,
         staging: torch.Tensor,
+        batch_staging: torch.Tensor,
         acks: AckLedger,
         graphs: TransferGraphs | None = None,
     ) -> None:
@@ -124,6 +137,8 @@ class Engine:
         self.host_pool = host_pool
         self.host_view = host_view
         self.staging = staging
+        self.batch_staging = batch_staging
+        """Two device buffers [2, bytes] a chunked backup gathers its batches into, in turn."""
         self.acks = acks
         """Submitted transfers in order, released by `poll`."""
         self.graphs = graphs
@@ -193,6 +208,11 @@ class Engine:
             host_view=host_view,
             staging=torch.empty(
                 strategy.staging_bytes if exchanged else 0, dtype=torch.uint8, device=device
+            ),
+            batch_staging=torch.empty(
+                (2, batch_staging_bytes(strategy, model, owners, runtime.rank)),
+                dtype=torch.uint8,
+                device=device,
             ),
             acks=AckLedger(
                 runtime.cpu_group,
@@ -298,6 +318,8 @@ class Engine:
             host_view=self.host_view,
             copy_pages=self.runtime.copy_pages,
             staging=self.staging,
+            batch_staging=self.batch_staging if direction is Direction.backup else None,
+            gather_stream=self.runtime.gather_stream,
             layers=layers,
             layer_events={} if graphed else {layer: stream.new_event() for layer in layers},
             done=stream.new_event(),

@@ -8,7 +8,6 @@ re-derive it. Everything here runs on CPU tensors: the plan is the host-side dec
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -88,8 +87,9 @@ class TransferPlan:
         hosts, devices = self.host_pages.numpy(), self.device_pages.numpy()
         breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
         bounds = [0, *breaks.tolist(), self.num_pages]
-        hp, dp = hosts.tolist(), devices.tolist()
-        return tuple(Run(a, hp[a], dp[a], b - a) for a, b in itertools.pairwise(bounds))
+        spans = list(itertools.pairwise(bounds))
+        hp, dp = hosts[bounds[:-1]].tolist(), devices[bounds[:-1]].tolist()
+        return tuple(Run(a, h, d, b - a) for (a, b), h, d in zip(spans, hp, dp, strict=True))
 
     @property
     def num_tokens(self) -> int:
@@ -212,7 +212,8 @@ def build_plan(
             f"host_indices has {len(host_indices)} slots and device_indices "
             f"{len(device_indices)}: pass one device slot per host slot"
         )
-    plan = TransferPlan(
+    plan_with = functools.partial(
+        TransferPlan,
         direction=direction,
         rank=rank,
         page_size=page_size,
@@ -225,19 +226,21 @@ def build_plan(
         units=units,
         owners=owners,
         io_backend=io_backend,
-        steps=(),
     )
-    key = (direction, plan.num_pages)
+    key = (direction, len(host_pages))
     steps = known_steps.get(key) if known_steps is not None else None
     if steps is None:
-        if direction is Direction.backup:  # each copied unit over every page
-            copied = [u for u in units if plan.copies(u)]
-            steps = tuple(Step(u, 0, plan.num_pages, last_in_layer=True) for u in copied)
-        else:
-            steps = _load_steps(plan, staging_bytes)
+        steps = _steps(plan_with(steps=()), staging_bytes)
         if known_steps is not None:
             known_steps.put(key, steps)
-    return dataclasses.replace(plan, steps=steps)
+    return plan_with(steps=steps)
+
+
+def _steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
+    if plan.direction is Direction.backup:  # each copied unit over every page
+        copied = [u for u in plan.units if plan.copies(u)]
+        return tuple(Step(u, 0, plan.num_pages, last_in_layer=True) for u in copied)
+    return _load_steps(plan, staging_bytes)
 
 
 def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> torch.Tensor:
@@ -257,9 +260,11 @@ def _pages(name: str, indices: torch.Tensor, widened: int, num_slots: int) -> to
         )
     # numpy, single-threaded: torch's intra-op thread pool costs milliseconds per small op
     # on a many-core host shared by several ranks, and this runs on every transfer's issue path
-    blocks = indices.numpy().reshape(-1, widened)
-    starts = blocks[:, 0]
-    if (starts % widened).any() or not np.array_equal(blocks, starts[:, None] + np.arange(widened)):
+    slots = indices.numpy()
+    starts = slots[::widened]
+    steps = slots[1:] - slots[:-1]
+    steps[widened - 1 :: widened] = 1  # a page may start anywhere after the previous one
+    if (starts % widened).any() or (steps != 1).any():
         raise ValueError(
             f"{name} is not page-aligned: every {widened} consecutive slots must "
             f"be one whole page (start at a multiple of {widened}, then +1 each)"

@@ -52,6 +52,8 @@ class Runtime:
     write_stream: Stream
     exchange_stream: Stream
     """Where gated exchanges (gather, broadcast, scatter) run, behind each layer's copy."""
+    gather_stream: Stream
+    """Where a chunked backup gathers its next batch while the write stream moves one."""
     forward_stream: Stream
     """Stands in for the serving engine's forward stream (the consumer of loads)."""
     timeout_s: float
@@ -91,13 +93,16 @@ class Runtime:
         load: Stream
         write: Stream
         exchange: Stream
+        gather: Stream
         forward: Stream
         if device.type == "cuda":
-            load, write, exchange = (CudaStream(torch.cuda.Stream(device)) for _ in range(3))
+            load, write, exchange, gather = (
+                CudaStream(torch.cuda.Stream(device)) for _ in range(4)
+            )
             forward = CudaStream(torch.cuda.current_stream(device))
         else:
-            load, write, exchange = (
-                WorkerStream(f"{name}-{rank}") for name in ("load", "write", "exchange")
+            load, write, exchange, gather = (
+                WorkerStream(f"{name}-{rank}") for name in ("load", "write", "exchange", "gather")
             )
             forward = InlineStream()
         copy = (
@@ -113,6 +118,7 @@ class Runtime:
             load,
             write,
             exchange,
+            gather,
             forward,
             timeout_s=timeout_s,
             copy_pages=copy,
@@ -120,7 +126,13 @@ class Runtime:
 
     @property
     def streams(self) -> tuple[Stream, ...]:
-        return (self.load_stream, self.write_stream, self.exchange_stream, self.forward_stream)
+        return (
+            self.load_stream,
+            self.write_stream,
+            self.exchange_stream,
+            self.gather_stream,
+            self.forward_stream,
+        )
 
     def close(self) -> None:
         for stream in self.streams:

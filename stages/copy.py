@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from pipeline.context import Stream, TransferContext, step_pages
@@ -18,7 +20,11 @@ class Copy:
     reads or writes pinned host memory through its UVA alias.
 
     A chunked backup's step covers every unit of a pool kind. Where both pools hold those
-    units evenly spaced in one buffer (`stacked`), fewer calls cover them all: one kernel
+    units evenly spaced in one buffer (`stacked`), fewer calls cover them all. With the
+    engine's batch buffers (`batch_staging`) each batch is first gathered page by page on the
+    gather stream, while the transfer stream still moves the previous one to the host: then
+    one scatter kernel, or one DMA per run of host pages where the host keeps a page's units
+    together (page_first_direct), moves the batch (see `_gathered_batch`). Else one kernel
     over [units, pages], or per run of pages the fewer of one copy per unit and one per page
     (that page of every unit, as one strided copy). Else each unit is copied on its own.
     """
@@ -50,6 +56,8 @@ class Copy:
             else:
                 ctx.copy_pages(d, device_page, h, host_page, n)
 
+        if to_host and stacks is not None and _gathered_batch(ctx, step, stacks, stream, traced):
+            return
         if plan.io_backend is IoBackend.kernel:
             host_pages, device_pages = step_pages(ctx, step)
             if stacks is not None:
@@ -86,3 +94,68 @@ def _stacks(
         return None
     host, device = ctx.host_view.stacked(units), ctx.device_pool.stacked(units)
     return None if host is None or device is None else (host, device)
+
+
+def _gathered_batch(
+    ctx: TransferContext,
+    step: Step,
+    stacks: tuple[torch.Tensor, torch.Tensor],
+    stream: Stream,
+    traced: Callable[..., None],
+) -> bool:
+    """Move one batch of a chunked backup through a batch buffer; False where none fits
+    (or, for direct copies, where the host keeps a page's units apart).
+
+    The gather stream gathers the batch's pages of every unit into buffer k % 2 in page order
+    ([pages, units, rows, words]) while the transfer stream is still moving batch k - 1 out
+    of the other buffer; batch k + 2 reuses the buffer once batch k is on the host. So the
+    copy engine (or the scatter kernel) moves one large block per batch, back to back.
+    """
+    buffers, plan = ctx.batch_staging, ctx.plan
+    host, device = stacks
+    host_major = host.transpose(0, 1)  # [pages, units, rows, words]
+    direct = plan.io_backend is IoBackend.direct
+    nbytes = step.count * sum(u.page_bytes for u in step.units)
+    if buffers is None or nbytes > buffers.shape[1]:
+        return False
+    if direct and not host_major[0].is_contiguous():
+        return False
+    moved, gather = ctx.batches_moved, ctx.gather_stream
+    k = len(moved)
+    batch = buffers[k % 2, :nbytes].view(device.dtype).view(step.count, *host_major.shape[1:])
+    host_pages, device_pages = step_pages(ctx, step)
+    if k == 0:  # the gathers start behind the transfer stream (forward writes, page ids)
+        start = stream.new_event()
+        stream.record(start)
+        gather.wait_event(start)
+    elif k >= 2:  # the buffer's previous batch is on the host
+        gather.wait_event(moved[k - 2])
+    gathered = gather.new_event()
+
+    def gather_batch() -> None:
+        torch.index_select(device.transpose(0, 1), 0, device_pages, out=batch)
+        gather.record(gathered)
+
+    gather.submit(gather_batch)
+    ctx.trace.op(
+        "batch_gather",
+        units=[u.ordinal for u in step.units],
+        first=step.first,
+        pages=step.count,
+        bytes=nbytes,
+        buffer=k % 2,
+    )
+    stream.wait_event(gathered)
+    if direct:
+        pages_of_host, pages_of_batch = host_major.flatten(1, 2), batch.flatten(1, 2)
+        for run in plan.runs_in(step.first, step.count):
+            at = run.first - step.first
+            ctx.copy_pages(pages_of_host, run.host_page, pages_of_batch, at, run.count)
+            traced(run.first, run.count, step.units, host_page=run.host_page)
+    else:
+        host_major.index_copy_(0, host_pages, batch)
+        traced(step.first, step.count, step.units)
+    on_host = stream.new_event()
+    stream.record(on_host)
+    moved.append(on_host)
+    return True

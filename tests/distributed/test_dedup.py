@@ -127,9 +127,12 @@ def test_host_capacity_grows_or_memory_shrinks_by_group_size() -> None:
 
 def per_unit(trace: list[dict]) -> list[dict]:
     """The trace with each copy of several units (a chunked backup's batch, all of one pool
-    kind, so equal bytes each) split into that unit's copy, in unit order."""
+    kind, so equal bytes each) split into that unit's copy, in unit order; without batch
+    gathers (device-side, and newer than the foundation)."""
     ops = []
     for op in trace:
+        if op["op"] == "batch_gather":
+            continue
         if "units" not in op:
             ops.append(op)
             continue
