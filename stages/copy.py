@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -106,34 +107,46 @@ def _gathered_batch(
     """Move one batch of a chunked backup through a batch buffer; False where none fits
     (or, for direct copies, where the host keeps a page's units apart).
 
-    The gather stream gathers the batch's pages of every unit into buffer k % 2 in page order
-    ([pages, units, rows, words]) while the transfer stream is still moving batch k - 1 out
-    of the other buffer; batch k + 2 reuses the buffer once batch k is on the host. So the
-    copy engine (or the scatter kernel) moves one large block per batch, back to back.
+    The gather stream gathers batch k into buffer k % 2 while the transfer stream still moves
+    batch k - 1 out of the other one; batch k + 2 reuses the buffer once batch k is on the
+    host. The batch is laid out as the host takes it in one call: page-major [pages, units]
+    for a DMA per run of host pages (page_first_direct keeps a page's units together), or
+    unit-major [units, pages] for one scatter kernel.
     """
     buffers, plan = ctx.batch_staging, ctx.plan
     host, device = stacks
-    host_major = host.transpose(0, 1)  # [pages, units, rows, words]
     direct = plan.io_backend is IoBackend.direct
     nbytes = step.count * sum(u.page_bytes for u in step.units)
     if buffers is None or nbytes > buffers.shape[1]:
         return False
-    if direct and not host_major[0].is_contiguous():
-        return False
+    if direct:  # page-major on both sides
+        host, device = host.transpose(0, 1), device.transpose(0, 1)
+        if not host[0].is_contiguous():
+            return False
+    pages = 0 if direct else 1  # the page dimension of the views
     moved, gather = ctx.batches_moved, ctx.gather_stream
     k = len(moved)
-    batch = buffers[k % 2, :nbytes].view(device.dtype).view(step.count, *host_major.shape[1:])
-    host_pages, device_pages = step_pages(ctx, step)
-    if k == 0:  # the gathers start behind the transfer stream (forward writes, page ids)
-        start = stream.new_event()
-        stream.record(start)
-        gather.wait_event(start)
-    elif k >= 2:  # the buffer's previous batch is on the host
+    shape = list(host.shape)
+    shape[pages] = step.count
+    batch = buffers[k % 2, :nbytes].view(device.dtype).view(shape)
+    first = plan.device_run(step) if direct else None
+    uploading = ctx.device_pages is None and first is None
+    fill: Callable[[], object]
+    if first is not None:  # consecutive device pages: a strided copy, no ids needed
+        fill = functools.partial(batch.copy_, device[first : first + step.count])
+    else:
+        host_pages, device_pages = step_pages(ctx, step)
+        fill = functools.partial(torch.index_select, device, pages, device_pages, out=batch)
+    if k == 0 or uploading:  # behind the transfer stream: forward writes, page ids
+        ready = stream.new_event()
+        stream.record(ready)
+        gather.wait_event(ready)
+    if k >= 2:  # the buffer's previous batch is on the host
         gather.wait_event(moved[k - 2])
     gathered = gather.new_event()
 
     def gather_batch() -> None:
-        torch.index_select(device.transpose(0, 1), 0, device_pages, out=batch)
+        fill()
         gather.record(gathered)
 
     gather.submit(gather_batch)
@@ -147,13 +160,13 @@ def _gathered_batch(
     )
     stream.wait_event(gathered)
     if direct:
-        pages_of_host, pages_of_batch = host_major.flatten(1, 2), batch.flatten(1, 2)
+        pages_of_host, pages_of_batch = host.flatten(1, 2), batch.flatten(1, 2)
         for run in plan.runs_in(step.first, step.count):
             at = run.first - step.first
             ctx.copy_pages(pages_of_host, run.host_page, pages_of_batch, at, run.count)
             traced(run.first, run.count, step.units, host_page=run.host_page)
     else:
-        host_major.index_copy_(0, host_pages, batch)
+        host.index_copy_(pages, host_pages, batch)
         traced(step.first, step.count, step.units)
     on_host = stream.new_event()
     stream.record(on_host)

@@ -119,3 +119,41 @@ def test_bad_transfer_input_raises_and_leaves_pools_unchanged() -> None:
             assert "has slots outside" in text
             assert "pass one device slot per host slot" in text
             assert "names a page twice" in text
+
+
+def test_chunked_backups_go_through_the_two_batch_buffers_in_turn() -> None:
+    """Each batch is gathered into batch buffer 0, 1, 0, ... and then moved in one call:
+    one scatter (kernel), or one DMA per run of host pages (direct, page_first_direct)."""
+    cases = {
+        ("kernel", "layer_first", "fragmented"): 1,
+        ("direct", "page_first_direct", "contiguous"): 1,
+        ("direct", "page_first_direct", "fragmented"): None,  # one per run of host pages
+    }
+    jobs = [
+        job_config(
+            "topology=tp2",
+            f"topology.io_backend={io}",
+            f"topology.mem_layout={layout}",
+            f"workload.placement={placement}",
+            "strategy.chunk_pages=3",
+            *SMALL,
+        )
+        for io, layout, placement in cases
+    ]
+    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 2, backend="gloo", timeout_s=120)
+    assert ranks is not None
+    for rank in ranks:
+        for (case, copies_per_batch), report in zip(cases.items(), rank, strict=True):
+            assert report["verified"], case
+            backup = [o for o in report["trace"] if o.get("direction") != "h2d"]
+            gathers = [o for o in backup if o["op"] == "batch_gather"]
+            assert [g["buffer"] for g in gathers] == [0, 1, 0], case  # 8 pages in batches of 3
+            assert [g["pages"] for g in gathers] == [3, 3, 2], case
+            for g, nxt in zip(gathers, [*gathers[1:], None], strict=True):
+                start = backup.index(g) + 1
+                end = backup.index(nxt) if nxt is not None else len(backup)
+                copies = [o for o in backup[start:end] if o["op"] == "copy"]
+                assert all(c["units"] == g["units"] for c in copies), case
+                assert sum(c["pages"] for c in copies) == g["pages"], case
+                if copies_per_batch is not None:
+                    assert len(copies) == copies_per_batch, case
