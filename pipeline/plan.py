@@ -144,15 +144,18 @@ class TransferPlan:
                     steps.append(Step(batch[0], first, count, True, batch))
         return tuple(steps)
 
-    def copy_ops(self, step: Step) -> int:
+    def copy_ops(self, step: Step, gathered: bool = False) -> int:
         """Copy calls a step issues on this rank where its pools stack its units: one
-        (kernel), or per run the fewer of one per unit and one per page (direct)."""
+        (kernel), or per run the fewer of one per unit and one per page (direct); one per run
+        when the batch was gathered into a batch buffer first (`gathered`, see `stages.copy`)."""
         if not self.copies(step.unit):
             return 0
         if self.io_backend is IoBackend.kernel:
             return 1
-        units = len(step.units)
-        return sum(min(units, r.count) for r in self.runs_in(step.first, step.count))
+        runs = self.runs_in(step.first, step.count)
+        if gathered:
+            return len(runs)
+        return sum(min(len(step.units), r.count) for r in runs)
 
     def bytes_moved(self) -> dict[str, int]:
         """Bytes this rank copies between tiers and sends/receives in broadcasts."""

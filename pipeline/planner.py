@@ -14,12 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.assemble import PIPELINE_LISTS, assemble
 from pipeline.config import typed
-from pipeline.engine import plan_transfer, size_pools
+from pipeline.engine import batch_staging_bytes, plan_transfer, size_pools
 from pipeline.ownership import owner_map
 from pipeline.plan import Direction, TransferPlan
 from pipeline.pools import PageAllocator, page_tokens
 from pipeline.schema import Placement, WorkloadConfig
-from pipeline.topology import ModelGeometry, Topology
+from pipeline.topology import IoBackend, MemLayout, ModelGeometry, Topology
 from stages.issue_chunk import IssueChunk
 
 
@@ -39,11 +39,19 @@ def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
     }
 
 
-def counts(plan: TransferPlan) -> dict[str, int]:
-    """Ops this rank issues for one transfer, by kind."""
-    ops = {"copy": 0, "gather": 0, "broadcast": 0, "scatter": 0}
+def counts(plan: TransferPlan, batch_buffer_bytes: int, layout: MemLayout) -> dict[str, int]:
+    """Ops this rank issues for one transfer, by kind (`batch_buffer_bytes`: each of a
+    chunked backup's two batch buffers, 0 without them)."""
+    ops = {"copy": 0, "batch_gather": 0, "gather": 0, "broadcast": 0, "scatter": 0}
     for step in plan.steps:
-        ops["copy"] += plan.copy_ops(step)
+        gathered = (  # as `stages.copy` decides it
+            bool(step.batch)
+            and plan.copies(step.unit)
+            and step.count * sum(u.page_bytes for u in step.units) <= batch_buffer_bytes
+            and (plan.io_backend is IoBackend.kernel or layout is MemLayout.page_first_direct)
+        )
+        ops["batch_gather"] += gathered
+        ops["copy"] += plan.copy_ops(step, gathered)
         if plan.exchanged(step.unit):
             ops["broadcast"] += 1
             if plan.device_run(step) is None:  # consecutive pages are broadcast in place
@@ -99,7 +107,8 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
                 )
             moved = plan.bytes_moved()
             row.update({k: row.get(k, 0) + v for k, v in moved.items()})
-            row[f"{direction.value}_ops"] = counts(plan)
+            buffer = batch_staging_bytes(strategy, model, owners, rank)
+            row[f"{direction.value}_ops"] = counts(plan, buffer, topology.mem_layout)
         row["load_broadcasts_per_layer"] = [  # `plan` is the load-back's now
             sum(1 for s in plan.steps if s.unit.layer == layer and plan.exchanged(s.unit))
             for layer in range(model.num_layers)
