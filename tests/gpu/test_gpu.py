@@ -59,8 +59,9 @@ def test_bit_exact_on_both_gpus_for_every_strategy_and_io_backend() -> None:
             assert r[i]["verified"], (cfg["strategy"]["name"], cfg["topology"], r[i]["mismatch"])
 
 
+@pytest.mark.parametrize("chunk_pages", [0, 3])  # 3: 8 pages through both batch buffers
 @pytest.mark.parametrize("io", ["direct", "kernel"])
-def test_issue_path_never_syncs_the_device(io: str) -> None:
+def test_issue_path_never_syncs_the_device(io: str, chunk_pages: int) -> None:
     layout = "page_first_direct" if io == "direct" else "page_first"
     cfg = job_config(
         *CUDA,
@@ -69,6 +70,7 @@ def test_issue_path_never_syncs_the_device(io: str) -> None:
         f"topology.io_backend={io}",
         f"topology.mem_layout={layout}",
         "workload.device_tokens=4096",
+        f"strategy.chunk_pages={chunk_pages}",
     )
     said = launch(rankfns.no_sync_on_issue, cfg, 2, backend="nccl", timeout_s=300)
     assert said == ["", ""]
