@@ -240,6 +240,7 @@ def build_plan(
 
 
 def _steps(plan: TransferPlan, staging_bytes: int) -> tuple[Step, ...]:
+    """The steps of a plan laid out without them (see `build_plan`)."""
     if plan.direction is Direction.backup:  # each copied unit over every page
         copied = [u for u in plan.units if plan.copies(u)]
         return tuple(Step(u, 0, plan.num_pages, last_in_layer=True) for u in copied)

@@ -44,8 +44,8 @@ def counts(plan: TransferPlan, batch_buffer_bytes: int, layout: MemLayout) -> di
     chunked backup's two batch buffers, 0 without them)."""
     ops = {"copy": 0, "batch_gather": 0, "gather": 0, "broadcast": 0, "scatter": 0}
     for step in plan.steps:
-        gathered = (  # as `stages.copy` decides it
-            bool(step.batch)
+        gathered = (  # as `stages.copy` decides it (a batch of several units)
+            len(step.units) > 1
             and plan.copies(step.unit)
             and step.count * sum(u.page_bytes for u in step.units) <= batch_buffer_bytes
             and (plan.io_backend is IoBackend.kernel or layout is MemLayout.page_first_direct)

@@ -21,11 +21,11 @@ class Copy:
     reads or writes pinned host memory through its UVA alias.
 
     A chunked backup's step covers every unit of a pool kind. Where both pools hold those
-    units evenly spaced in one buffer (`stacked`), fewer calls cover them all. With the
-    engine's batch buffers (`batch_staging`) each batch is first gathered page by page on the
-    gather stream, while the transfer stream still moves the previous one to the host: then
-    one scatter kernel, or one DMA per run of host pages where the host keeps a page's units
-    together (page_first_direct), moves the batch (see `_gathered_batch`). Else one kernel
+    units evenly spaced in one buffer (`stacked`), fewer calls cover them all. Where a batch
+    fits the engine's batch buffers (`batch_staging`) it is first gathered into one of them on
+    the gather stream, while the transfer stream still moves the previous one to the host:
+    then one scatter kernel, or one DMA per run of host pages where the host keeps a page's
+    units together (page_first_direct), moves the batch (see `_gathered_batch`). Else one kernel
     over [units, pages], or per run of pages the fewer of one copy per unit and one per page
     (that page of every unit, as one strided copy). Else each unit is copied on its own.
     """
