@@ -95,6 +95,13 @@ def plan_transfer(
     )
 
 
+def exchange_staging_bytes(strategy: Strategy, model: ModelGeometry, owners: OwnerMap) -> int:
+    """Bytes of the buffer a load's exchanges gather into and broadcast from (0 without
+    exchanged units)."""
+    exchanged = any(owners.exchanged(u.ordinal) for u in model.units)
+    return strategy.staging_bytes if exchanged else 0
+
+
 def batch_staging_bytes(
     strategy: Strategy, model: ModelGeometry, owners: OwnerMap, rank: int
 ) -> int:
@@ -105,6 +112,15 @@ def batch_staging_bytes(
     kinds = by_pool_kind(owners.owned(rank, model.units))
     widest = max((sum(u.page_bytes for u in units) for units in kinds), default=0)
     return min(strategy.chunk_pages * widest, strategy.staging_bytes)
+
+
+def device_staging_bytes(
+    strategy: Strategy, model: ModelGeometry, owners: OwnerMap, rank: int
+) -> int:
+    """Device memory a rank's engine holds besides its pool: the exchange buffer and the two
+    batch buffers."""
+    exchange = exchange_staging_bytes(strategy, model, owners)
+    return exchange + 2 * batch_staging_bytes(strategy, model, owners, rank)
 
 
 class Engine:
@@ -207,7 +223,7 @@ class Engine:
             host_pool=host_pool,
             host_view=host_view,
             staging=torch.empty(
-                strategy.staging_bytes if exchanged else 0, dtype=torch.uint8, device=device
+                exchange_staging_bytes(strategy, model, owners), dtype=torch.uint8, device=device
             ),
             batch_staging=torch.empty(
                 (2, batch_staging_bytes(strategy, model, owners, runtime.rank)),

@@ -14,7 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.assemble import PIPELINE_LISTS, assemble
 from pipeline.config import typed
-from pipeline.engine import batch_staging_bytes, plan_transfer, size_pools
+from pipeline.engine import (
+    batch_staging_bytes,
+    device_staging_bytes,
+    plan_transfer,
+    size_pools,
+)
 from pipeline.ownership import owner_map
 from pipeline.plan import Direction, TransferPlan
 from pipeline.pools import PageAllocator, page_tokens
@@ -115,6 +120,7 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
         ]
         row["host_capacity_tokens"] = sizing.host_slots
         row["host_pool_bytes"] = sizing.host.pool_bytes
+        row["device_staging_bytes"] = device_staging_bytes(strategy, model, owners, rank)
         rows.append(row)
     return {
         "model": model.name,

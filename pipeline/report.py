@@ -52,7 +52,8 @@ def plan_text(result: dict[str, Any]) -> str:
         f"load stages    {_stages(result['stages']['load'])}",
         "",
         f"{'rank':>4} {'backup D2H':>11} {'load H2D':>11} {'bcast send':>11} {'bcast recv':>11}"
-        f" {'backup ops':>10} {'load ops':>9} {'host tokens':>12} {'host pool':>11}",
+        f" {'backup ops':>10} {'load ops':>9} {'host tokens':>12} {'host pool':>11}"
+        f" {'dev staging':>11}",
     ]
     for r in result["ranks"]:
         lines.append(
@@ -61,6 +62,7 @@ def plan_text(result: dict[str, Any]) -> str:
             f" {human_bytes(r['broadcast_recv_bytes']):>11}"
             f" {sum(r['backup_ops'].values()):>10} {sum(r['load_ops'].values()):>9}"
             f" {r['host_capacity_tokens']:>12} {human_bytes(r['host_pool_bytes']):>11}"
+            f" {human_bytes(r['device_staging_bytes']):>11}"
         )
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
