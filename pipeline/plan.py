@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.ownership import OwnerMap
-from pipeline.topology import IoBackend, Unit, by_pool_kind
+from pipeline.topology import IoBackend, MemLayout, Unit, by_pool_kind
 
 
 class Direction(Enum):
@@ -143,6 +143,17 @@ class TransferPlan:
                     batch = units[i : i + per]
                     steps.append(Step(batch[0], first, count, True, batch))
         return tuple(steps)
+
+    def gathers_batch(self, step: Step, buffer_bytes: int, layout: MemLayout) -> bool:
+        """Does a backup step go through a batch buffer of `buffer_bytes` (see `stages.copy`)?
+        Where it covers several units, fits the buffer, and the host takes it in one call: a
+        scatter kernel, or a DMA per run where the host keeps a page's units together."""
+        return (
+            self.direction is Direction.backup
+            and len(step.units) > 1
+            and step.count * sum(u.page_bytes for u in step.units) <= buffer_bytes
+            and (self.io_backend is IoBackend.kernel or layout is MemLayout.page_first_direct)
+        )
 
     def copy_ops(self, step: Step, gathered: bool = False) -> int:
         """Copy calls a step issues on this rank where its pools stack its units: one

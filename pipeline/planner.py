@@ -24,7 +24,7 @@ from pipeline.ownership import owner_map
 from pipeline.plan import Direction, TransferPlan
 from pipeline.pools import PageAllocator, page_tokens
 from pipeline.schema import Placement, WorkloadConfig
-from pipeline.topology import IoBackend, MemLayout, ModelGeometry, Topology
+from pipeline.topology import MemLayout, ModelGeometry, Topology
 from stages.issue_chunk import IssueChunk
 
 
@@ -49,12 +49,7 @@ def counts(plan: TransferPlan, batch_buffer_bytes: int, layout: MemLayout) -> di
     chunked backup's two batch buffers, 0 without them)."""
     ops = {"copy": 0, "batch_gather": 0, "gather": 0, "broadcast": 0, "scatter": 0}
     for step in plan.steps:
-        gathered = (  # as `stages.copy` decides it (a batch of several units)
-            len(step.units) > 1
-            and plan.copies(step.unit)
-            and step.count * sum(u.page_bytes for u in step.units) <= batch_buffer_bytes
-            and (plan.io_backend is IoBackend.kernel or layout is MemLayout.page_first_direct)
-        )
+        gathered = plan.copies(step.unit) and plan.gathers_batch(step, batch_buffer_bytes, layout)
         ops["batch_gather"] += gathered
         ops["copy"] += plan.copy_ops(step, gathered)
         if plan.exchanged(step.unit):

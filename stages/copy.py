@@ -104,8 +104,8 @@ def _gathered_batch(
     stream: Stream,
     traced: Callable[..., None],
 ) -> bool:
-    """Move one batch of a chunked backup through a batch buffer; False where none fits
-    (or, for direct copies, where the host keeps a page's units apart).
+    """Move one batch of a chunked backup through a batch buffer; False where the plan says
+    it does not go through one (`TransferPlan.gathers_batch`).
 
     The gather stream gathers batch k into buffer k % 2 while the transfer stream still moves
     batch k - 1 out of the other one; batch k + 2 reuses the buffer once batch k is on the
@@ -114,15 +114,14 @@ def _gathered_batch(
     unit-major [units, pages] for one scatter kernel.
     """
     buffers, plan = ctx.batch_staging, ctx.plan
+    if buffers is None or not plan.gathers_batch(step, buffers.shape[1], ctx.host_pool.layout):
+        return False
     host, device = stacks
     direct = plan.io_backend is IoBackend.direct
     nbytes = step.count * sum(u.page_bytes for u in step.units)
-    if buffers is None or nbytes > buffers.shape[1]:
-        return False
     if direct:  # page-major on both sides
         host, device = host.transpose(0, 1), device.transpose(0, 1)
-        if not host[0].is_contiguous():
-            return False
+        assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
     pages = 0 if direct else 1  # the page dimension of the views
     moved, gather = ctx.batches_moved, ctx.gather_stream
     k = len(moved)
