@@ -81,6 +81,7 @@ class TransferGraphs:
             stream.stream.wait_stream(exchange.stream)
         self._release_retired()
         captured = self._captured.get(key)
+        refill = captured is not None
         if captured is None:
             captured = self._capture(ctx, stream, body)
             self._captured[key] = captured
@@ -88,12 +89,15 @@ class TransferGraphs:
                 self._retired.append(self._captured.popitem(last=False)[1])
         else:
             self._captured.move_to_end(key)
-            with torch.cuda.stream(stream.stream):
+            ctx.trace.ops.extend(captured.ops)
+
+        def replay() -> None:
+            if refill:  # this transfer's page ids into the graph's static buffers
                 captured.host_pages.copy_(host_pages, non_blocking=True)
                 captured.device_pages.copy_(device_pages, non_blocking=True)
-            ctx.trace.ops.extend(captured.ops)
-        with torch.cuda.stream(stream.stream):
             captured.graph.replay()
+
+        stream.submit(replay)  # the stream switch of the issue path (see `CudaStream.submit`)
         captured.replayed.record(stream.stream)
         ctx.layer_events.update(captured.layer_events)
 

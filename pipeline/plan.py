@@ -54,6 +54,11 @@ class Step:
     def units(self) -> tuple[Unit, ...]:
         return self.batch or (self.unit,)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the step's pages of all its units."""
+        return self.count * sum(u.page_bytes for u in self.units)
+
 
 @dataclass(frozen=True)
 class TransferPlan:
@@ -151,7 +156,7 @@ class TransferPlan:
         return (
             self.direction is Direction.backup
             and len(step.units) > 1
-            and step.count * sum(u.page_bytes for u in step.units) <= buffer_bytes
+            and step.nbytes <= buffer_bytes
             and (self.io_backend is IoBackend.kernel or layout is MemLayout.page_first_direct)
         )
 
@@ -172,11 +177,10 @@ class TransferPlan:
         """Bytes this rank copies between tiers and sends/receives in broadcasts."""
         copied = send = recv = 0
         for s in self.steps:
-            nbytes = s.count * sum(u.page_bytes for u in s.units)
-            copied += nbytes if self.copies(s.unit) else 0
+            copied += s.nbytes if self.copies(s.unit) else 0
             if self.exchanged(s.unit):
-                send += nbytes if self.source(s.unit) == self.rank else 0
-                recv += nbytes if self.source(s.unit) != self.rank else 0
+                send += s.nbytes if self.source(s.unit) == self.rank else 0
+                recv += s.nbytes if self.source(s.unit) != self.rank else 0
         key = "d2h_bytes" if self.direction is Direction.backup else "h2d_bytes"
         return {key: copied, "broadcast_send_bytes": send, "broadcast_recv_bytes": recv}
 

@@ -80,7 +80,7 @@ class StrategyConfig:
     """Sharded host pools keep the unsharded token capacity and use less memory instead."""
     staging_bytes: int = 128 * 1024 * 1024
     """Largest staging buffer of one gather/broadcast/scatter (bigger layers go in chunks), and
-    of one chunked-backup copy call."""
+    the most one chunked-backup batch moves (each of its two batch buffers at most this)."""
     verify_every: int = 0
     """Every N loads, all-gather digests of the loaded pages and compare them; 0 is off."""
     ordering: Ordering = Ordering.gate

@@ -118,7 +118,6 @@ def _gathered_batch(
         return False
     host, device = stacks
     direct = plan.io_backend is IoBackend.direct
-    nbytes = step.count * sum(u.page_bytes for u in step.units)
     if direct:  # page-major on both sides
         host, device = host.transpose(0, 1), device.transpose(0, 1)
         assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
@@ -127,7 +126,7 @@ def _gathered_batch(
     k = len(moved)
     shape = list(host.shape)
     shape[pages] = step.count
-    batch = buffers[k % 2, :nbytes].view(device.dtype).view(shape)
+    batch = buffers[k % 2, : step.nbytes].view(device.dtype).view(shape)
     first = plan.device_run(step) if direct else None
     uploading = ctx.device_pages is None and first is None
     fill: Callable[[], object]
@@ -154,7 +153,7 @@ def _gathered_batch(
         units=[u.ordinal for u in step.units],
         first=step.first,
         pages=step.count,
-        bytes=nbytes,
+        bytes=step.nbytes,
         buffer=k % 2,
     )
     stream.wait_event(gathered)

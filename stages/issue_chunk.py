@@ -10,8 +10,8 @@ class IssueChunk:
     """Batches of `chunk_pages` pages, each with every copied layer; 0 keeps one batch.
 
     Issued on one stream, so the copies of batch k run while batch k+1 is being issued. A
-    batch's layers of one pool kind move together, at most `batch_bytes` per copy call (a
-    kernel call gathers them through a temporary of that size).
+    batch's layers of one pool kind move together, at most `batch_bytes` per step (what one
+    batch buffer, or a kernel call's temporary, holds: see `stages.copy`).
     """
 
     def __init__(self, *, chunk_pages: int = 0, batch_bytes: int) -> None:
