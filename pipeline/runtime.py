@@ -53,7 +53,8 @@ class Runtime:
     exchange_stream: Stream
     """Where gated exchanges (gather, broadcast, scatter) run, behind each layer's copy."""
     gather_stream: Stream
-    """Where a chunked backup gathers its next batch while the write stream moves one."""
+    """Where a chunked backup gathers its next batch while the write stream moves one (at the
+    highest priority on cuda)."""
     forward_stream: Stream
     """Stands in for the serving engine's forward stream (the consumer of loads)."""
     timeout_s: float
@@ -96,9 +97,12 @@ class Runtime:
         gather: Stream
         forward: Stream
         if device.type == "cuda":
-            load, write, exchange, gather = (
-                CudaStream(torch.cuda.Stream(device)) for _ in range(4)
-            )
+            load, write, exchange = (CudaStream(torch.cuda.Stream(device)) for _ in range(3))
+            # A batch gather (57 us alone) runs beside the long, PCIe-bound scatter of the batch
+            # before. At the same priority it got SMs only as that scatter ended, and the next
+            # scatter waited for it (kineto, H200); first in line it ends sooner (README).
+            highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static
+            gather = CudaStream(torch.cuda.Stream(device, priority=highest))
             forward = CudaStream(torch.cuda.current_stream(device))
         else:
             load, write, exchange, gather = (

@@ -94,9 +94,14 @@ def summarize(
                     )
             else:
                 floor_s = unique / (sum(floors["d2h_all_gbps"]) * 1e9)
+            row = {}
+            if direction == "backup" and "unchunked_backup_s" in per_rank[0]:
+                unchunked = max(statistics.median(c["unchunked_backup_s"]) for c in per_rank)
+                row = {"unchunked_ms": unchunked * 1e3, "x_unchunked": seconds / unchunked}
             rows.append(
                 {
                     **case,
+                    **row,
                     "direction": direction,
                     "ms": seconds * 1e3,
                     "reference_ms": reference * 1e3,

@@ -42,6 +42,22 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['reference_ms']:.2f} | {r['x_reference']:.3f} | {r['issue_ms']:.2f} "
             f"| {exact} |"
         )
+    chunked = [r for r in result["rows"] if "x_unchunked" in r]
+    if chunked:
+        lines += [
+            "",
+            "Chunked backups against the same backup unchunked, timed in turn in one case:",
+            "",
+            "| placement | tokens | io | graphs | chunk | strategy | ms | unchunked ms "
+            "| chunked / unchunked |",
+            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {r['placement']} | {r['tokens']} | {r['io']} | {graphs(r)} | {r['chunk_pages']} "
+            f"| {r['strategy']} | {r['ms']:.2f} | {r['unchunked_ms']:.2f} "
+            f"| {r['x_unchunked']:.3f} |"
+            for r in chunked
+        ]
     lines += [
         f"- skipped {s['strategy']} ({s['io']}, {s['placement']}): {s['inactive']}"
         for s in result.get("skipped", [])

@@ -48,13 +48,19 @@ class Timer:
         return start.elapsed_time(end) / 1e3
 
     def repeat(self, region: Callable[[], Any], lined_up: bool = True) -> list[float]:
-        times = []
+        return self.in_turn(region, lined_up=lined_up)[0]
+
+    def in_turn(self, *regions: Callable[[], Any], lined_up: bool = True) -> list[list[float]]:
+        """Times of each region, timed one after the other within every repetition: a
+        disturbance of the machine then falls on all of them alike."""
+        times: list[list[float]] = [[] for _ in regions]
         for i in range(self.bench.warmup + self.bench.repeats):
-            if lined_up:
-                self.line_up()
-            seconds = self.once(region)
-            if i >= self.bench.warmup:
-                times.append(seconds)
+            for region, timed in zip(regions, times, strict=True):
+                if lined_up:
+                    self.line_up()
+                seconds = self.once(region)
+                if i >= self.bench.warmup:
+                    timed.append(seconds)
         return times
 
     def line_up(self) -> None:
@@ -91,15 +97,14 @@ def floors(timer: Timer) -> dict[str, float]:
 def measure_case(
     timer: Timer, plain: dict, case: dict[str, Any], reference_hosts: dict[tuple, HostPool]
 ) -> dict[str, Any]:
-    """One strategy x size x placement x io: framework and reference, both directions."""
+    """One strategy x size x placement x io: framework and reference, both directions. A
+    chunked backup is also timed in turn with the same backup unchunked (`unchunked_backup_s`):
+    its own case runs minutes apart, on a machine whose speed may have moved by then."""
     rt = timer.rt
-    cfg = typed(plain)
-    model: ModelGeometry = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
-    topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
+    model: ModelGeometry = OmegaConf.to_object(typed(plain).model)  # type: ignore[assignment]
+    topology: Topology = OmegaConf.to_object(typed(plain).topology)  # type: ignore[assignment]
     tokens = case["tokens"]
-    engine = Engine.create(
-        assemble(cfg.strategy), rt, model, topology, device_tokens=2 * tokens, host_ratio=0.5
-    )
+    engine = _engine(rt, plain, tokens)
     num_pages = tokens // engine.sizing.widened
     pick = None if case["placement"] == Placement.contiguous.value else random.Random(0)
     device_alloc = PageAllocator(engine.sizing.device_pages)
@@ -113,11 +118,14 @@ def measure_case(
     forward = rt.forward_stream
     issue: dict[str, list[float]] = {"backup": [], "load": []}
 
-    def backup() -> None:
-        start = time.perf_counter()
-        ack = engine.backup(host_t, source_t)
-        issue["backup"].append(time.perf_counter() - start)
-        forward.wait_event(ack)
+    def backup_by(on: Engine, issue_s: list[float]) -> Callable[[], None]:
+        def backup() -> None:
+            start = time.perf_counter()
+            ack = on.backup(host_t, source_t)
+            issue_s.append(time.perf_counter() - start)
+            forward.wait_event(ack)
+
+        return backup
 
     def load() -> None:
         start = time.perf_counter()
@@ -127,7 +135,19 @@ def measure_case(
         issue["load"].append(time.perf_counter() - start)
         forward.wait_event(done)
 
-    result: dict[str, Any] = {"backup_s": timer.repeat(backup), "load_s": timer.repeat(load)}
+    result: dict[str, Any] = {}
+    backup = backup_by(engine, issue["backup"])
+    if case["chunk_pages"]:
+        unchunked = _engine(
+            rt, {**plain, "strategy": {**plain["strategy"], "chunk_pages": 0}}, tokens
+        )
+        result["backup_s"], result["unchunked_backup_s"] = timer.in_turn(
+            backup, backup_by(unchunked, [])
+        )
+        _release(unchunked)
+    else:
+        result["backup_s"] = timer.repeat(backup)
+    result["load_s"] = timer.repeat(load)
     result["issue_s"] = {k: statistics.median(v[timer.bench.warmup :]) for k, v in issue.items()}
     result["bit_exact"] = _checked(timer, engine, lambda: timer.once(load), target, expected)
 
@@ -160,8 +180,25 @@ def measure_case(
     engine.runtime.load_stream.synchronize()
     if engine.graphs is not None:
         result["graphs_captured"] = engine.graphs.captures
-        engine.graphs.clear()
+    _release(engine)
     return result
+
+
+def _engine(runtime: Runtime, plain: dict, tokens: int) -> Engine:
+    """A case's engine on the bench's runtime: room for source and target pages on the device,
+    and for one transfer on the host."""
+    cfg = typed(plain)
+    model: ModelGeometry = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
+    topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
+    return Engine.create(
+        assemble(cfg.strategy), runtime, model, topology, device_tokens=2 * tokens, host_ratio=0.5
+    )
+
+
+def _release(engine: Engine) -> None:
+    """Drop an engine's graphs, not its runtime: the bench's runtime serves every case."""
+    if engine.graphs is not None:
+        engine.graphs.clear()
 
 
 def _checked(

@@ -1,0 +1,52 @@
+"""`bench` as a user runs it, on CPU ranks (gloo): every case bit-exact, chunked backups timed in
+turn with the same backup unchunked, and the outputs written. Timings are not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+
+def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "bench",
+            "model=tiny_dsa",
+            "bench.sizes=[256]",
+            "bench.placements=[fragmented]",
+            "bench.strategies=[replicated,rotating]",
+            "bench.chunk_pages=[0,2]",
+            "bench.repeats=2",
+            "bench.warmup=1",
+            "bench.floor_bytes=100000",
+            f"bench.out_dir={out}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    cases = {(r["direction"], r["chunk_pages"], r["strategy"]) for r in rows}
+    assert len(rows) == len(cases) == 8  # 2 directions x 2 chunk settings x 2 strategies
+    assert all(r["bit_exact"] and r["reference_bit_exact"] for r in rows)
+    in_turn = [r for r in rows if "x_unchunked" in r]
+    assert {(r["direction"], r["chunk_pages"]) for r in in_turn} == {("backup", 2)}
+    assert len(in_turn) == 2
+    for r in in_turn:
+        assert r["unchunked_ms"] > 0
+        assert r["x_unchunked"] == pytest.approx(r["ms"] / r["unchunked_ms"])
+    assert "chunked / unchunked" in (out / "bench.md").read_text()
+    assert json.loads((out / "bench.json").read_text())["rows"] == rows
