@@ -2,9 +2,9 @@
 
 Every rank runs the same scheduler (seeded identically): requests arrive, prefix hits load
 back through the engine, misses prefill and back up, evictions free host pages, and every step
-polls the ack ledger. Each ack's event fires after a rank-local random number of polls on top
-of the real transfer (per-rank jitter), so ranks see acks complete at different steps and only
-the MIN-reduce makes them release the same ones. The run repeats with the skip off and on; it
+polls the ack ledger. Each ack's event fires after a rank-local random number of polls once
+the real transfer is done (per-rank jitter), so ranks see acks complete at different steps and
+only the MIN-reduce makes them release the same ones. The run repeats with the skip off and on; it
 reports reduces issued vs skipped, poll time, whether every rank made the same decisions and
 ended in the same state, and whether skip on and off ended in the same cache state.
 """
@@ -138,6 +138,11 @@ class Scheduler:
 
     def _jitter(self, payload: tuple) -> None:
         ack = self.engine.acks.pending[-1]
+        # The transfer is waited for here, so when each rank sees its ack fire is set by the
+        # seeded jitter alone. Left to the machine's speed, a transfer that ran long in one run
+        # released its ack a step later than in the other run (seen once under load), and the
+        # runs with the skip off and on ended in different, equally valid, states.
+        ack.event.wait()
         ack.event = JitteredEvent(ack.event, self.jitter.randint(0, self.cfg.max_jitter_polls))
         ack.payload = payload
 
