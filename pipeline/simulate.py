@@ -4,9 +4,9 @@ Every rank runs the same scheduler (seeded identically): requests arrive, prefix
 back through the engine, misses prefill and back up, evictions free host pages, and every step
 polls the ack ledger. Each ack's event fires after a rank-local random number of polls once
 the real transfer is done (per-rank jitter), so ranks see acks complete at different steps and
-only the MIN-reduce makes them release the same ones. The run repeats with the skip off and on; it
-reports reduces issued vs skipped, poll time, whether every rank made the same decisions and
-ended in the same state, and whether skip on and off ended in the same cache state.
+only the MIN-reduce makes them release the same ones. The run repeats with the skip off and on;
+it reports reduces issued vs skipped, poll time, whether every rank made the same decisions
+and ended in the same state, and whether skip on and off ended in the same cache state.
 """
 
 from __future__ import annotations

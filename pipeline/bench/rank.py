@@ -103,11 +103,9 @@ def measure_case(
     """One strategy x size x placement x io: framework and reference, both directions. A
     chunked backup is also timed in turn with the same backup unchunked (`unchunked_backup_s`):
     its own case runs minutes apart, on a machine whose speed may have moved by then."""
-    rt = timer.rt
-    model: ModelGeometry = OmegaConf.to_object(typed(plain).model)  # type: ignore[assignment]
-    topology: Topology = OmegaConf.to_object(typed(plain).topology)  # type: ignore[assignment]
-    tokens = case["tokens"]
+    rt, tokens = timer.rt, case["tokens"]
     engine = _engine(rt, plain, tokens)
+    model, topology = engine.model, engine.topology
     num_pages = tokens // engine.sizing.widened
     pick = None if case["placement"] == Placement.contiguous.value else random.Random(0)
     device_alloc = PageAllocator(engine.sizing.device_pages)
