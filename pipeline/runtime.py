@@ -99,8 +99,8 @@ class Runtime:
         if device.type == "cuda":
             load, write, exchange = (CudaStream(torch.cuda.Stream(device)) for _ in range(3))
             # A batch gather (57 us alone) runs beside the long, PCIe-bound scatter of the batch
-            # before. At the same priority it got SMs only as that scatter ended, and the next
-            # scatter waited for it (kineto, H200); first in line it ends sooner (README).
+            # before. At the same priority it started only as that scatter ended, and the next
+            # scatter waited ~50 us for it; first in line, ~20 us (kineto, H200; README).
             highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static
             gather = CudaStream(torch.cuda.Stream(device, priority=highest))
             forward = CudaStream(torch.cuda.current_stream(device))

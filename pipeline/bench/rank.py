@@ -7,6 +7,7 @@ stream with CUDA events (the host clock on CPU). Every case is also checked bit-
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
@@ -119,14 +120,11 @@ def measure_case(
     forward = rt.forward_stream
     issue: dict[str, list[float]] = {"backup": [], "load": []}
 
-    def backup_by(on: Engine, issue_s: list[float]) -> Callable[[], None]:
-        def backup() -> None:
-            start = time.perf_counter()
-            ack = on.backup(host_t, source_t)
-            issue_s.append(time.perf_counter() - start)
-            forward.wait_event(ack)
-
-        return backup
+    def backup(on: Engine, issue_s: list[float]) -> None:
+        start = time.perf_counter()
+        ack = on.backup(host_t, source_t)
+        issue_s.append(time.perf_counter() - start)
+        forward.wait_event(ack)
 
     def load() -> None:
         start = time.perf_counter()
@@ -137,16 +135,16 @@ def measure_case(
         forward.wait_event(done)
 
     result: dict[str, Any] = {}
-    backup = backup_by(engine, issue["backup"])
+    backup_here = functools.partial(backup, engine, issue["backup"])
     if case["chunk_pages"]:
         unchunked_plain = {**plain, "strategy": {**plain["strategy"], "chunk_pages": 0}}
         unchunked = _on_same_memory(engine, assemble(typed(unchunked_plain).strategy))
         result["backup_s"], result["unchunked_backup_s"] = timer.in_turn(
-            backup, backup_by(unchunked, [])
+            backup_here, functools.partial(backup, unchunked, [])
         )
         _release(unchunked)
     else:
-        result["backup_s"] = timer.repeat(backup)
+        result["backup_s"] = timer.repeat(backup_here)
     result["load_s"] = timer.repeat(load)
     result["issue_s"] = {k: statistics.median(v[timer.bench.warmup :]) for k, v in issue.items()}
     result["bit_exact"] = _checked(timer, engine, lambda: timer.once(load), target, expected)
