@@ -40,6 +40,7 @@ class Strategy:
     ordering: Ordering
     staging_bytes: int
     chunk_pages: int
+    verify_every: int
     keep_capacity: bool
     idle_sync_skip: IdleSyncSkipConfig
     poll_timer_every: int
@@ -108,6 +109,7 @@ def assemble(strategy: DictConfig) -> Strategy:
         ordering=typed.ordering,
         staging_bytes=typed.staging_bytes,
         chunk_pages=typed.chunk_pages,
+        verify_every=typed.verify_every,
         keep_capacity=typed.keep_capacity,
         idle_sync_skip=typed.idle_sync_skip,
         poll_timer_every=typed.poll_timer_every,

@@ -106,14 +106,14 @@ class TransferContext:
     """Every copy of the transfer is done."""
     ordered: bool
     """The transfer entered through an ordered entry point (forward gate or forward stream)."""
-    sequence: int
-    """0-based count of earlier transfers in this direction on this engine."""
+    verify: bool
+    """Check across the replica group that every rank loaded the same bytes (`Verify`)."""
     host_pages: torch.Tensor | None = None
     """Local host page ids on `device` (see `page_ids`)."""
     device_pages: torch.Tensor | None = None
     """Local device page ids on `device` (see `page_ids`)."""
     steps: tuple[Step, ...] = ()
-    """Steps the executor walks (the plan's, or issue_chunk's batches)."""
+    """Steps the executor walks (the plan's; a chunked backup's in batches)."""
     copied: dict[int, Event] = field(default_factory=dict)
     """Per model layer, the layer's copies are issued and done (made where there is an
     exchange to wait for them)."""

@@ -319,6 +319,12 @@ class Engine:
         layers = self._layers if direction is Direction.load else ()
         sequence = self._sequence[direction]
         self._sequence[direction] += 1
+        every = self.strategy.verify_every
+        steps = (
+            plan.chunked(self.strategy.chunk_pages, self.strategy.staging_bytes)
+            if direction is Direction.backup
+            else plan.steps
+        )
         # The transfer must see everything the forward stream did to these slots so far.
         forward = self.runtime.forward_stream
         ready = forward.new_event()
@@ -341,8 +347,8 @@ class Engine:
             done=stream.new_event(),
             all_copied=stream.new_event(),
             ordered=True,
-            sequence=sequence,
-            steps=plan.steps,
+            verify=direction is Direction.load and every > 0 and sequence % every == 0,
+            steps=steps,
             timings_s=self.timings_s,
         )
 

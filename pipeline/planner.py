@@ -25,7 +25,6 @@ from pipeline.plan import Direction, TransferPlan
 from pipeline.pools import PageAllocator, page_tokens
 from pipeline.schema import Placement, WorkloadConfig
 from pipeline.topology import MemLayout, ModelGeometry, Topology
-from stages.issue_chunk import IssueChunk
 
 
 def stage_lists(strategy: DictConfig) -> dict[str, dict[str, list[str]]]:
@@ -66,9 +65,6 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
     topology: Topology = OmegaConf.to_object(cfg.topology)  # type: ignore[assignment]
     workload: WorkloadConfig = OmegaConf.to_object(cfg.workload)  # type: ignore[assignment]
     strategy = assemble(cfg.strategy)
-    chunk_pages = next(
-        (s.chunk_pages for s in strategy.backup.prepare if isinstance(s, IssueChunk)), 0
-    )
     rows = []
     for rank in range(topology.tp_size) if ranks is None else ranks:
         owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
@@ -103,7 +99,7 @@ def plan_report(plain: dict, ranks: list[int] | None = None) -> dict[str, Any]:
             )
             if direction is Direction.backup:
                 plan = dataclasses.replace(
-                    plan, steps=plan.chunked(chunk_pages, strategy.staging_bytes)
+                    plan, steps=plan.chunked(strategy.chunk_pages, strategy.staging_bytes)
                 )
             moved = plan.bytes_moved()
             row.update({k: row.get(k, 0) + v for k, v in moved.items()})

@@ -59,6 +59,9 @@ class IdleSyncSkipConfig:
     max_skips: int = 8
     """After this many consecutive skips one sync is forced (and checks replicated state)."""
 
+    def __post_init__(self) -> None:
+        _require_at_least("strategy.idle_sync_skip", self, max_skips=1)
+
 
 @dataclass
 class StrategyConfig:
@@ -96,8 +99,15 @@ class StrategyConfig:
     stage)."""
 
     def __post_init__(self) -> None:
-        if self.cuda_graphs < 0:
-            raise ValueError(f"strategy.cuda_graphs={self.cuda_graphs} must be >= 0 (0 is off)")
+        _require_at_least(
+            "strategy",
+            self,
+            chunk_pages=0,
+            staging_bytes=1,
+            verify_every=0,
+            poll_timer_every=0,
+            cuda_graphs=0,
+        )
 
 
 @dataclass
@@ -218,6 +228,14 @@ GROUP_SCHEMAS: dict[str, type] = {
     "bench": BenchConfig,
     "simulate": SimulateConfig,
 }
+
+
+def _require_at_least(section: str, obj: object, **floors: int) -> None:
+    """Range checks of integer knobs: ValueError naming the key and the least value."""
+    for name, least in floors.items():
+        value = getattr(obj, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            raise ValueError(f"{section}.{name}={value} must be >= {least}")
 
 
 def register_schemas() -> None:

@@ -19,18 +19,13 @@ def page_digests(pages: torch.Tensor) -> torch.Tensor:
 class Verify:
     """All-gather per-page digests of the loaded pages; a mismatch raises with layer and page.
 
-    A debug check: reading the result back costs a device->host sync, so it runs only on every
-    `every`-th load (0: never).
+    A debug check: reading the result back costs a device->host sync, so it runs only on the
+    loads the engine marks (`ctx.verify`: every `strategy.verify_every`-th load).
     """
-
-    def __init__(self, *, every: int = 0) -> None:
-        if every < 0:
-            raise ValueError(f"verify_every={every} must be >= 0 (0 turns verification off)")
-        self.every = every
 
     def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
         group = ctx.plan.owners.group
-        if not self.every or ctx.sequence % self.every or len(group) == 1:
+        if not ctx.verify or len(group) == 1:
             return
         _, device_pages = page_ids(ctx)
         units = ctx.plan.units

@@ -95,9 +95,15 @@ def summarize(
             else:
                 floor_s = unique / (sum(floors["d2h_all_gbps"]) * 1e9)
             row = {}
+            if direction == "backup":
+                row["ops"] = [c["backup_ops"] for c in per_rank]
             if direction == "backup" and "unchunked_backup_s" in per_rank[0]:
                 unchunked = max(statistics.median(c["unchunked_backup_s"]) for c in per_rank)
-                row = {"unchunked_ms": unchunked * 1e3, "x_unchunked": seconds / unchunked}
+                row |= {
+                    "unchunked_ms": unchunked * 1e3,
+                    "x_unchunked": seconds / unchunked,
+                    "unchunked_ops": [c["unchunked_backup_ops"] for c in per_rank],
+                }
             rows.append(
                 {
                     **case,

@@ -11,6 +11,11 @@ def graphs(row: dict[str, Any]) -> str:
     return "yes" if row["graphed"] else "-" if row["io"] != "kernel" else "no"
 
 
+def ops_text(ops: dict[str, int]) -> str:
+    """Op counts of one transfer, e.g. '16 batch_gather + 16 copy'."""
+    return " + ".join(f"{n} {kind}" for kind, n in sorted(ops.items()))
+
+
 def markdown(result: dict[str, Any]) -> str:
     f = result["floors"]
     gbps = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
@@ -49,13 +54,14 @@ def markdown(result: dict[str, Any]) -> str:
             "Chunked backups against the same backup unchunked, timed in turn in one case:",
             "",
             "| placement | tokens | io | graphs | chunk | strategy | ms | unchunked ms "
-            "| chunked / unchunked |",
-            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: |",
+            "| chunked / unchunked | chunked ops (rank 0) | unchunked ops (rank 0) |",
+            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | --- | --- |",
         ]
         lines += [
             f"| {r['placement']} | {r['tokens']} | {r['io']} | {graphs(r)} | {r['chunk_pages']} "
             f"| {r['strategy']} | {r['ms']:.2f} | {r['unchunked_ms']:.2f} "
-            f"| {r['x_unchunked']:.3f} |"
+            f"| {r['x_unchunked']:.3f} | {ops_text(r['ops'][0])} "
+            f"| {ops_text(r['unchunked_ops'][0])} |"
             for r in chunked
         ]
     lines += [

@@ -7,6 +7,7 @@ stream with CUDA events (the host clock on CPU). Every case is also checked bit-
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import statistics
@@ -136,11 +137,13 @@ def measure_case(
 
     result: dict[str, Any] = {}
     backup_here = functools.partial(backup, engine, issue["backup"])
+    result["backup_ops"] = _ops_of(engine, backup_here)
     if case["chunk_pages"]:
-        unchunked_plain = {**plain, "strategy": {**plain["strategy"], "chunk_pages": 0}}
-        unchunked = _on_same_memory(engine, assemble(typed(unchunked_plain).strategy))
+        unchunked = _on_same_memory(engine, dataclasses.replace(engine.strategy, chunk_pages=0))
+        backup_unchunked = functools.partial(backup, unchunked, [])
+        result["unchunked_backup_ops"] = _ops_of(unchunked, backup_unchunked)
         result["backup_s"], result["unchunked_backup_s"] = timer.in_turn(
-            backup_here, functools.partial(backup, unchunked, [])
+            backup_here, backup_unchunked
         )
         _release(unchunked)
     else:
@@ -194,9 +197,8 @@ def _engine(runtime: Runtime, plain: dict, tokens: int) -> Engine:
 
 
 def _on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
-    """`engine`'s pools and buffers under another strategy of the same ownership. An engine
-    with pools of its own is no yardstick: on 2x H200 an unchunked one, timed in turn with a
-    chunked case, backed up 0-6% slower than the same config in its own case."""
+    """`engine`'s pools and buffers under other knobs of the same strategy, so both sides of
+    an in-turn comparison move the same bytes between the same memory."""
     return Engine(
         strategy=strategy,
         runtime=engine.runtime,
@@ -212,6 +214,18 @@ def _on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
         acks=engine.acks,
         graphs=None if engine.graphs is None else TransferGraphs(strategy.cuda_graphs),
     )
+
+
+def _ops_of(engine: Engine, transfer: Callable[[], Any]) -> dict[str, int]:
+    """The ops one untimed `transfer` issues on this rank, by kind: what a compared side
+    really does (a published comparison names them)."""
+    first = len(engine.trace.ops)
+    transfer()
+    engine.runtime.forward_stream.synchronize()
+    ops: dict[str, int] = {}
+    for op in engine.trace.ops[first:]:
+        ops[op["op"]] = ops.get(op["op"], 0) + 1
+    return ops
 
 
 def _release(engine: Engine) -> None:

@@ -48,5 +48,13 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
     for r in in_turn:
         assert r["unchunked_ms"] > 0
         assert r["x_unchunked"] == pytest.approx(r["ms"] / r["unchunked_ms"])
+        # each side issues what it claims: the unchunked backup gathers no batch and copies
+        # each unit the rank holds once (kernel backend: tiny_dsa's 5 kv + 2 index-K units,
+        # or a rotating rank's share of them); the chunked one moves its 64 pages in 32
+        # batches, one step per pool kind, gathered where a step has several units
+        replicated = r["strategy"] == "replicated"
+        assert r["unchunked_ops"] == [{"copy": n} for n in ([7, 7] if replicated else [4, 3])]
+        gathers = 64 if replicated else 32  # a rotating rank holds one index-K unit
+        assert r["ops"] == [{"batch_gather": gathers, "copy": 64}] * 2
     assert "chunked / unchunked" in (out / "bench.md").read_text()
     assert json.loads((out / "bench.json").read_text())["rows"] == rows

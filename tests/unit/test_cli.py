@@ -121,6 +121,11 @@ BAD = {
     "  prepare:\n    - _target_: stages.issue_chunk.IssueChunk\n"
     "      chunk_page: 4\n",
     "strategy/badgraphs.yaml": "defaults: [replicated, _self_]\nname: g\ncuda_graphs: -1\n",
+    "strategy/badknobs.yaml": "defaults: [replicated, _self_]\nname: k\nchunk_pages: -1\n",
+    "strategy/badstaging.yaml": "defaults: [replicated, _self_]\nname: s\nstaging_bytes: 0\n",
+    "strategy/badverify.yaml": "defaults: [replicated, _self_]\nname: v\nverify_every: -2\n",
+    "strategy/badskips.yaml": "defaults: [replicated, _self_]\nname: m\n"
+    "idle_sync_skip:\n  max_skips: 0\n",
 }
 
 
@@ -140,6 +145,10 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
         "strategy/evil.yaml": "'os.system' lies outside the 'stages' package",
         "strategy/unbindable.yaml": "strategy.backup.prepare[0]",
         "strategy/badgraphs.yaml": "strategy.cuda_graphs=-1 must be >= 0",
+        "strategy/badknobs.yaml": "strategy.chunk_pages=-1 must be >= 0",
+        "strategy/badstaging.yaml": "strategy.staging_bytes=0 must be >= 1",
+        "strategy/badverify.yaml": "strategy.verify_every=-2 must be >= 0",
+        "strategy/badskips.yaml": "strategy.idle_sync_skip.max_skips=0 must be >= 1",
     }
     for name, fragment in expectations.items():
         assert any(name in e and fragment in e for e in errors), (name, joined)
