@@ -13,23 +13,18 @@ import logging
 import sys
 from collections.abc import Callable
 
-import hydra
-from hydra import compose
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from pipeline import ordering, report
-from pipeline.bench import run_bench
-from pipeline.bench.output import markdown
-from pipeline.config import Session, typed
-from pipeline.launch import RankFailure, launch
-from pipeline.planner import broadcasts_per_layer, plan_report
-from pipeline.runtime import pick_backend, pick_device
-from pipeline.schema import SimulateConfig
-from pipeline.simulate import simulate_rank
-from pipeline.simulate import summarize as summarize_simulation
-from pipeline.validate import check_config, group_options, validate_all
-from pipeline.workload import run_rank
+from pipeline.config.app import hydra_main
+from pipeline.config.compose import Session
+from pipeline.config.validate import check_config, group_options, validate_all
+from pipeline.engine.runtime import pick_device
+from pipeline.jobs import deadlock_model, report
+from pipeline.jobs.bench import run_bench
+from pipeline.jobs.bench.output import markdown
+from pipeline.jobs.launch import RankFailure, launch
+from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
+from pipeline.jobs.run import backend_of, run_rank
+from pipeline.jobs.simulate import simulate_rank
+from pipeline.jobs.simulate import summarize as summarize_simulation
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -49,18 +44,19 @@ def explain(session: Session, as_json: bool) -> int:
 
 def plan(session: Session, as_json: bool) -> int:
     """Per-rank bytes, ops and host capacity of the effective strategy; moves nothing."""
-    plain, verdict = session.effective()
-    result = {**verdict.as_dict(), **plan_report(plain)}
+    job = session.job()
+    result = {**job.verdict.as_dict(), **plan_report(job)}
     print(json.dumps(result, indent=2) if as_json else report.plan_text(result))
     return 0
 
 
 def run(session: Session, as_json: bool) -> int:
     """Back up, evict and load back on real ranks; exit 0 only when every rank is bit-exact."""
-    plain, verdict = session.effective()
+    job = session.job()
+    verdict = job.verdict
     if not verdict.active:
         failed = "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
-        if session.cfg.strict:
+        if job.strict:
             print(
                 f"error: strict: strategy {verdict.strategy} is inactive ({failed})",
                 file=sys.stderr,
@@ -72,25 +68,22 @@ def run(session: Session, as_json: bool) -> int:
             failed,
             verdict.effective_strategy,
         )
-    cfg = typed(plain)
-    device = pick_device(session.topology().device, 0)
-    backend = pick_backend(cfg.runtime.backend, device)
-    job = {"config": plain, "backend": backend, "trace": cfg.runtime.trace_file is not None}
+    backend = backend_of(job)
     ranks = launch(
-        run_rank, job, cfg.topology.tp_size, backend=backend, timeout_s=cfg.runtime.timeout_s
+        run_rank, job, job.topology.tp_size, backend=backend, timeout_s=job.runtime.timeout_s
     )
     if ranks is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
-    if cfg.runtime.trace_file is not None:
-        report.write_trace(cfg.runtime.trace_file, ranks)
+    if job.runtime.trace_file is not None:
+        report.write_trace(job.runtime.trace_file, ranks)
     result = {
         "verified": all(r["verified"] for r in ranks),
         "strategy": verdict.strategy,
         "effective_strategy": verdict.effective_strategy,
         "notes": list(verdict.notes),
-        "model": cfg.model.name,
-        "topology": cfg.topology.name,
-        "device": device.type,
+        "model": job.model.name,
+        "topology": job.topology.name,
+        "device": pick_device(job.topology.device, 0).type,
         "ranks": ranks,
     }
     print(json.dumps(result, indent=2) if as_json else report.run_text(result))
@@ -103,7 +96,7 @@ def validate(session: Session, as_json: bool) -> int:
         checked = ["overrides: " + " ".join(session.overrides)]
         errors = check_config(session.cfg, checked[0], group_options()["strategy"])
     else:
-        checked, errors = validate_all(lambda o: compose(config_name="config", overrides=o))
+        checked, errors = validate_all(lambda o: Session.compose(o).cfg)
     result = {"valid": not errors, "checked": checked, "errors": errors}
     print(json.dumps(result, indent=2) if as_json else report.validate_text(result))
     return 0 if not errors else 1
@@ -111,16 +104,18 @@ def validate(session: Session, as_json: bool) -> int:
 
 def check_ordering(session: Session, as_json: bool) -> int:
     """Model one sharded load against the forward's collectives under each ordering design."""
-    plain, verdict = session.effective()
-    per_layer, group = broadcasts_per_layer(plain)
-    configured = plain["strategy"]["ordering"]
+    job = session.job()
+    per_layer, group = broadcasts_per_layer(job)
+    configured = job.strategy.config.ordering.value
     designs = {
-        design: dataclasses.asdict(ordering.check(ordering.scenario(design, per_layer, group)))
-        for design in ordering.DESIGNS
+        design: dataclasses.asdict(
+            deadlock_model.check(deadlock_model.scenario(design, per_layer, group))
+        )
+        for design in deadlock_model.DESIGNS
     }
     result = {
-        "strategy": verdict.strategy,
-        "effective_strategy": verdict.effective_strategy,
+        "strategy": job.verdict.strategy,
+        "effective_strategy": job.verdict.effective_strategy,
         "ranks": group,
         "layers": len(per_layer),
         "broadcasts": sum(per_layer),
@@ -146,16 +141,17 @@ def bench(session: Session, as_json: bool) -> int:
 
 def simulate(session: Session, as_json: bool) -> int:
     """A randomized scheduler on real ranks: ack polls with the idle-sync skip off and on."""
-    plain, _ = session.effective()
-    cfg = typed(plain)
-    sim: SimulateConfig = OmegaConf.to_object(cfg.simulate)  # type: ignore[assignment]
-    job = {"config": plain, "backend": "gloo", "simulate": sim}
+    job = session.job()
     ranks = launch(
-        simulate_rank, job, cfg.topology.tp_size, backend="gloo", timeout_s=cfg.runtime.timeout_s
+        simulate_rank,
+        job,
+        job.topology.tp_size,
+        backend=backend_of(job),
+        timeout_s=job.runtime.timeout_s,
     )
     if ranks is None:
         return 0
-    result = {"predicate": sim.predicate.value, **summarize_simulation(ranks)}
+    result = {"predicate": job.simulate.predicate.value, **summarize_simulation(ranks)}
     print(json.dumps(result, indent=2) if as_json else report.simulate_text(result))
     return 0 if result["ok"] else 1
 
@@ -200,16 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     as_json = "--json" in args
     handler = COMMANDS[command]
 
-    def task(cfg: DictConfig) -> None:
-        hc = HydraConfig.get()
+    def task(session: Session) -> int:
         try:
-            session = Session(cfg, tuple(hc.overrides.task), hc.runtime.choices["strategy"])
-            code = handler(session, as_json)
+            return handler(session, as_json)
         except (ValueError, RankFailure) as e:
             print(f"error: {e}", file=sys.stderr)
-            code = 1
-        if code:
-            raise SystemExit(code)
+            return 1
 
-    sys.argv = [f"hicache-pipeline {command}", *(a for a in args if a != "--json")]
-    hydra.main(config_path="pkg://conf", config_name="config", version_base="1.3")(task)()
+    hydra_main(command, [a for a in args if a != "--json"], task)

@@ -1,172 +1,197 @@
-"""copy: move a step's pages of its units between this rank's device and host pools."""
+"""copy: move a step's pages of its units between this rank's device and host pools.
+
+One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
+on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
+gather/scatter per step (`index_select`/`index_copy_`), reaching pinned host memory through its
+UVA alias on cuda. Where a step covers several units that both pools keep evenly spaced in one
+buffer (a chunked backup batch), one call covers them all. A batch the plan marks `gathered`
+first gathers into a device batch buffer on the gather stream (`backup_batch`).
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 
-from pipeline.context import Stream, TransferContext, step_pages
-from pipeline.plan import Direction, Step
-from pipeline.topology import IoBackend, Unit
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.model import Unit
+from pipeline.spec.plan import Direction
+from pipeline.spec.steps import Step
+from pipeline.spec.topology import IoBackend
 
 
 class Copy:
-    """Owners only: D2H for a backup, H2D for a load-back.
+    """Owners only: D2H for a backup, H2D for a load-back (see the module docstring)."""
 
-    io_backend direct issues one copy per run of consecutive pages (strided on the host side
-    when other layers sit between its pages, as in page_first_direct);
-    kernel issues one gather/scatter per step (`index_select`/`index_copy_`), which on cuda
-    reads or writes pinned host memory through its UVA alias.
-
-    A chunked backup's step covers every unit of a pool kind. Where both pools hold those
-    units evenly spaced in one buffer (`stacked`), fewer calls cover them all. Where a batch
-    fits the engine's batch buffers (`batch_staging`) it is first gathered into one of them on
-    the gather stream, while the transfer stream still moves the previous one to the host:
-    then one scatter kernel, or one DMA per run of host pages where the host keeps a page's
-    units together (page_first_direct), moves the batch (see `_gathered_batch`). Else one kernel
-    over [units, pages], or per run of pages the fewer of one copy per unit and one per page
-    (that page of every unit, as one strided copy). Else each unit is copied on its own.
-    """
-
-    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        assert step is not None, "copy is a per-step stage"
-        plan, units = ctx.plan, step.units
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        plan = t.plan
         if not plan.copies(step.unit):
             return
-        to_host = plan.direction is Direction.backup
-        host_words, device_words = ctx.host_view.words, ctx.device_pool.words
-        stacks = _stacks(ctx, units)
-
-        def traced(first: int, count: int, moved: tuple[Unit, ...], **where: int) -> None:
-            ids = [u.ordinal for u in moved]
-            ctx.trace.op(
-                "copy",
-                direction="d2h" if to_host else "h2d",
-                **({"unit": ids[0]} if len(ids) == 1 else {"units": ids}),
-                first=first,
-                pages=count,
-                bytes=count * sum(u.page_bytes for u in moved),
-                **where,
-            )
-
-        def dma(h: torch.Tensor, host_page: int, d: torch.Tensor, device_page: int, n: int) -> None:
-            if to_host:
-                ctx.copy_pages(h, host_page, d, device_page, n)
-            else:
-                ctx.copy_pages(d, device_page, h, host_page, n)
-
-        if to_host and stacks is not None and _gathered_batch(ctx, step, stacks, stream, traced):
-            return
-        if plan.io_backend is IoBackend.kernel:
-            host_pages, device_pages = step_pages(ctx, step)
-            if stacks is not None:
-                calls = [(*stacks, 1, units)]
-            else:
-                calls = [(host_words[u.ordinal], device_words[u.ordinal], 0, (u,)) for u in units]
-            for h, d, dim, moved in calls:
-                if to_host:
-                    h.index_copy_(dim, host_pages, d.index_select(dim, device_pages))
-                else:
-                    d.index_copy_(dim, device_pages, h.index_select(dim, host_pages))
-                traced(step.first, step.count, moved)
-            return
-        for run in plan.runs_in(step.first, step.count):
-            if stacks is not None and run.count < len(units):
-                for k in range(run.count):  # page k of every unit in one call
-                    hp, dp = run.host_page + k, run.device_page + k
-                    dma(stacks[0][:, hp], 0, stacks[1][:, dp], 0, len(units))
-                    traced(run.first + k, 1, units, host_page=hp, device_page=dp)
-                continue
-            at = {"host_page": run.host_page, "device_page": run.device_page}
-            for u in units:
-                h, d = host_words[u.ordinal], device_words[u.ordinal]
-                dma(h, run.host_page, d, run.device_page, run.count)
-                traced(run.first, run.count, (u,), **at)
+        if step.gathered:
+            backup_batch(t, step, stream)
+        else:
+            COPIES[plan.direction, plan.spec.io_backend](t, step)
 
 
-def _stacks(
-    ctx: TransferContext, units: tuple[Unit, ...]
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(host, device) [units, pages, rows, words] views of a batch of units, where both pools
-    stack them (a single unit is copied through its own views)."""
-    if len(units) < 2:
-        return None
-    host, device = ctx.host_view.stacked(units), ctx.device_pool.stacked(units)
-    return None if host is None or device is None else (host, device)
+def backup_kernel(t: Transfer, step: Step) -> None:
+    host_ids, device_ids = t.step_ids(step)
+    for host, device, dim, units in _kernel_views(t, step.units):
+        host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
+        _traced(t, step.first, step.count, units)
 
 
-def _gathered_batch(
-    ctx: TransferContext,
-    step: Step,
-    stacks: tuple[torch.Tensor, torch.Tensor],
-    stream: Stream,
-    traced: Callable[..., None],
-) -> bool:
-    """Move one batch of a chunked backup through a batch buffer; False where the plan says
-    it does not go through one (`TransferPlan.gathers_batch`).
+def load_kernel(t: Transfer, step: Step) -> None:
+    host_ids, device_ids = t.step_ids(step)
+    for host, device, dim, units in _kernel_views(t, step.units):
+        device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
+        _traced(t, step.first, step.count, units)
 
-    The gather stream gathers batch k into buffer k % 2 while the transfer stream still moves
-    batch k - 1 out of the other one; batch k + 2 reuses the buffer once batch k is on the
-    host. The batch is laid out as the host takes it in one call: page-major [pages, units]
-    for a DMA per run of host pages (page_first_direct keeps a page's units together), or
-    unit-major [units, pages] for one scatter kernel.
-    """
-    buffers, plan = ctx.batch_staging, ctx.plan
-    if buffers is None or not plan.gathers_batch(step, buffers.shape[1], ctx.host_pool.layout):
-        return False
+
+def backup_direct(t: Transfer, step: Step) -> None:
+    for dma in _dmas(t, step):
+        t.res.copy_pages(dma.host, dma.host_at, dma.device, dma.device_at, dma.blocks)
+        _traced(t, dma.first, dma.pages, dma.units, **dma.where)
+
+
+def load_direct(t: Transfer, step: Step) -> None:
+    for dma in _dmas(t, step):
+        t.res.copy_pages(dma.device, dma.device_at, dma.host, dma.host_at, dma.blocks)
+        _traced(t, dma.first, dma.pages, dma.units, **dma.where)
+
+
+COPIES: dict[tuple[Direction, IoBackend], Callable[[Transfer, Step], None]] = {
+    (Direction.backup, IoBackend.kernel): backup_kernel,
+    (Direction.load, IoBackend.kernel): load_kernel,
+    (Direction.backup, IoBackend.direct): backup_direct,
+    (Direction.load, IoBackend.direct): load_direct,
+}
+
+
+def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
+    """A chunked backup batch through a batch buffer: gathered on the gather stream in the
+    layout the host takes in one call, then moved by one scatter kernel, or by one DMA per run
+    of host pages where the host keeps a page's units together (page_first_direct)."""
+    ring, plan = t.batches, t.plan
+    stacks = _stacks(t, step.units)
+    assert ring is not None and stacks is not None, "the plan gathers stacked batches only"
     host, device = stacks
-    direct = plan.io_backend is IoBackend.direct
+    direct = plan.spec.io_backend is IoBackend.direct
     if direct:  # page-major on both sides
         host, device = host.transpose(0, 1), device.transpose(0, 1)
         assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
     pages = 0 if direct else 1  # the page dimension of the views
-    moved, gather = ctx.batches_moved, ctx.gather_stream
-    k = len(moved)
     shape = list(host.shape)
     shape[pages] = step.count
-    batch = buffers[k % 2, : step.nbytes].view(device.dtype).view(shape)
     first = plan.device_run(step) if direct else None
-    uploading = ctx.device_pages is None and first is None
-    fill: Callable[[], object]
+    behind = t.device_ids is None and first is None  # the ids upload on `stream` next
+    fill: Callable[[torch.Tensor], object]
     if first is not None:  # consecutive device pages: a strided copy, no ids needed
-        fill = functools.partial(batch.copy_, device[first : first + step.count])
+        fill = functools.partial(_copy_from, device[first : first + step.count])
     else:
-        host_pages, device_pages = step_pages(ctx, step)
-        fill = functools.partial(torch.index_select, device, pages, device_pages, out=batch)
-    if k == 0 or uploading:  # behind the transfer stream: forward writes, page ids
-        ready = stream.new_event()
-        stream.record(ready)
-        gather.wait_event(ready)
-    if k >= 2:  # the buffer's previous batch is on the host
-        gather.wait_event(moved[k - 2])
-    gathered = gather.new_event()
-
-    def gather_batch() -> None:
-        fill()
-        gather.record(gathered)
-
-    gather.submit(gather_batch)
-    ctx.trace.op(
+        host_ids, device_ids = t.step_ids(step)
+        fill = functools.partial(_select_into, device, pages, device_ids)
+    buffer = ring.next_buffer
+    batch = ring.gathered(fill, shape, device.dtype, stream, behind_stream=behind)
+    t.res.trace.op(
         "batch_gather",
         units=[u.ordinal for u in step.units],
         first=step.first,
         pages=step.count,
         bytes=step.nbytes,
-        buffer=k % 2,
+        buffer=buffer,
     )
-    stream.wait_event(gathered)
     if direct:
-        pages_of_host, pages_of_batch = host.flatten(1, 2), batch.flatten(1, 2)
+        host_pages, batch_pages = host.flatten(1, 2), batch.flatten(1, 2)
         for run in plan.runs_in(step.first, step.count):
-            at = run.first - step.first
-            ctx.copy_pages(pages_of_host, run.host_page, pages_of_batch, at, run.count)
-            traced(run.first, run.count, step.units, host_page=run.host_page)
+            t.res.copy_pages(
+                host_pages, run.host_page, batch_pages, run.first - step.first, run.count
+            )
+            _traced(t, run.first, run.count, step.units, host_page=run.host_page)
     else:
-        host.index_copy_(pages, host_pages, batch)
-        traced(step.first, step.count, step.units)
-    on_host = stream.new_event()
-    stream.record(on_host)
-    moved.append(on_host)
-    return True
+        host.index_copy_(pages, host_ids, batch)
+        _traced(t, step.first, step.count, step.units)
+    ring.moved_out(stream)
+
+
+def _copy_from(source: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    return batch.copy_(source)
+
+
+def _select_into(
+    source: torch.Tensor, dim: int, ids: torch.Tensor, batch: torch.Tensor
+) -> torch.Tensor:
+    return torch.index_select(source, dim, ids, out=batch)
+
+
+def _stacks(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host, device) [units, pages, rows, words] views of several units, where both pools
+    stack them (a single unit is copied through its own views)."""
+    if len(units) < 2:
+        return None
+    host, device = t.res.host_view.stacked(units), t.res.device_pool.stacked(units)
+    return None if host is None or device is None else (host, device)
+
+
+def _kernel_views(
+    t: Transfer, units: tuple[Unit, ...]
+) -> list[tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]]:
+    """(host, device, page dimension, units) per kernel call: the stacked units in one call,
+    else one call per unit."""
+    stacks = _stacks(t, units)
+    if stacks is not None:
+        return [(*stacks, 1, units)]
+    host, device = t.res.host_view.words, t.res.device_pool.words
+    return [(host[u.ordinal], device[u.ordinal], 0, (u,)) for u in units]
+
+
+class _Dma(NamedTuple):
+    """One DMA call (`blocks` pages from `host_at` / `device_at` of two page-wise views) and
+    what it moves (transfer pages from `first`, of `units`)."""
+
+    host: torch.Tensor
+    host_at: int
+    device: torch.Tensor
+    device_at: int
+    blocks: int
+    first: int
+    pages: int
+    units: tuple[Unit, ...]
+    where: dict[str, int]
+    """The run's first host and device page, for the trace."""
+
+
+def _dmas(t: Transfer, step: Step) -> Iterator[_Dma]:
+    """Per run of pages, the fewer of one DMA per unit and one per page (that page of every
+    unit as one strided copy, where the pools stack the units)."""
+    units = step.units
+    stacks = _stacks(t, units)
+    host, device = t.res.host_view.words, t.res.device_pool.words
+    for run in t.plan.runs_in(step.first, step.count):
+        if stacks is not None and run.count < len(units):
+            for k in range(run.count):  # page k of every unit in one call
+                hp, dp = run.host_page + k, run.device_page + k
+                at = {"host_page": hp, "device_page": dp}
+                pages = (stacks[0][:, hp], 0, stacks[1][:, dp], 0, len(units))
+                yield _Dma(*pages, run.first + k, 1, units, at)
+            continue
+        at = {"host_page": run.host_page, "device_page": run.device_page}
+        for u in units:
+            pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.count)
+            yield _Dma(*pages, run.first, run.count, (u,), at)
+
+
+def _traced(t: Transfer, first: int, count: int, units: tuple[Unit, ...], **where: int) -> None:
+    ids = [u.ordinal for u in units]
+    t.res.trace.op(
+        "copy",
+        direction="d2h" if t.plan.direction is Direction.backup else "h2d",
+        **({"unit": ids[0]} if len(ids) == 1 else {"units": ids}),
+        first=first,
+        pages=count,
+        bytes=count * sum(u.page_bytes for u in units),
+        **where,
+    )

@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.context import Stream, TransferContext, exchange_buffer, step_pages
-from pipeline.plan import Step
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.steps import Step
 
 
 class Gather:
     """Owner of an exchanged unit: `index_select` its device pages into staging, in order.
 
     Device page ids may differ per rank; only their order (the transfer's page order) is shared.
-    Nothing to do when the owner's pages of the step are consecutive: it broadcasts them in place.
+    Nothing to do where the plan lands the step in place: it is broadcast from the slots.
     """
 
-    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        assert step is not None, "gather is a per-step stage"
-        plan = ctx.plan
-        if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.rank:
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        plan = t.plan
+        if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.spec.rank:
             return
-        buffer, staged = exchange_buffer(ctx, step)
+        buffer, staged = t.exchange_buffer(step)
         if not staged:
             return
-        _, device_pages = step_pages(ctx, step)
-        torch.index_select(ctx.device_pool.layer(step.unit), 0, device_pages, out=buffer)
-        ctx.trace.op(
+        _, device_ids = t.step_ids(step)
+        torch.index_select(t.res.device_pool.layer(step.unit), 0, device_ids, out=buffer)
+        t.res.trace.op(
             "gather",
             unit=step.unit.ordinal,
             first=step.first,

@@ -1,16 +1,19 @@
-"""record_event: mark a layer usable (last step of a layer) or the transfer done (finish)."""
+"""record_event: mark a layer usable (after its last step) or the transfer done (finish)."""
 
 from __future__ import annotations
 
-from pipeline.context import Stream, TransferContext
-from pipeline.plan import Step
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.steps import Step
 
 
 class RecordEvent:
-    """Record the layer's event after its last step; in a finish list, the transfer's ack."""
+    """Per step: record the layer's event after its last step. Per transfer (a finish list):
+    record the transfer's ack."""
 
-    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        if step is None:
-            stream.record(ctx.done)
-        elif step.last_in_layer:
-            stream.record(ctx.layer_events[step.unit.layer])
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        if step.last_in_layer:
+            stream.record(t.layer_events[step.unit.layer])
+
+    def on_transfer(self, t: Transfer, stream: Stream) -> None:
+        stream.record(t.done)

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from pipeline.context import Stream, TransferContext, exchange_buffer, step_pages
-from pipeline.plan import Step
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.steps import Step
 
 
 class Scatter:
     """Every rank but the unit's owner: `index_copy_` staging into its own device pages
-    (nothing to do when its pages of the step are consecutive: the broadcast landed there)."""
+    (nothing to do where the plan lands the step in place: the broadcast wrote the slots)."""
 
-    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        assert step is not None, "scatter is a per-step stage"
-        plan = ctx.plan
-        if not plan.exchanged(step.unit) or plan.source(step.unit) == plan.rank:
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        plan = t.plan
+        if not plan.exchanged(step.unit) or plan.source(step.unit) == plan.spec.rank:
             return
-        buffer, staged = exchange_buffer(ctx, step)
+        buffer, staged = t.exchange_buffer(step)
         if not staged:
             return
-        _, device_pages = step_pages(ctx, step)
-        ctx.device_pool.layer(step.unit).index_copy_(0, device_pages, buffer)
-        ctx.trace.op(
+        _, device_ids = t.step_ids(step)
+        t.res.device_pool.layer(step.unit).index_copy_(0, device_ids, buffer)
+        t.res.trace.op(
             "scatter",
             unit=step.unit.ordinal,
             first=step.first,

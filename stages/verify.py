@@ -1,12 +1,11 @@
-"""verify: every N loads, check that all ranks of the replica group loaded the same pages."""
+"""verify: after a marked load, check that all ranks of the replica group hold the same pages."""
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from pipeline.context import Stream, TransferContext, page_ids
-from pipeline.plan import Step
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
 
 
 def page_digests(pages: torch.Tensor) -> torch.Tensor:
@@ -20,21 +19,20 @@ class Verify:
     """All-gather per-page digests of the loaded pages; a mismatch raises with layer and page.
 
     A debug check: reading the result back costs a device->host sync, so it runs only on the
-    loads the engine marks (`ctx.verify`: every `strategy.verify_every`-th load).
+    loads the plan marks (`plan.verify`: every `strategy.verify_every`-th load).
     """
 
-    def __call__(self, ctx: TransferContext, step: Step | None, stream: Stream) -> None:
-        group = ctx.plan.owners.group
-        if not ctx.verify or len(group) == 1:
+    def on_transfer(self, t: Transfer, stream: Stream) -> None:
+        plan = t.plan
+        group = plan.spec.owners.group
+        if not plan.verify or len(group) == 1:
             return
-        _, device_pages = page_ids(ctx)
-        units = ctx.plan.units
-        mine = torch.stack(
-            [page_digests(ctx.device_pool.layer(u).index_select(0, device_pages)) for u in units]
-        )
+        _, device_ids = t.page_ids()
+        units, pool = plan.spec.units, t.res.device_pool
+        mine = torch.stack([page_digests(pool.layer(u).index_select(0, device_ids)) for u in units])
         everyone = [torch.empty_like(mine) for _ in group]
-        dist.all_gather(everyone, mine, group=ctx.group)
-        ctx.trace.op("verify", bytes=mine.nbytes * len(group))
+        t.res.collectives.all_gather(everyone, mine)
+        t.res.trace.op("verify", bytes=mine.nbytes * len(group))
         reference = everyone[0].cpu()
         for rank, theirs in zip(group, everyone, strict=True):
             diff = (theirs.cpu() != reference).nonzero()
@@ -44,5 +42,5 @@ class Verify:
                 raise RuntimeError(
                     f"verify: rank {rank} loaded different bytes than rank {group[0]} at "
                     f"{unit.pool} layer {unit.layer}, transfer page {page} (host page "
-                    f"{int(ctx.plan.host_pages[page])}); {len(diff)} pages differ"
+                    f"{int(plan.host_pages[page])}); {len(diff)} pages differ"
                 )

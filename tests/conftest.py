@@ -1,4 +1,4 @@
-"""Shared test helpers: compose real configs, and run jobs on real gloo ranks.
+"""Shared test helpers: compose real configs into jobs, and run them on real gloo ranks.
 
 Rank-side functions live in `tests/rankfns.py`; spawned ranks import it by name, which works
 because pytest puts this folder on sys.path and spawn hands sys.path to its children.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from hydra import initialize_config_module
 
-from pipeline.config import Session
+from pipeline.config.compose import Session
+from pipeline.config.job import Job
 
 
-def job_config(*overrides: str) -> dict:
-    """The effective, plain config `run` would send to its ranks."""
+def job_config(*overrides: str) -> Job:
+    """The typed job `run` would send to its ranks for these overrides."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        plain, _ = Session.compose(list(overrides)).effective()
-    return plain
+        return Session.compose(list(overrides)).job()

@@ -9,35 +9,36 @@ from typing import Any
 
 import torch
 
-from pipeline.engine import Engine
-from pipeline.executor import issue_transfer
-from pipeline.plan import Direction
-from pipeline.pools import page_tokens
-from pipeline.workload import (
+from pipeline.config.job import Job
+from pipeline.engine.engine import Engine
+from pipeline.engine.executor import issue_transfer
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.jobs.run import (
     fill_random,
     first_mismatch,
     forward,
     open_engine,
     poison,
-    run_rank,
+    run_report,
     snapshot,
 )
+from pipeline.spec.plan import Direction
+from pipeline.spec.slots import page_tokens
+from pipeline.spec.steps import Step
 from stages.scatter import Scatter
 
 
-def run_jobs(
-    payload: tuple[list[dict[str, Any]], str], rank: int, world_size: int, local_rank: int
-) -> list:
-    """`run` on this rank for each config in turn (one spawn serves many configs)."""
-    configs, backend = payload
-    return [
-        run_rank({"config": cfg, "backend": backend, "trace": True}, rank, world_size, local_rank)
-        for cfg in configs
-    ]
+def run_jobs(jobs: list[Job], rank: int, world_size: int, local_rank: int) -> list:
+    """`run` on this rank for each job in turn, with its op trace (one spawn serves many)."""
+    return [run_report(job, rank, world_size, local_rank, trace=True) for job in jobs]
 
 
-def _job(cfg: dict[str, Any], backend: str = "gloo") -> dict[str, Any]:
-    return {"config": cfg, "backend": backend, "trace": False}
+def with_load_stages(engine: Engine, **lists: tuple) -> None:
+    """Replace some of the engine's load stage lists (test stages, or one left out)."""
+    strategy = engine.strategy
+    load = dataclasses.replace(strategy.load, **lists)
+    engine.strategy = dataclasses.replace(strategy, load=load)
 
 
 def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], dict]:
@@ -46,14 +47,14 @@ def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], di
     fill_random(engine, source, 7)
     expected = snapshot(engine, source)
     host = list(range(num_pages))
-    size = engine.sizing.widened
+    size = engine.sizing.slots_per_page
     engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
     return host, source, expected
 
 
 def _load_and_check(engine: Engine, host: list[int], target: list[int], expected: dict) -> str:
     """Load into poisoned target pages; '' when bit-exact, else the failure message."""
-    size = engine.sizing.widened
+    size = engine.sizing.slots_per_page
     poison(engine, target)
     handle = engine.load(page_tokens(host, size), page_tokens(target, size))
     try:
@@ -64,7 +65,7 @@ def _load_and_check(engine: Engine, host: list[int], target: list[int], expected
     return first_mismatch(engine, target, expected)
 
 
-def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_rank: int) -> str:
+def negative_control(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> str:
     """Break one rank on purpose; returns what verification said on this rank.
 
     skip_scatter: rank 1 takes part in every broadcast but drops what it receives (the load
@@ -72,15 +73,12 @@ def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_r
     diverge_host: after the backup, one byte of host page 0 of layer 0 flips on the rank
     that holds it (rank 1 when replicated, the layer's owner otherwise).
     """
-    cfg, case = args
-    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    job, case = args
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         if case == "skip_scatter" and rank == 1:
-            load = engine.strategy.load
-            kept = tuple(s for s in load.exchange if not isinstance(s, Scatter))
-            engine.strategy = dataclasses.replace(
-                engine.strategy, load=dataclasses.replace(load, exchange=kept)
-            )
+            kept = tuple(s for s in engine.strategy.load.exchange if not isinstance(s, Scatter))
+            with_load_stages(engine, exchange=kept)
         host, source, expected = _backed_up(engine, 4)
         unit = engine.model.units[0]
         holder = engine.owners.sources[0]
@@ -91,27 +89,24 @@ def negative_control(args: tuple[dict, str], rank: int, world_size: int, local_r
         engine.close()
 
 
-def overlap(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+def overlap(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
     """Can the forward use layer 0 while the last layer has not arrived yet?
 
     A stage held on an event stalls the transfer stream before the last layer's copy (gate
     ordering), or the forward simply has not asked for later layers (forward_stream).
     """
-    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank)
     release = threading.Event()
     last = engine.model.num_layers - 1
     hold = HoldBefore(layer=last, release=release)
-    load = engine.strategy.load
-    engine.strategy = dataclasses.replace(
-        engine.strategy, load=dataclasses.replace(load, per_step=(hold, *load.per_step))
-    )
+    with_load_stages(engine, per_step=(hold, *engine.strategy.load.per_step))
     try:
         host, source, expected = _backed_up(engine, 4)
         target = [p + 8 for p in source]
-        size = engine.sizing.widened
+        size = engine.sizing.slots_per_page
         handle = engine.load(page_tokens(host, size), page_tokens(target, size))
         forward_stream = engine.runtime.forward_stream
-        if engine.strategy.ordering.value == "forward_stream":
+        if engine.strategy.config.ordering.value == "forward_stream":
             release.set()  # nothing is held: later layers wait for the forward to ask
         handle.wait(0, forward_stream)
         result = {"layer0_ready": handle.ready(0), "last_ready_early": handle.ready(last)}
@@ -132,29 +127,29 @@ class HoldBefore:
     def __init__(self, *, layer: int, release: threading.Event) -> None:
         self.layer, self.release = layer, release
 
-    def __call__(self, ctx: Any, step: Any, stream: Any) -> None:
-        if step is not None and step.unit.layer == self.layer:
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        if step.unit.layer == self.layer:
             assert self.release.wait(timeout=30), "never released"
 
 
-def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
+def bypass(job: Job, rank: int, world_size: int, local_rank: int) -> str:
     """Issue a sharded load straight through the executor, without the engine's entry point."""
-    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         host, source, _ = _backed_up(engine, 4)
-        size = engine.sizing.widened
+        size = engine.sizing.slots_per_page
         stream = engine.runtime.load_stream
-        ctx = engine._context(
+        t = engine.transfer(
             Direction.load,
             page_tokens(host, size),
             page_tokens([p + 8 for p in source], size),
             stream,
-            graphed=False,
+            None,
         )
-        ctx.ordered = False
-        issue_transfer(engine.strategy.load, ctx, stream, engine.runtime.exchange_stream, None)
+        t.ordered = False
+        issue_transfer(engine.strategy.load, t, stream, engine.runtime.exchange_stream, None)
         try:
-            ctx.done.wait()
+            t.done.wait()
         except RuntimeError as e:
             return str(e)
         return ""
@@ -162,14 +157,14 @@ def bypass(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
         engine.close()
 
 
-def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[str]:
+def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
     """Each malformed transfer raises ValueError and leaves both pools byte-for-byte alone."""
-    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         host, source, _ = _backed_up(engine, 4)
         device_before = {k: v.clone() for k, v in engine.device_pool.buffers.items()}
         host_before = [b.clone() for b in engine.host_pool.storage]
-        size = engine.sizing.widened
+        size = engine.sizing.slots_per_page
         good_host, good_device = page_tokens(host, size), page_tokens(source, size)
         cases = {
             "ragged": (good_host[:-1], good_device[:-1]),
@@ -199,16 +194,16 @@ def bad_input(cfg: dict, rank: int, world_size: int, local_rank: int) -> list[st
         engine.close()
 
 
-def no_sync_on_issue(cfg: dict, rank: int, world_size: int, local_rank: int) -> str:
+def no_sync_on_issue(job: Job, rank: int, world_size: int, local_rank: int) -> str:
     """cuda: issue a backup and a load-back with device->host syncs turned into errors."""
-    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         source = list(range(8))
         fill_random(engine, source, 3)
         expected = snapshot(engine, source)
         target = [p + 8 for p in source]
         poison(engine, target)
-        size = engine.sizing.widened
+        size = engine.sizing.slots_per_page
         hosts, sources, targets = (page_tokens(p, size) for p in (source, source, target))
         forward_stream = engine.runtime.forward_stream
         torch.cuda.synchronize()
@@ -235,31 +230,27 @@ class SleepBefore:
     def __init__(self, *, layer: int) -> None:
         self.layer = layer
 
-    def __call__(self, ctx: Any, step: Any, stream: Any) -> None:
-        if step is not None and step.unit.layer == self.layer and step.first == 0:
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        if step.unit.layer == self.layer and step.first == 0:
             torch.cuda._sleep(2_000_000_000)  # ~1 s at H200 clocks
 
 
-def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+def overlap_cuda(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
     """cuda: layer 0 is usable while the last layer is still held up on the load stream."""
-    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank)
     last = engine.model.num_layers - 1
     load = engine.strategy.load
     try:
         host, source, expected = _backed_up(engine, 4)
         target = [p + 8 for p in source]
-        size = engine.sizing.widened
+        size = engine.sizing.slots_per_page
         forward_stream = engine.runtime.forward_stream
         # a first load creates the NCCL communicators (the host blocks meanwhile): untimed
-        engine.strategy = dataclasses.replace(engine.strategy, load=load)
         engine.load(page_tokens(host, size), page_tokens(target, size)).done(forward_stream).wait()
-        engine.strategy = dataclasses.replace(
-            engine.strategy,
-            load=dataclasses.replace(load, per_step=(SleepBefore(layer=last), *load.per_step)),
-        )
+        with_load_stages(engine, per_step=(SleepBefore(layer=last), *load.per_step))
         handle = engine.load(page_tokens(host, size), page_tokens(target, size))
         handle.wait(0, forward_stream)
-        handle.ctx.layer_events[0].wait()
+        handle.transfer.layer_events[0].wait()
         result = {"layer0_ready": handle.ready(0), "last_ready_early": handle.ready(last)}
         handle.done(forward_stream).wait()
         result["mismatch"] = first_mismatch(engine, target, expected)
@@ -268,10 +259,10 @@ def overlap_cuda(cfg: dict, rank: int, world_size: int, local_rank: int) -> dict
         engine.close()
 
 
-def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_rank: int) -> str:
+def diverged_state(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> str:
     """Idle skips, then the forced sync: rank 1's host allocator differs (a bug to catch)."""
-    cfg, max_skips = args
-    engine, _ = open_engine(_job(cfg), rank, world_size, local_rank)
+    job, max_skips = args
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         if rank == 1:
             engine.host_allocator.alloc(1)
@@ -286,16 +277,16 @@ def diverged_state(args: tuple[dict, int], rank: int, world_size: int, local_ran
 
 
 def graph_replays(
-    args: tuple[dict, list[int]], rank: int, world_size: int, local_rank: int
+    args: tuple[Job, list[int]], rank: int, world_size: int, local_rank: int
 ) -> dict[str, Any]:
     """cuda: one backup and load per round, of `counts[round]` pages, on other random pages each
     round; every round bit-exact. Returns the captures and whether every round logged the same
     ops (only meaningful for equal counts)."""
-    cfg, counts = args
-    engine, _ = open_engine(_job(cfg, "nccl"), rank, world_size, local_rank)
+    job, counts = args
+    engine = open_engine(job, rank, world_size, local_rank)
     try:
         assert engine.graphs is not None, "graphs apply to this config"
-        size, pages = engine.sizing.widened, engine.sizing.device_pages
+        size, pages = engine.sizing.slots_per_page, engine.sizing.device_pages
         forward_stream = engine.runtime.forward_stream
         pick = random.Random(5)  # the same draws on every rank
         mismatches, ops = [], []

@@ -3,24 +3,22 @@ wrong predicate caught."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import rankfns
 from conftest import job_config
 
-from pipeline.launch import RankFailure, launch
-from pipeline.schema import IdlePredicate, SimulateConfig
-from pipeline.simulate import simulate_rank, summarize
+from pipeline.config.schema import IdlePredicate, SimulateConfig
+from pipeline.jobs.launch import RankFailure, launch
+from pipeline.jobs.simulate import simulate_rank, summarize
 
 pytestmark = pytest.mark.distributed
 
 
 def simulated(ranks: int, predicate: IdlePredicate = IdlePredicate.ledger, **knobs) -> dict:
     sim = SimulateConfig(seeds=[0, 1, 2], steps=120, predicate=predicate, **knobs)
-    job = {
-        "config": job_config("topology=tp2", f"topology.tp_size={ranks}"),
-        "backend": "gloo",
-        "simulate": sim,
-    }
+    job = dataclasses.replace(job_config("topology=tp2", f"topology.tp_size={ranks}"), simulate=sim)
     result = launch(simulate_rank, job, ranks, backend="gloo", timeout_s=60)
     assert result is not None
     return summarize(result)

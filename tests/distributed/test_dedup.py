@@ -11,7 +11,7 @@ import pytest
 import rankfns
 from conftest import job_config
 
-from pipeline.launch import RankFailure, launch
+from pipeline.jobs.launch import RankFailure, launch
 
 pytestmark = pytest.mark.distributed
 
@@ -57,11 +57,11 @@ def dedup_matrix(topology: str, tp: int) -> list[dict]:
 
 def check_bytes(job: dict, reports: list[dict], group: list[int]) -> None:
     """Rotating moves the replicated total once over the group; single_source on the source."""
-    total = sum(u for u in [32 * (320 if job["model"]["name"] == "tiny_mla" else 272)])
+    total = sum(u for u in [32 * (320 if job.model.name == "tiny_mla" else 272)])
     mine = [reports[r] for r in group]
     assert sum(r["d2h_bytes"] for r in mine) == total
     assert sum(r["h2d_bytes"] for r in mine) == total
-    if job["strategy"]["name"] == "single_source":
+    if job.strategy.config.name == "single_source":
         assert mine[0]["h2d_bytes"] == total and all(r["h2d_bytes"] == 0 for r in mine[1:])
         assert all(r["broadcast_recv_bytes"] == total for r in mine[1:])
     else:
@@ -80,11 +80,11 @@ def check_bytes(job: dict, reports: list[dict], group: list[int]) -> None:
 )
 def test_dedup_matrix_is_bit_exact(topology: str, tp: int, groups: list[list[int]]) -> None:
     jobs = dedup_matrix(topology, tp)
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), tp, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, jobs, tp, backend="gloo", timeout_s=120)
     assert ranks is not None
     for i, job in enumerate(jobs):
         reports = [ranks[r][i] for r in range(tp)]
-        assert all(r["verified"] for r in reports), (job["strategy"], job["topology"])
+        assert all(r["verified"] for r in reports), (job.strategy.config, job.topology)
         for group in groups:
             check_bytes(job, reports, group)
 
@@ -102,7 +102,7 @@ def test_rotating_on_eight_ranks() -> None:
         )
         for p in ("contiguous", "fragmented")
     ]
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 8, backend="gloo", timeout_s=300)
+    ranks = launch(rankfns.run_jobs, jobs, 8, backend="gloo", timeout_s=300)
     assert ranks is not None
     assert all(r[i]["verified"] for r in ranks for i in range(len(jobs)))
 
@@ -114,7 +114,7 @@ def test_host_capacity_grows_or_memory_shrinks_by_group_size() -> None:
         job_config("strategy=rotating", *four_layers),
         job_config("strategy=rotating", "strategy.keep_capacity=true", *four_layers),
     ]
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 4, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, jobs, 4, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
         replicated, grown, kept = rank
@@ -153,9 +153,7 @@ def test_replicated_trace_equals_the_foundation() -> None:
         ),
         "replicated_kernel.jsonl": job_config(*common, "strategy.chunk_pages=3"),
     }
-    ranks = launch(
-        rankfns.run_jobs, (list(golden.values()), "gloo"), 2, backend="gloo", timeout_s=120
-    )
+    ranks = launch(rankfns.run_jobs, list(golden.values()), 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     for i, name in enumerate(golden):
         expected = [json.loads(line) for line in (GOLDEN / name).read_text().splitlines()]
@@ -219,4 +217,4 @@ def test_a_sharded_load_that_bypasses_the_entry_point_raises() -> None:
 def test_a_failing_rank_is_reported_with_its_traceback() -> None:
     cfg = job_config(*SMALL, "workload.device_tokens=7")  # not whole pages: ValueError
     with pytest.raises(RankFailure, match="device_tokens=7 must be a multiple"):
-        launch(rankfns.run_jobs, ([cfg], "gloo"), 2, backend="gloo", timeout_s=60)
+        launch(rankfns.run_jobs, [cfg], 2, backend="gloo", timeout_s=60)

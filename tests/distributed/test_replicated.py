@@ -8,7 +8,7 @@ import pytest
 import rankfns
 from conftest import job_config
 
-from pipeline.launch import launch
+from pipeline.jobs.launch import launch
 
 pytestmark = pytest.mark.distributed
 
@@ -53,16 +53,16 @@ def page_copies(trace: list[dict], direction: str) -> dict[int, list[int]]:
 def test_replicated_matrix_is_bit_exact(tp: int) -> None:
     """tp x layouts x bf16/fp16/fp8 x placements x chunked/unchunked x io backends."""
     jobs = matrix(tp)
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), tp, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, jobs, tp, backend="gloo", timeout_s=120)
     assert ranks is not None
     for job_index, job in enumerate(jobs):
         reports = [ranks[r][job_index] for r in range(tp)]
         where = (
-            job["topology"]["mem_layout"],
-            job["model"]["kv_dtype"],
-            job["workload"]["placement"],
-            job["strategy"]["chunk_pages"],
-            job["topology"]["io_backend"],
+            job.topology.mem_layout,
+            job.model.kv_dtype,
+            job.workload.placement,
+            job.strategy.config.chunk_pages,
+            job.topology.io_backend,
         )
         assert all(r["verified"] for r in reports), (where, [r["mismatch"] for r in reports])
         moved = 32 * 320  # tokens x bytes per token of tiny_mla
@@ -83,7 +83,7 @@ def test_chunking_keeps_copies_bytes_and_order() -> None:
         job_config(*common, "strategy.chunk_pages=0"),
         job_config(*common, "strategy.chunk_pages=3"),
     ]
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 2, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, jobs, 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
         whole, chunked = rank[0]["trace"], rank[1]["trace"]
@@ -140,7 +140,7 @@ def test_chunked_backups_go_through_the_two_batch_buffers_in_turn() -> None:
         )
         for io, layout, placement in cases
     ]
-    ranks = launch(rankfns.run_jobs, (jobs, "gloo"), 2, backend="gloo", timeout_s=120)
+    ranks = launch(rankfns.run_jobs, jobs, 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
         for (case, copies_per_batch), report in zip(cases.items(), rank, strict=True):

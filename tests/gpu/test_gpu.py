@@ -12,9 +12,8 @@ import rankfns
 import torch
 from conftest import job_config
 
-from pipeline.engine import uva_alias
-from pipeline.launch import launch
-from pipeline.pools import host_buffer
+from pipeline.engine.pools import host_buffer, uva_alias
+from pipeline.jobs.launch import launch
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,11 +51,11 @@ def test_bit_exact_on_both_gpus_for_every_strategy_and_io_backend() -> None:
             ("gate", "forward_stream"),
         )
     ]
-    ranks = launch(rankfns.run_jobs, (configs, "nccl"), 2, backend="nccl", timeout_s=300)
+    ranks = launch(rankfns.run_jobs, configs, 2, backend="nccl", timeout_s=300)
     assert ranks is not None
     for i, cfg in enumerate(configs):
         for r in ranks:
-            assert r[i]["verified"], (cfg["strategy"]["name"], cfg["topology"], r[i]["mismatch"])
+            assert r[i]["verified"], (cfg.strategy.config.name, cfg.topology, r[i]["mismatch"])
 
 
 @pytest.mark.parametrize("chunk_pages", [0, 3])  # 3: 8 pages through both batch buffers
@@ -108,7 +107,7 @@ def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> N
 
 
 def test_evicted_graphs_are_captured_again() -> None:
-    args = (graph_config("rotating", "strategy.cuda_graphs=1"), [6, 5, 6])
+    args = (graph_config("rotating", "strategy.cuda_graph_cache=1"), [6, 5, 6])
     results = launch(rankfns.graph_replays, args, 2, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:

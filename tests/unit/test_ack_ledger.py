@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from pipeline.acks import AckLedger, digest_of
-from pipeline.streams import CpuEvent
+from pipeline.engine.acks import AckLedger, digest_of
+from pipeline.engine.streams import CpuEvent
 
 
 @pytest.fixture
@@ -73,11 +73,6 @@ def test_poll_timer_logs_every_n_polls(group: dist.ProcessGroup, caplog) -> None
             acks.poll(lambda: 0)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("poll: mean")]
     assert len(lines) == 2 and "over 4 polls (4 reduces, 0 skipped)" in lines[1]
-
-
-def test_max_skips_must_be_positive(group: dist.ProcessGroup) -> None:
-    with pytest.raises(ValueError, match="max_skips=0 must be >= 1"):
-        ledger(group, max_skips=0)
 
 
 def test_digest_is_stable_and_sensitive() -> None:

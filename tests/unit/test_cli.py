@@ -118,9 +118,13 @@ BAD = {
     "strategy/evil.yaml": "defaults: [replicated, _self_]\nname: evil\nbackup:\n  finish:\n"
     "    - _target_: os.system\n      command: echo pwned\n",
     "strategy/unbindable.yaml": "defaults: [replicated, _self_]\nname: u\nbackup:\n"
-    "  prepare:\n    - _target_: stages.issue_chunk.IssueChunk\n"
-    "      chunk_page: 4\n",
-    "strategy/badgraphs.yaml": "defaults: [replicated, _self_]\nname: g\ncuda_graphs: -1\n",
+    "  per_step:\n    - _target_: stages.copy.Copy\n      chunk_pages: 4\n",
+    "strategy/notastage.yaml": "defaults: [replicated, _self_]\nname: n\nbackup:\n"
+    "  per_step:\n    - _target_: stages.copy.Direction\n    - _target_: stages.copy.__class__\n"
+    "    - _target_: stages.copy._Dma\n",
+    "strategy/wronglist.yaml": "defaults: [replicated, _self_]\nname: w\nbackup:\n"
+    "  prepare:\n    - _target_: stages.copy.Copy\n",
+    "strategy/badgraphs.yaml": "defaults: [replicated, _self_]\nname: g\ncuda_graph_cache: -1\n",
     "strategy/badknobs.yaml": "defaults: [replicated, _self_]\nname: k\nchunk_pages: -1\n",
     "strategy/badstaging.yaml": "defaults: [replicated, _self_]\nname: s\nstaging_bytes: 0\n",
     "strategy/badverify.yaml": "defaults: [replicated, _self_]\nname: v\nverify_every: -2\n",
@@ -143,8 +147,10 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
         "model/badenum.yaml": "int3",
         "topology/impossible.yaml": "dp_size=3 must divide topology.tp_size=4",
         "strategy/evil.yaml": "'os.system' lies outside the 'stages' package",
-        "strategy/unbindable.yaml": "strategy.backup.prepare[0]",
-        "strategy/badgraphs.yaml": "strategy.cuda_graphs=-1 must be >= 0",
+        "strategy/unbindable.yaml": "strategy.backup.per_step[0]: arguments ['chunk_pages']",
+        "strategy/notastage.yaml": "'stages.copy.Direction' does not name a class defined in",
+        "strategy/wronglist.yaml": "stages.copy.Copy' is not a stage for the prepare list",
+        "strategy/badgraphs.yaml": "strategy.cuda_graph_cache=-1 must be >= 0",
         "strategy/badknobs.yaml": "strategy.chunk_pages=-1 must be >= 0",
         "strategy/badstaging.yaml": "strategy.staging_bytes=0 must be >= 1",
         "strategy/badverify.yaml": "strategy.verify_every=-2 must be >= 0",
@@ -152,6 +158,10 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
     }
     for name, fragment in expectations.items():
         assert any(name in e and fragment in e for e in errors), (name, joined)
+    not_stages = [e for e in errors if "notastage.yaml" in e]
+    assert [e.split(": ")[1] for e in not_stages] == [
+        f"strategy.backup.per_step[{i}]" for i in range(3)
+    ]  # every bad entry, not only the first
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"]])

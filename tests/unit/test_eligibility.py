@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from hydra import initialize_config_module
 
-from pipeline.config import Session
-from pipeline.eligibility import RULES, Verdict, decide, evaluate, normalize
-from pipeline.topology import IoBackend, KvDtype, MemLayout, ModelGeometry, ModelKind, Topology
+from pipeline.config.compose import Session
+from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
+from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
+from pipeline.spec.ownership import Ownership
+from pipeline.spec.topology import IoBackend, MemLayout, Topology
 
 ROTATING = [
     "attn_tp_gt_1",
@@ -81,13 +83,13 @@ def test_many_failures_from_decide() -> None:
 def test_effective_config_runs_the_fallback() -> None:
     """tp 1 has no peer: rotating falls back, and the effective config is replicated's."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        session = Session.compose(["strategy=rotating", "topology=tp1"])
-        plain, v = session.effective()
+        job = Session.compose(["strategy=rotating", "topology=tp1"]).job()
+    v = job.verdict
     assert failed(v) == ["attn_tp_gt_1"]
     assert "raise topology.tp_size" in v.rules[0].message
     assert (v.strategy, v.active, v.effective_strategy) == ("rotating", False, "replicated")
-    assert plain["strategy"]["name"] == "replicated"
-    assert plain["strategy"]["ownership"] == "replicated"
+    assert job.strategy.config.name == "replicated"
+    assert job.strategy.config.ownership is Ownership.replicated
 
 
 def test_mha_model_makes_single_source_inactive() -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.ownership import owner_map
-from pipeline.plan import Direction, Run, StepsCache, TransferPlan, build_plan
-from pipeline.pools import page_tokens
-from pipeline.schema import Ownership
-from pipeline.topology import IndexerConfig, IoBackend, KvDtype, ModelGeometry, ModelKind
+from pipeline.jobs.plan_report import copy_calls
+from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.spec.ownership import Ownership, owner_map
+from pipeline.spec.plan import Direction, PlanSpec, Run, StepsCache, TransferPlan, build_plan
+from pipeline.spec.slots import page_tokens
+from pipeline.spec.topology import IoBackend, MemLayout
 
 PAGE = 4
 MODEL = ModelGeometry(
@@ -44,6 +45,9 @@ def plan(
     dcp_size=1,
     staging_bytes=1 << 20,
     io_backend=IoBackend.kernel,
+    layout=MemLayout.layer_first,
+    chunk_pages=0,
+    batch_buffer_bytes=1 << 20,
     known_steps=None,
 ) -> TransferPlan:
     """A plan over pages (lists of page ids become whole-page slot tensors)."""
@@ -53,22 +57,21 @@ def plan(
 
     host = slots(host)
     device = host.clone() if device is None else slots(device)
-    return build_plan(
-        direction,
-        host,
-        device,
+    spec = PlanSpec(
         rank=rank,
         units=model.units,
         owners=owner_map(ownership, group, model.units),
         page_size=PAGE,
         dcp_size=dcp_size,
-        dcp_rank=0,
         host_slots=64 * dcp_size,
         device_slots=64 * dcp_size,
         io_backend=io_backend,
+        mem_layout=layout,
         staging_bytes=staging_bytes,
-        known_steps=known_steps,
+        chunk_pages=chunk_pages,
+        batch_buffer_bytes=batch_buffer_bytes if chunk_pages else 0,
     )
+    return build_plan(direction, host, device, spec, known_steps=known_steps)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -148,9 +151,9 @@ def test_fragmented_pages_split_runs() -> None:
 def test_runs_in_clips_to_a_page_window() -> None:
     """runs_in shifts host/device pages with the clipped start."""
     p = plan([0, 1, 2, 8, 9], [10, 11, 12, 14, 15])
-    assert p.runs_in(1, 3) == [Run(1, 1, 11, 2), Run(3, 8, 14, 1)]
-    assert p.runs_in(4, 5) == [Run(4, 9, 15, 1)]
-    assert p.runs_in(0, 0) == []
+    assert p.runs_in(1, 3) == (Run(1, 1, 11, 2), Run(3, 8, 14, 1))
+    assert p.runs_in(4, 5) == (Run(4, 9, 15, 1),)
+    assert p.runs_in(0, 0) == ()
 
 
 # --- backup steps ----------------------------------------------------------------------------
@@ -163,16 +166,15 @@ def test_backup_is_one_step_per_copied_unit() -> None:
 
 
 def test_chunked_covers_every_page_in_order_per_unit() -> None:
-    """chunked(2) over 5 pages: batches of 2, 2, 1, each one step over every copied unit."""
-    p = plan([0, 1, 2, 3, 4])
-    steps = p.chunked(2, 1 << 20)
+    """chunk_pages=2 over 5 pages: batches of 2, 2, 1, each one step over every copied unit."""
+    steps = plan([0, 1, 2, 3, 4], chunk_pages=2).steps
     assert [(s.first, s.count) for s in steps] == [(0, 2), (2, 2), (4, 1)]
     assert all(s.units == MODEL.units and s.unit == MODEL.units[0] for s in steps)
     for unit in MODEL.units:
         pages = [k for s in steps if unit in s.units for k in range(s.first, s.first + s.count)]
         assert pages == [0, 1, 2, 3, 4]
     assert all(s.last_in_layer for s in steps)
-    assert p.chunked(0, 1 << 20) == p.steps
+    assert all(len(s.units) == 1 for s in plan([0, 1, 2, 3, 4], chunk_pages=0).steps)
 
 
 def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> None:
@@ -181,36 +183,52 @@ def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> 
     kinds = [([0, 1], 0, 2), ([2], 0, 2), ([0, 1], 2, 1), ([2], 2, 1)]
     got = [
         ([u.ordinal for u in s.units], s.first, s.count)
-        for s in plan([0, 1, 2], model=DSA).chunked(2, 1 << 20)
+        for s in plan([0, 1, 2], model=DSA, chunk_pages=2).steps
     ]
     assert got == kinds
-    rotating = plan([0, 1, 2], ownership=Ownership.rotating, rank=0, model=DSA).chunked(2, 1 << 20)
-    assert [[u.ordinal for u in s.units] for s in rotating] == [[0], [2], [0], [2]]
+    rotating = plan([0, 1, 2], ownership=Ownership.rotating, rank=0, model=DSA, chunk_pages=2)
+    assert [[u.ordinal for u in s.units] for s in rotating.steps] == [[0], [2], [0], [2]]
 
 
-def test_chunked_steps_move_at_most_batch_bytes() -> None:
+def test_chunked_steps_move_at_most_staging_bytes() -> None:
     """4 kv units x 2 pages of PAGE_BYTES: a budget of 5 pages makes steps of 2 units; one
     smaller than a unit's pages still copies each unit (one per step)."""
-    p = plan([0, 1, 2, 3])
-    assert [[u.ordinal for u in s.units] for s in p.chunked(2, 5 * PAGE_BYTES)] == [
-        [0, 1],
-        [2, 3],
-    ] * 2
-    assert [len(s.units) for s in p.chunked(2, 1)] == [1] * 8
+    p = plan([0, 1, 2, 3], chunk_pages=2, staging_bytes=5 * PAGE_BYTES)
+    assert [[u.ordinal for u in s.units] for s in p.steps] == [[0, 1], [2, 3]] * 2
+    assert [len(s.units) for s in plan([0, 1, 2, 3], chunk_pages=2, staging_bytes=1).steps] == [
+        1
+    ] * 8
 
 
-def test_copy_ops_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
+def test_the_plan_marks_the_batches_that_go_through_a_batch_buffer() -> None:
+    """A chunked step of several units that fits the batch buffer, where the host takes a
+    batch in one call (kernel, or direct with page_first_direct); nothing when unchunked."""
+    assert all(s.gathered for s in plan([0, 1, 2], chunk_pages=2).steps)
+    assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=0).steps)
+    small = plan([0, 1, 2], chunk_pages=2, batch_buffer_bytes=2 * 4 * PAGE_BYTES - 1)
+    assert [s.gathered for s in small.steps] == [False, True]  # 2 pages do not fit, 1 does
+    direct = {"io_backend": IoBackend.direct, "chunk_pages": 2}
+    assert not any(s.gathered for s in plan([0, 1, 2], **direct).steps)  # layer_first
+    layout = MemLayout.page_first_direct
+    assert all(s.gathered for s in plan([0, 1, 2], **direct, layout=layout).steps)
+    rotating = plan([0, 1, 2], ownership=Ownership.rotating, model=DSA, chunk_pages=2)
+    assert not any(s.gathered for s in rotating.steps)  # one unit per kind: nothing to gather
+
+
+def test_copy_calls_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
     """Direct copies: one per run of pages (strided on the host if need be); kernel: one."""
     p = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct)
     step = p.steps[0]
-    assert p.runs_in(step.first, step.count) == [Run(0, 0, 4, 3), Run(3, 6, 7, 1)]
-    assert p.copy_ops(step) == 2
+    assert p.runs_in(step.first, step.count) == (Run(0, 0, 4, 3), Run(3, 6, 7, 1))
+    assert copy_calls(p, step) == 2
     kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
-    assert kernel.copy_ops(kernel.steps[0]) == 1
+    assert copy_calls(kernel, kernel.steps[0]) == 1
     # a chunk over 4 units: the 3-page run as a copy per unit, the lone page as one copy
-    (chunk,) = p.chunked(4, 1 << 20)
-    assert p.copy_ops(chunk) == 3 + 1
-    assert kernel.copy_ops(kernel.chunked(4, 1 << 20)[0]) == 1
+    chunked = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct, chunk_pages=4)
+    (chunk,) = chunked.steps
+    assert copy_calls(chunked, chunk) == 3 + 1
+    chunked_kernel = plan([0, 1, 2, 6], [4, 5, 6, 7], chunk_pages=4)
+    assert copy_calls(chunked_kernel, chunked_kernel.steps[0]) == 1
 
 
 # --- bytes -----------------------------------------------------------------------------------
@@ -315,4 +333,5 @@ def test_known_steps_are_laid_out_once_per_direction_and_page_count() -> None:
     )
     assert plan([0, 1], **load).steps is not first.steps
     assert plan([0, 1, 2], known_steps=cache).steps is not first.steps  # a backup lays its own
-    assert cache.get((Direction.load, 3)) is None  # the oldest of 3 keys, evicted at 2
+    # the oldest of 3 shapes was evicted at capacity 2: laid out anew
+    assert plan([9, 3, 4], [1, 2, 8], **load).steps is not first.steps

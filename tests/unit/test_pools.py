@@ -7,17 +7,12 @@ import random
 import pytest
 import torch
 
-from pipeline.ownership import owner_map
-from pipeline.pools import (
-    DevicePool,
-    HostPool,
-    PageAllocator,
-    host_capacity,
-    page_tokens,
-    stack_views,
-)
-from pipeline.schema import Ownership
-from pipeline.topology import IndexerConfig, KvDtype, MemLayout, ModelGeometry, ModelKind
+from pipeline.engine.pools import DevicePool, HostPool, stack_views
+from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.spec.ownership import Ownership, owner_map
+from pipeline.spec.sizing import host_capacity
+from pipeline.spec.slots import PageAllocator, page_tokens
+from pipeline.spec.topology import MemLayout
 
 MODEL = ModelGeometry(
     name="m", kind=ModelKind.mla, num_layers=4, kv_row_bytes=64, kv_dtype=KvDtype.bf16, page_size=4

@@ -8,20 +8,17 @@ import inspect
 
 import pytest
 
-from pipeline import schema, topology
+from pipeline.config import schema
+from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
+from pipeline.spec import model, strategy, topology
+from pipeline.spec.ownership import Ownership
+from pipeline.spec.strategy import IdleSyncSkipConfig, StrategyConfig
 
 SCHEMAS = {
-    schema: [
-        "Config",
-        "StrategyConfig",
-        "PipelineConfig",
-        "WorkloadConfig",
-        "RuntimeConfig",
-        "BenchConfig",
-        "SimulateConfig",
-        "IdleSyncSkipConfig",
-    ],
-    topology: ["ModelGeometry", "IndexerConfig", "Topology"],
+    schema: ["Config", "WorkloadConfig", "RuntimeConfig", "BenchConfig", "SimulateConfig"],
+    strategy: ["StrategyConfig", "PipelineConfig", "IdleSyncSkipConfig"],
+    model: ["ModelGeometry", "IndexerConfig"],
+    topology: ["Topology"],
 }
 CASES = [(module, name) for module, names in SCHEMAS.items() for name in names]
 
@@ -66,3 +63,32 @@ def test_checker_catches_a_missing_docstring() -> None:
     """The checker itself: a field followed by another field (or a number) is undocumented."""
     source = 'class C:\n    a: int = 1\n    """Doc."""\n    b: int = 2\n    c: int = 3\n    4\n'
     assert documented_fields(source, "C") == (["a", "b", "c"], ["a"])
+
+
+KNOB_ERRORS = [
+    (StrategyConfig, {"chunk_pages": -1}, "strategy.chunk_pages=-1 must be >= 0"),
+    (StrategyConfig, {"staging_bytes": 0}, "strategy.staging_bytes=0 must be >= 1"),
+    (StrategyConfig, {"verify_every": -2}, "strategy.verify_every=-2 must be >= 0"),
+    (StrategyConfig, {"poll_timer_every": -1}, "strategy.poll_timer_every=-1 must be >= 0"),
+    (StrategyConfig, {"cuda_graph_cache": -1}, "strategy.cuda_graph_cache=-1 must be >= 0"),
+    (IdleSyncSkipConfig, {"max_skips": 0}, "strategy.idle_sync_skip.max_skips=0 must be >= 1"),
+    (WorkloadConfig, {"cycles": 0}, "workload.cycles=0 must be >= 1"),
+    (WorkloadConfig, {"host_ratio": 0.0}, "workload.host_ratio=0.0 must be > 0"),
+    (RuntimeConfig, {"timeout_s": 0.0}, "runtime.timeout_s=0.0 must be > 0"),
+    (BenchConfig, {"repeats": 0}, "bench.repeats=0 must be >= 1"),
+    (BenchConfig, {"chunk_pages": [0, -3]}, r"bench.chunk_pages=\[0, -3\] must hold integers"),
+    (SimulateConfig, {"max_skips": 0}, "simulate.max_skips=0 must be >= 1"),
+    (SimulateConfig, {"arrive_prob": 1.5}, r"simulate.arrive_prob=1.5 must lie in \[0, 1\]"),
+]
+REQUIRED = {
+    StrategyConfig: {"name": "s", "ownership": Ownership.replicated},
+    WorkloadConfig: {"num_tokens": 8, "device_tokens": 64},
+}
+
+
+@pytest.mark.parametrize(("schema_class", "knobs", "message"), KNOB_ERRORS)
+def test_every_knob_is_range_checked_where_it_lives(schema_class, knobs, message) -> None:
+    """A knob's range check is in its dataclass, so any config that builds it (validate, a
+    job, a test) gets the same error naming the key."""
+    with pytest.raises(ValueError, match=message):
+        schema_class(**REQUIRED.get(schema_class, {}), **knobs)

@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 from hydra import initialize_config_module
 
-from pipeline.config import Session
-from pipeline.topology import (
-    IndexerConfig,
-    KvDtype,
-    ModelGeometry,
-    ModelKind,
-    Topology,
-    Unit,
-)
+from pipeline.config.compose import Session
+from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, Unit
+from pipeline.spec.topology import Topology
 
 
 def topo(**kw) -> Topology:

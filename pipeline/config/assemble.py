@@ -1,0 +1,104 @@
+"""StrategyConfig -> Strategy: stage lists instantiated from `_target_` entries, behind a door.
+
+A config must not be able to run arbitrary code. A `_target_` must name a public class defined
+in a module of the `stages` package that implements the protocol of its list (`on_transfer`
+for prepare and finish, `on_step` for per_step and exchange); nothing outside `stages` is
+imported to find out, and the entry's arguments must bind to the class's signature.
+`stage_errors` reports every problem of a strategy (for `validate`); `assemble` raises on the
+first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.engine.strategy import Pipeline, Strategy
+from pipeline.engine.transfer import StepStage, TransferStage
+from pipeline.spec.strategy import PipelineConfig, StrategyConfig
+
+STAGE_PACKAGE = "stages"
+LIST_PROTOCOLS: Mapping[str, type] = {
+    "prepare": TransferStage,
+    "per_step": StepStage,
+    "exchange": StepStage,
+    "finish": TransferStage,
+}
+"""Which protocol a stage in each list must implement."""
+
+
+def stage_class(target: Any, list_name: str) -> type:
+    """The stage class a `_target_` names; ValueError for anything else."""
+    if not isinstance(target, str):
+        raise ValueError(f"_target_ {target!r} must be a dotted name of a stage class")
+    module_name, _, class_name = target.rpartition(".")
+    if not module_name.startswith(STAGE_PACKAGE + ".") or class_name.startswith("_"):
+        raise ValueError(
+            f"_target_ {target!r} lies outside the '{STAGE_PACKAGE}' package; "
+            "configs may only name stages"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"_target_ {target!r} does not name a stage: {e}") from e
+    cls = vars(module).get(class_name)
+    if not inspect.isclass(cls) or cls.__module__ != module_name:
+        raise ValueError(f"_target_ {target!r} does not name a class defined in {module_name}")
+    protocol = LIST_PROTOCOLS[list_name]
+    if not issubclass(cls, protocol):
+        method = "on_transfer" if protocol is TransferStage else "on_step"
+        raise ValueError(
+            f"_target_ {target!r} is not a stage for the {list_name} list (it has no {method})"
+        )
+    return cls
+
+
+def checked_entry(entry: Any, list_name: str) -> tuple[type, dict[str, Any]]:
+    """(class, keyword arguments) of one stage entry, bound to the class (constructs nothing)."""
+    if not isinstance(entry, Mapping) or "_target_" not in entry:
+        raise ValueError(f"stage entry {entry!r} must be a mapping with a _target_")
+    kwargs = {str(k): v for k, v in entry.items() if k != "_target_"}
+    cls = stage_class(entry["_target_"], list_name)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"arguments {sorted(kwargs)} do not fit {entry['_target_']}: {e}") from e
+    return cls, kwargs
+
+
+def assemble(config: StrategyConfig) -> Strategy:
+    """The strategy with its stages instantiated (raises on the first bad entry)."""
+    return Strategy(config, _pipeline(config.backup), _pipeline(config.load))
+
+
+def _pipeline(entries: PipelineConfig) -> Pipeline:
+    def built(list_name: str) -> tuple[Any, ...]:
+        stages = []
+        for entry in dataclasses.asdict(entries)[list_name]:
+            cls, kwargs = checked_entry(entry, list_name)
+            stages.append(cls(**kwargs))
+        return tuple(stages)
+
+    return Pipeline(**{name: built(name) for name in LIST_PROTOCOLS})
+
+
+def stage_errors(directions: Mapping[str, Mapping[str, list[Any]]], where: str) -> list[str]:
+    """Every stage problem of a strategy's plain `{direction: {list: [entries]}}` data, each
+    prefixed with `where` and the key."""
+    errors = []
+    for direction, lists in directions.items():
+        for list_name in LIST_PROTOCOLS:
+            for i, entry in enumerate(lists.get(list_name, [])):
+                try:
+                    checked_entry(entry, list_name)
+                except ValueError as e:
+                    errors.append(f"{where}: strategy.{direction}.{list_name}[{i}]: {e}")
+    return errors
+
+
+def stage_name(stage: object) -> str:
+    """A stage's name as the config file names its module (e.g. 'copy')."""
+    return type(stage).__module__.rpartition(".")[2]

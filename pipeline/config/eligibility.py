@@ -1,0 +1,222 @@
+"""Named eligibility rules and the verdict: is a strategy active for this topology, and why not.
+
+A rule is a pure function of (Topology, ModelGeometry) returning whether it passed and a message;
+a failed rule's message names the fix. Every rule of a strategy is evaluated (never stopping at the
+first failure), so one `explain` shows everything a user has to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
+from pipeline.spec.topology import (
+    DisaggregationMode,
+    IoBackend,
+    MemLayout,
+    StorageBackend,
+    Topology,
+)
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """The outcome of one named rule."""
+
+    name: str
+    passed: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the requested strategy is active, what runs instead, and every reason."""
+
+    strategy: str
+    active: bool
+    effective_strategy: str
+    rules: tuple[RuleResult, ...]
+    notes: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "strategy": self.strategy,
+            "active": self.active,
+            "effective_strategy": self.effective_strategy,
+            "rules": [dataclasses.asdict(r) for r in self.rules],
+            "notes": list(self.notes),
+        }
+
+
+Check = Callable[[Topology, ModelGeometry], tuple[bool, str]]
+
+
+def _attn_tp_gt_1(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.attn_tp_size > 1:
+        return True, f"attention-TP size is {t.attn_tp_size}"
+    return False, (
+        f"attention-TP size is {t.attn_tp_size}: no peer holds the same bytes; raise "
+        "topology.tp_size (or lower topology.dp_size / attn_cp_size)"
+    )
+
+
+def _no_attn_cp(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.attn_cp_size == 1:
+        return True, "no attention context parallelism"
+    return False, f"attn_cp_size={t.attn_cp_size} splits tokens over ranks; set attn_cp_size=1"
+
+
+def _no_dcp(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.dcp_size == 1:
+        return True, "no decode context parallelism"
+    return False, f"dcp_size={t.dcp_size} shards KV slots over ranks; set dcp_size=1"
+
+
+def _single_pp_stage(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.pp_size == 1:
+        return True, "one pipeline stage"
+    return False, f"pp_size={t.pp_size}: layer owners are defined per stage; set pp_size=1"
+
+
+def _single_node(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.nnodes == 1:
+        return True, "one node"
+    return False, (
+        f"nnodes={t.nnodes}: per-layer broadcasts would cross the inter-node network; "
+        "set nnodes=1 or use single_source"
+    )
+
+
+def _io_backend_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    how = {
+        IoBackend.direct: "one copy per contiguous run of pages",
+        IoBackend.kernel: "one gather/scatter op per layer (UVA on cuda)",
+    }
+    return True, f"io_backend={t.io_backend.value}: {how[t.io_backend]}"
+
+
+def _mem_layout_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.io_backend is IoBackend.kernel or t.mem_layout is MemLayout.page_first_direct:
+        return True, f"mem_layout={t.mem_layout.value} with io_backend={t.io_backend.value}"
+    return False, (
+        f"mem_layout={t.mem_layout.value} with io_backend=direct: sharded host pools need "
+        "page_first_direct (or page_first) with direct; set topology.mem_layout=page_first_direct "
+        "or topology.io_backend=kernel"
+    )
+
+
+def _no_storage_backend(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.storage_backend is StorageBackend.none:
+        return True, "no storage backend"
+    return False, (
+        f"storage_backend={t.storage_backend.value} expects every rank to hold every layer; "
+        "set storage_backend=none or use single_source with storage_backend=file"
+    )
+
+
+def _not_pd_decode(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.disaggregation_mode is not DisaggregationMode.decode:
+        return True, f"disaggregation_mode={t.disaggregation_mode.value}"
+    return False, (
+        "disaggregation_mode=decode receives KV from prefill servers per rank; "
+        "use rotating on the prefill server or set disaggregation_mode=none"
+    )
+
+
+def _mla_pool(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if m.kind is ModelKind.mla:
+        return True, f"{m.name} has an MLA pool (every attention-TP rank holds the same bytes)"
+    return False, f"{m.name} is {m.kind.value}: KV heads differ per rank; use an MLA model"
+
+
+def _mla_not_fp4(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if m.kv_dtype is not KvDtype.fp4:
+        return True, f"kv_dtype={m.kv_dtype.value}"
+    return False, "kv_dtype=fp4 pools keep scales apart from the data; use fp8 or bf16 KV"
+
+
+def _layers_ge_group(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if m.num_layers >= t.attn_tp_size:
+        return True, f"{m.num_layers} layers >= group of {t.attn_tp_size}"
+    return False, (
+        f"{m.num_layers} layers < group of {t.attn_tp_size}: some ranks would own no layer; "
+        "use a smaller attention-TP group or single_source"
+    )
+
+
+def _storage_none_or_file(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+    if t.storage_backend in (StorageBackend.none, StorageBackend.file):
+        return True, f"storage_backend={t.storage_backend.value}"
+    return False, (
+        f"storage_backend={t.storage_backend.value} reads per rank; set storage_backend=none "
+        "or file"
+    )
+
+
+RULES: Mapping[str, Check] = MappingProxyType(
+    {
+        "attn_tp_gt_1": _attn_tp_gt_1,
+        "no_attn_cp": _no_attn_cp,
+        "no_dcp": _no_dcp,
+        "single_pp_stage": _single_pp_stage,
+        "single_node": _single_node,
+        "io_backend_supported": _io_backend_supported,
+        "mem_layout_supported": _mem_layout_supported,
+        "no_storage_backend": _no_storage_backend,
+        "not_pd_decode": _not_pd_decode,
+        "mla_pool": _mla_pool,
+        "mla_not_fp4": _mla_not_fp4,
+        "layers_ge_group": _layers_ge_group,
+        "storage_none_or_file": _storage_none_or_file,
+    }
+)
+
+
+def normalize(topology: Topology) -> tuple[Topology, tuple[str, ...]]:
+    """Apply the layout/io normalizations a serving engine makes, and say so in notes."""
+    notes = []
+    t = topology
+    if t.mem_layout is MemLayout.page_first_direct and t.io_backend is IoBackend.kernel:
+        t = dataclasses.replace(t, io_backend=IoBackend.direct)
+        notes.append("io_backend kernel -> direct: page_first_direct pages are copied directly")
+    if t.mem_layout is MemLayout.page_first and t.io_backend is IoBackend.direct:
+        t = dataclasses.replace(t, mem_layout=MemLayout.page_first_direct)
+        notes.append(
+            "mem_layout page_first -> page_first_direct: the direct backend copies whole pages"
+        )
+    return t, tuple(notes)
+
+
+def evaluate(requires: list[str], topology: Topology, model: ModelGeometry) -> list[RuleResult]:
+    """Run every named rule; unknown names raise ValueError listing the known ones."""
+    unknown = [name for name in requires if name not in RULES]
+    if unknown:
+        raise ValueError(f"unknown eligibility rules {unknown}; known rules: {sorted(RULES)}")
+    return [RuleResult(name, *RULES[name](topology, model)) for name in requires]
+
+
+StrategyLookup = Callable[[str], tuple[list[str], str | None]]
+"""Maps a strategy option name to (its required rules, its fallback)."""
+
+
+def decide(name: str, topology: Topology, model: ModelGeometry, lookup: StrategyLookup) -> Verdict:
+    """The verdict for strategy `name`; follows the fallback chain to the first active one."""
+    normalized, notes = normalize(topology)
+
+    def passes(strategy: str) -> bool:
+        return all(r.passed for r in evaluate(lookup(strategy)[0], normalized, model))
+
+    rules = evaluate(lookup(name)[0], normalized, model)
+    chain = [name]
+    while not passes(chain[-1]):
+        fallback = lookup(chain[-1])[1]
+        if fallback is None:
+            raise ValueError(f"strategy {chain[-1]!r} is inactive and names no fallback")
+        if fallback in chain:
+            raise ValueError(f"fallback cycle: {' -> '.join([*chain, fallback])}")
+        notes += (f"{chain[-1]} is inactive: falling back to {fallback}",)
+        chain.append(fallback)
+    return Verdict(name, all(r.passed for r in rules), chain[-1], tuple(rules), notes)

@@ -1,0 +1,191 @@
+"""Typed schemas of the config groups that only jobs read, and the root `Config`.
+
+The model, topology and strategy schemas are the spec layer's own dataclasses. Every YAML
+option starts with `defaults: [base_<group>]`, so composing it checks types, enum choices and
+unknown keys against these; required fields have no default. Range checks run in
+`__post_init__`, so `validate` reports them with file and key. Each field's one-line doc is the
+string literal under it (`tests/unit/test_schema.py` insists). This module imports no Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from pipeline.engine.runtime import Backend
+from pipeline.spec.checks import require_at_least
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.strategy import StrategyConfig
+from pipeline.spec.topology import IoBackend, Topology
+
+
+class Placement(Enum):
+    """Where a transfer's pages lie in the pools."""
+
+    contiguous = "contiguous"
+    fragmented = "fragmented"
+
+
+class IdlePredicate(Enum):
+    """What `simulate`'s idle-sync skip decision reads."""
+
+    ledger = "ledger"
+    event_status = "event_status"
+
+
+@dataclass(kw_only=True)
+class WorkloadConfig:
+    """What `run` and `plan` move."""
+
+    num_tokens: int
+    """Tokens moved per backup and per load-back."""
+    placement: Placement = Placement.contiguous
+    """contiguous: first free pages; fragmented: random page ids on both sides."""
+    cycles: int = 1
+    """Rounds of backup -> evict -> load-back."""
+    seed: int = 0
+    """Seed of the pool contents and of fragmented placement."""
+    device_tokens: int
+    """Device KV pool size in tokens (logical slots)."""
+    host_ratio: float = 2.0
+    """Host budget = host_ratio x the device pool's bytes (a serving engine's hicache ratio)."""
+
+    def __post_init__(self) -> None:
+        require_at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
+        if self.host_ratio <= 0:
+            raise ValueError(f"workload.host_ratio={self.host_ratio} must be > 0")
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    """Process groups and timeouts."""
+
+    backend: Backend = Backend.auto
+    """Process-group backend: auto picks nccl on cuda, gloo on cpu."""
+    timeout_s: float = 120.0
+    """Collective and rank-join timeout."""
+    trace_file: str | None = None
+    """Write the op trace of every rank here as JSON lines; null writes none."""
+    debug_consensus: bool = False
+    """All-gather the inputs of every rank-replicated decision and raise on divergence."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"runtime.timeout_s={self.timeout_s} must be > 0")
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """What `bench` measures."""
+
+    sizes: list[int] = field(default_factory=lambda: [16384, 65536])
+    """Tokens per transfer, one set of cases per size."""
+    placements: list[Placement] = field(
+        default_factory=lambda: [Placement.contiguous, Placement.fragmented]
+    )
+    """Page placements to measure."""
+    strategies: list[str] = field(
+        default_factory=lambda: ["replicated", "single_source", "rotating"]
+    )
+    """Strategy options to put side by side (each also gets a hand-written reference loop)."""
+    contiguous_io: list[IoBackend] = field(
+        default_factory=lambda: [IoBackend.direct, IoBackend.kernel]
+    )
+    """io backends for contiguous placement (direct pairs with page_first_direct, kernel with
+    layer_first)."""
+    fragmented_io: list[IoBackend] = field(default_factory=lambda: [IoBackend.kernel])
+    """io backends for fragmented placement."""
+    chunk_pages: list[int] = field(default_factory=lambda: [0, 16])
+    """strategy.chunk_pages settings to compare (0: the backup planned as one batch)."""
+    cuda_graph_cache: list[int] = field(default_factory=lambda: [0, 8])
+    """strategy.cuda_graph_cache settings to compare for the kernel backend (0: issued stage
+    by stage; direct transfers are never graphed and run once)."""
+    repeats: int = 10
+    """Timed repetitions per case; the median is reported."""
+    warmup: int = 3
+    """Untimed repetitions before the timed ones."""
+    floor_bytes: int = 1 << 30
+    """Bytes per copy/broadcast when measuring the link floors."""
+    out_dir: str = "bench_out"
+    """Where bench.json, bench.md and bench.png go."""
+
+    def __post_init__(self) -> None:
+        require_at_least("bench", self, repeats=1, warmup=0, floor_bytes=1)
+        for name, values, least in (
+            ("sizes", self.sizes, 1),
+            ("chunk_pages", self.chunk_pages, 0),
+            ("cuda_graph_cache", self.cuda_graph_cache, 0),
+        ):
+            bad = [v for v in values if isinstance(v, int) and v < least]
+            if bad:
+                raise ValueError(f"bench.{name}={values} must hold integers >= {least}")
+
+
+@dataclass(kw_only=True)
+class SimulateConfig:
+    """What `simulate` drives."""
+
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Scheduler seeds; each runs with the idle-sync skip off, then on."""
+    steps: int = 300
+    """Scheduler steps per run (one ack poll each)."""
+    arrive_prob: float = 0.3
+    """Chance that a request arrives in a step."""
+    num_prefixes: int = 12
+    """Distinct prefixes requests draw from (hits load back, misses prefill and back up)."""
+    max_pages: int = 4
+    """Largest request, in pages."""
+    max_jitter_polls: int = 3
+    """Each ack fires on each rank after up to this many extra polls (rank-local jitter)."""
+    max_skips: int = 8
+    """Consecutive skips before a forced sync."""
+    predicate: IdlePredicate = IdlePredicate.ledger
+    """The skip decision's input: ledger (right) or event_status (the negative control)."""
+    debug_consensus: bool = True
+    """All-gather the skip decision's inputs every poll and raise on divergence."""
+
+    def __post_init__(self) -> None:
+        require_at_least(
+            "simulate",
+            self,
+            steps=1,
+            num_prefixes=1,
+            max_pages=1,
+            max_jitter_polls=0,
+            max_skips=1,
+        )
+        if not 0 <= self.arrive_prob <= 1:
+            raise ValueError(f"simulate.arrive_prob={self.arrive_prob} must lie in [0, 1]")
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole config tree of one invocation."""
+
+    model: ModelGeometry
+    """The model whose KV cache moves."""
+    topology: Topology
+    """The deployment's parallel layout and cache backends."""
+    strategy: StrategyConfig
+    """Who moves which layer, and the stage lists that move it."""
+    workload: WorkloadConfig
+    """What `run` and `plan` move."""
+    runtime: RuntimeConfig
+    """Process groups and timeouts."""
+    bench: BenchConfig
+    """What `bench` measures."""
+    simulate: SimulateConfig
+    """What `simulate` drives."""
+    strict: bool = False
+    """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
+
+
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelGeometry,
+    "topology": Topology,
+    "strategy": StrategyConfig,
+    "workload": WorkloadConfig,
+    "runtime": RuntimeConfig,
+    "bench": BenchConfig,
+    "simulate": SimulateConfig,
+}

@@ -1,0 +1,162 @@
+"""Ack tracking: every rank releases the same finished transfers in the same scheduler step.
+
+Acks queue in submission order. `poll()` counts the leading acks whose event has fired on this
+rank, MIN-reduces that count over the group and pops exactly that many everywhere. The reduce
+costs a collective per step even when nothing is in flight; the idle-sync skip leaves it out
+while the ledger is empty and no storage backend is attached. The skip decision may read only
+rank-replicated state (the ledger, never an event's status, an allocation outcome or the time):
+`rank_consensus` checks that in debug mode, and every `max_skips` skips one sync is forced that
+also compares a digest of the replicated state across ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.engine.streams import Event
+
+log = logging.getLogger("hicache-pipeline")
+
+
+@dataclass
+class Ack:
+    """One submitted transfer awaiting release."""
+
+    seq: int
+    kind: str
+    """'backup' or 'load'."""
+    event: Event
+    payload: Any = None
+    """What the caller releases when the ack pops (pages, a request)."""
+
+
+IdleCheck = Callable[["AckLedger"], tuple[bool, tuple]]
+"""(may skip the reduce, the inputs the decision read): inputs must be rank-replicated."""
+
+
+def replicated_idle(ledger: AckLedger) -> tuple[bool, tuple]:
+    """Nothing submitted is outstanding, and no storage backend may hold acks back."""
+    inputs = (len(ledger.pending), ledger.storage_attached)
+    return not ledger.pending and not ledger.storage_attached, inputs
+
+
+def rank_consensus(label: str, inputs: tuple, group: dist.ProcessGroup) -> None:
+    """All-gather `inputs` and raise if any rank's differ (a decision would diverge)."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, inputs, group=group)
+    if any(g != gathered[0] for g in gathered):
+        per_rank = "; ".join(f"rank {r}: {g}" for r, g in enumerate(gathered))
+        raise RuntimeError(
+            f"rank_consensus: ranks disagree on {label} ({per_rank}); the "
+            "decision must read only rank-replicated state"
+        )
+
+
+@dataclass
+class PollStats:
+    """What the polls of one ledger did (compared across ranks by `simulate`)."""
+
+    polls: int = 0
+    reduces: int = 0
+    skipped: int = 0
+    forced: int = 0
+    poll_s: float = 0.0
+    decisions: list[tuple[bool, int]] = field(default_factory=list)
+    """Per poll: (skipped the reduce, acks popped), to compare across ranks."""
+
+
+class AckLedger:
+    """The ordered acks of one rank and the consensus poll over `group` (a gloo group)."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        *,
+        skip_enabled: bool,
+        max_skips: int,
+        storage_attached: bool,
+        debug_consensus: bool,
+        poll_timer_every: int,
+        idle: IdleCheck = replicated_idle,
+    ) -> None:
+        assert max_skips >= 1, "IdleSyncSkipConfig checks max_skips"
+        self.group = group
+        self.skip_enabled = skip_enabled
+        self.max_skips = max_skips
+        self.storage_attached = storage_attached
+        self.debug_consensus = debug_consensus
+        self.poll_timer_every = poll_timer_every
+        self.idle = idle
+        self.pending: deque[Ack] = deque()
+        self.stats = PollStats()
+        self._next_seq = 0
+        self._skips = 0
+
+    def submit(self, kind: str, event: Event, payload: Any = None) -> Ack:
+        ack = Ack(self._next_seq, kind, event, payload)
+        self._next_seq += 1
+        self.pending.append(ack)
+        return ack
+
+    def poll(self, state_digest: Callable[[], int]) -> list[Ack]:
+        """Pop the acks every rank has seen complete; the same ones on every rank."""
+        start = time.perf_counter()
+        idle, inputs = self.idle(self)
+        if self.debug_consensus:
+            rank_consensus("the idle-sync skip inputs", (*inputs, self._skips), self.group)
+        if self.skip_enabled and idle and self._skips < self.max_skips:
+            self._skips += 1
+            self.stats.skipped += 1
+            return self._done(start, skipped=True, popped=[])
+        forced = self.skip_enabled and self._skips >= self.max_skips
+        self._skips = 0
+        ready = 0
+        for ack in self.pending:  # leading acks only: release stays in submission order
+            if not ack.event.query():
+                break
+            ready += 1
+        digest = state_digest() if forced else 0
+        # one MIN reduce: the common ready count, and min/max of the digest (as +d and -d)
+        values = torch.tensor([ready, digest, -digest], dtype=torch.int64)
+        dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self.group)
+        self.stats.reduces += 1
+        if forced:
+            self.stats.forced += 1
+            if int(values[1]) != -int(values[2]):
+                raise RuntimeError(
+                    "forced sync after idle skips: ranks hold different replicated state "
+                    "(host allocator free list or ack ledger digests differ)"
+                )
+        popped = [self.pending.popleft() for _ in range(int(values[0]))]
+        return self._done(start, skipped=False, popped=popped)
+
+    def _done(self, start: float, *, skipped: bool, popped: list[Ack]) -> list[Ack]:
+        stats = self.stats
+        stats.polls += 1
+        stats.poll_s += time.perf_counter() - start
+        stats.decisions.append((skipped, len(popped)))
+        every = self.poll_timer_every
+        if every and stats.polls % every == 0:
+            log.info(
+                "poll: mean %.3f ms over %d polls (%d reduces, %d skipped)",
+                stats.poll_s / stats.polls * 1e3,
+                stats.polls,
+                stats.reduces,
+                stats.skipped,
+            )
+        return popped
+
+
+def digest_of(*parts: object) -> int:
+    """A stable 31-bit digest of replicated state (the same value on every rank for equal
+    state; unlike hash(), not salted per process)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF

@@ -1,0 +1,247 @@
+"""The engine API of one rank: `backup`, `load` (with per-layer waits) and the forward gate.
+
+This is what a serving engine calls. `Engine.create` allocates the pools (after `Runtime.start`
+made the process groups); the constructor only stores what it is given.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.engine.acks import Ack, AckLedger, digest_of
+from pipeline.engine.batches import BatchRing
+from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
+from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.pools import DevicePool, HostPool, uva_alias
+from pipeline.engine.runtime import Runtime
+from pipeline.engine.strategy import Strategy
+from pipeline.engine.streams import Event, Stream
+from pipeline.engine.transfer import Resources, Trace, Transfer
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.ownership import OwnerMap, owner_map
+from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
+from pipeline.spec.sizing import Sizing, batch_buffer_bytes, exchange_staging_bytes, size_pools
+from pipeline.spec.slots import PageAllocator
+from pipeline.spec.strategy import Ordering, StrategyConfig
+from pipeline.spec.topology import IoBackend, StorageBackend, Topology
+
+
+class Engine:
+    """One rank's device and host tiers, and the strategy that moves bytes between them."""
+
+    def __init__(
+        self,
+        *,
+        strategy: Strategy,
+        runtime: Runtime,
+        model: ModelGeometry,
+        topology: Topology,
+        owners: OwnerMap,
+        sizing: Sizing,
+        resources: Resources,
+        acks: AckLedger,
+        graphs: TransferGraphs | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.runtime = runtime
+        self.model = model
+        self.topology = topology
+        self.owners = owners
+        self.sizing = sizing
+        self.resources = resources
+        self.acks = acks
+        """Submitted transfers in order, released by `poll`."""
+        self.graphs = graphs
+        """CUDA graphs of gated transfers, per shape (cuda with io_backend=kernel only)."""
+        self.spec = PlanSpec.of(model, topology, strategy.config, owners, sizing, runtime.rank)
+        """What every transfer plan of this rank shares (its knobs included)."""
+        self.host_allocator = PageAllocator(sizing.host.num_pages)
+        """Host slots, handed out identically on every rank (replicated state)."""
+        self._gate: list[Event] = []
+        self._known_steps = StepsCache()
+        self._loads = 0
+
+    @classmethod
+    def create(
+        cls,
+        strategy: Strategy,
+        runtime: Runtime,
+        model: ModelGeometry,
+        topology: Topology,
+        *,
+        device_tokens: int,
+        host_ratio: float,
+        debug_consensus: bool = False,
+    ) -> Engine:
+        """Allocate the pools and buffers of this rank (topology already normalized)."""
+        config = strategy.config
+        owners = owner_map(config.ownership, runtime.replica_group, model.units)
+        sizing = size_pools(
+            model,
+            topology,
+            owners,
+            runtime.rank,
+            device_tokens=device_tokens,
+            host_ratio=host_ratio,
+            keep_capacity=config.keep_capacity,
+        )
+        uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
+        skip = config.idle_sync_skip
+        acks = AckLedger(
+            runtime.cpu_group,
+            skip_enabled=skip.enabled,
+            max_skips=skip.max_skips,
+            storage_attached=topology.storage_backend is not StorageBackend.none,
+            debug_consensus=debug_consensus,
+            poll_timer_every=config.poll_timer_every,
+        )
+        graphs = config.cuda_graph_cache
+        return cls(
+            strategy=strategy,
+            runtime=runtime,
+            model=model,
+            topology=topology,
+            owners=owners,
+            sizing=sizing,
+            resources=allocate(runtime, model, topology, config, owners, sizing, uva=uva),
+            acks=acks,
+            graphs=TransferGraphs(graphs) if uva and graphs > 0 else None,
+        )
+
+    @property
+    def device_pool(self) -> DevicePool:
+        return self.resources.device_pool
+
+    @property
+    def host_pool(self) -> HostPool:
+        return self.resources.host_pool
+
+    @property
+    def trace(self) -> Trace:
+        return self.resources.trace
+
+    def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
+        """Copy device slots to host slots (logical slot indices, CPU int64); returns the ack
+        event."""
+        stream, graphs = self.runtime.write_stream, self.graphs
+        t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
+        issue_transfer(self.strategy.backup, t, stream, stream, graphs)
+        self.acks.submit("backup", t.done)
+        return t.done
+
+    def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
+        """Copy host slots into device slots (logical slot indices, CPU int64); the handle
+        waits per layer and acks at the end."""
+        stream, pipeline = self.runtime.load_stream, self.strategy.load
+        lazy = self.strategy.config.ordering is Ordering.forward_stream
+        graphs = None if lazy else self.graphs
+        t = self.transfer(Direction.load, host_indices, device_indices, stream, graphs)
+        if lazy:  # the consumer's waits issue the exchanges
+            prepare(pipeline, t, stream)
+            issue_copies(pipeline, t, stream)
+        else:
+            issue_transfer(pipeline, t, stream, self.runtime.exchange_stream, graphs)
+            self._gate.append(t.done)
+        self.acks.submit("load", t.done)
+        return LoadHandle(t, pipeline, lazy=lazy)
+
+    def close(self) -> None:
+        """Release the graphs, then the runtime (graphs hold the transfer group's NCCL work)."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.runtime.close()
+
+    def poll(self) -> list[Ack]:
+        """Release the acks that every rank has seen complete (the same ones everywhere)."""
+        return self.acks.poll(self.state_digest)
+
+    def state_digest(self) -> int:
+        """Digest of this rank's replicated state: host allocator free list and ack ledger."""
+        ledger = [(a.seq, a.kind) for a in self.acks.pending]
+        return digest_of(self.host_allocator.free_pages(), ledger)
+
+    def begin_forward(self, forward: Stream) -> None:
+        """The forward gate: `forward` waits for every load submitted since the last forward,
+        so no broadcast can interleave with the forward's collectives."""
+        for event in self._gate:
+            forward.wait_event(event)
+        self._gate.clear()
+
+    def transfer(
+        self,
+        direction: Direction,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        stream: Stream,
+        graphs: TransferGraphs | None,
+    ) -> Transfer:
+        """Plan (validating the indices before any byte moves) and set up one transfer on
+        `stream` (replayed from `graphs` when given)."""
+        load = direction is Direction.load
+        every = self.strategy.config.verify_every
+        verify = load and every > 0 and self._loads % every == 0
+        self._loads += load
+        plan = build_plan(
+            direction,
+            host_indices,
+            device_indices,
+            self.spec,
+            graphed=graphs is not None,
+            verify=verify,
+            known_steps=self._known_steps,
+        )
+        # The transfer must see everything the forward stream did to these slots so far.
+        forward = self.runtime.forward_stream
+        ready = forward.new_event()
+        forward.record(ready)
+        stream.wait_event(ready)
+        layers = plan.layout.layers if load else ()
+        gathers = not load and self.spec.batch_buffer_bytes > 0
+        res = self.resources
+        return Transfer(
+            plan=plan,
+            res=res,
+            layer_events={} if graphs else {layer: stream.new_event() for layer in layers},
+            done=stream.new_event(),
+            all_copied=stream.new_event(),
+            batches=BatchRing(res.batch_buffers, res.gather_stream) if gathers else None,
+        )
+
+
+def allocate(
+    runtime: Runtime,
+    model: ModelGeometry,
+    topology: Topology,
+    config: StrategyConfig,
+    owners: OwnerMap,
+    sizing: Sizing,
+    *,
+    uva: bool,
+) -> Resources:
+    """The pools and buffers of one rank's engine (`uva`: kernels reach the host pool through
+    its UVA alias)."""
+    rank, device = runtime.rank, runtime.device
+    owned = owners.owned(rank, model.units)
+    host_pool = HostPool.allocate(
+        model, owned, sizing.host.num_pages, topology.mem_layout, pin_memory=device.type == "cuda"
+    )
+    host_view = (
+        host_pool.alias([uva_alias(b, device) for b in host_pool.storage]) if uva else host_pool
+    )
+
+    def device_bytes(n: int, *shape: int) -> torch.Tensor:
+        return torch.empty((*shape, n), dtype=torch.uint8, device=device)
+
+    return Resources(
+        device=device,
+        device_pool=DevicePool.allocate(model, sizing.device_pages, device),
+        host_pool=host_pool,
+        host_view=host_view,
+        collectives=runtime.collectives,
+        copy_pages=runtime.copy_pages,
+        staging=device_bytes(exchange_staging_bytes(config, model, owners)),
+        batch_buffers=device_bytes(batch_buffer_bytes(config, model, owners, rank), 2),
+        gather_stream=runtime.gather_stream,
+        trace=Trace(),
+        timings_s={},
+    )

@@ -1,0 +1,164 @@
+"""The executor: walks a pipeline's stage lists over a transfer's steps, on streams.
+
+Copies and exchanges run on different streams. The transfer stream runs `prepare` and every
+step's `per_step` (the owner's copies), recording a "copied" event per layer. The `exchange`
+list of layer i then runs on a second stream once layer i is copied: the engine's exchange
+stream (ordering=gate), or the consumer's forward stream when it calls `wait(i)`
+(ordering=forward_stream). So every rank's copies run back to back on its own link while the
+broadcasts follow, instead of each layer's copy waiting for the previous layer's broadcast.
+
+`issue_transfer` issues a whole transfer (the gated entry points); with `graphs` the steps and
+exchanges are replayed as one CUDA graph per transfer shape (see `pipeline.engine.graphs`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.strategy import Pipeline
+from pipeline.engine.streams import CudaStream, Event, Stream
+from pipeline.engine.transfer import StepStage, Transfer, TransferStage
+from pipeline.spec.steps import Step
+
+
+def _timed(t: Transfer, stage: object, call: Callable[..., None], *args: Any) -> None:
+    """Run one stage call, adding its time to the engine's; an error fails the transfer."""
+    start = time.perf_counter()
+    try:
+        call(*args)
+    except BaseException as e:
+        t.fail(e)
+        raise
+    name = type(stage).__name__
+    timings = t.res.timings_s
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def run_once(stages: Iterable[TransferStage], t: Transfer, stream: Stream) -> None:
+    for stage in stages:
+        _timed(t, stage, stage.on_transfer, t, stream)
+
+
+def run_step(stages: Iterable[StepStage], t: Transfer, step: Step, stream: Stream) -> None:
+    for stage in stages:
+        _timed(t, stage, stage.on_step, t, step, stream)
+
+
+def prepare(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
+    stream.submit(lambda: run_once(pipeline.prepare, t, stream))
+
+
+def finish(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
+    stream.submit(lambda: run_once(pipeline.finish, t, stream))
+
+
+def issue_copies(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
+    """Every step's `per_step` on `stream`, recording `t.copied` per layer (only where there is
+    an exchange to wait for it) and `t.all_copied` at the end."""
+    if pipeline.exchange:
+        t.copied = {layer: stream.new_event() for layer in t.layers}
+    copied = t.copied
+
+    def work() -> None:
+        for step in t.plan.steps:
+            run_step(pipeline.per_step, t, step, stream)
+            if step.last_in_layer and step.unit.layer in copied:
+                stream.record(copied[step.unit.layer])
+        stream.record(t.all_copied)
+
+    stream.submit(work)
+
+
+def issue_exchanges(pipeline: Pipeline, t: Transfer, layers: Iterable[int], stream: Stream) -> None:
+    """The `exchange` list of every step of `layers` on `stream`, each layer behind its copy."""
+    if not pipeline.exchange:
+        return
+
+    def work() -> None:
+        for layer in layers:
+            stream.wait_event(t.copied[layer])
+            for step in t.plan.layer_steps(layer):
+                run_step(pipeline.exchange, t, step, stream)
+
+    stream.submit(work)
+
+
+def issue_transfer(
+    pipeline: Pipeline,
+    t: Transfer,
+    stream: Stream,
+    exchange: Stream,
+    graphs: TransferGraphs | None,
+) -> None:
+    """A whole transfer: copies on `stream`, exchanges on `exchange`, then `finish`.
+
+    With `graphs` (cuda only) the copies and exchanges are one graph replay on `stream`, and
+    `finish` runs on `stream` after it.
+    """
+    prepare(pipeline, t, stream)
+    if graphs is None:
+        issue_copies(pipeline, t, stream)
+        issue_exchanges(pipeline, t, t.layers, exchange)
+        exchange.wait_event(t.all_copied)
+        finish(pipeline, t, exchange)
+        return
+    assert isinstance(stream, CudaStream) and isinstance(exchange, CudaStream)
+
+    def body(t: Transfer) -> None:
+        issue_copies(pipeline, t, stream)
+        if pipeline.exchange:
+            issue_exchanges(pipeline, t, t.layers, exchange)
+            exchanged = exchange.new_event()
+            exchange.record(exchanged)
+            stream.wait_event(exchanged)  # a graph ends on the stream it began on
+
+    graphs.issue(pipeline, t, stream, exchange, body)
+    finish(pipeline, t, stream)
+
+
+class LoadHandle:
+    """What `Engine.load` returns: per-layer waits for the forward, and the ack."""
+
+    def __init__(self, t: Transfer, pipeline: Pipeline, *, lazy: bool) -> None:
+        self.transfer = t
+        self._pipeline = pipeline
+        self._lazy = lazy
+        """Exchanges are issued by the consumer's waits (forward_stream ordering)."""
+        self._next_layer = 0
+        self._finished = False
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.transfer.layers)
+
+    def wait(self, layer: int, consumer: Stream) -> None:
+        """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda)."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        if self._lazy:
+            self._exchange_through(layer, consumer)
+        consumer.wait_event(self.transfer.layer_events[layer])
+
+    def ready(self, layer: int) -> bool:
+        return self.transfer.layer_events[layer].query()
+
+    def done(self, consumer: Stream) -> Event:
+        """The ack: completes after the whole exchange (what is left is issued on `consumer`)."""
+        t = self.transfer
+        if self._lazy:
+            self._exchange_through(self.num_layers - 1, consumer)
+            if not self._finished:
+                self._finished = True
+                consumer.wait_event(t.all_copied)
+                finish(self._pipeline, t, consumer)
+        return t.done
+
+    def _exchange_through(self, layer: int, stream: Stream) -> None:
+        """Issue the exchange of every layer up to `layer` on `stream`, in layer order."""
+        layers = range(self._next_layer, layer + 1)
+        self._next_layer = max(self._next_layer, layer + 1)
+        if layers:
+            issue_exchanges(self._pipeline, self.transfer, layers, stream)

@@ -1,0 +1,150 @@
+"""CUDA graphs of a transfer's copies and exchanges, one per transfer shape.
+
+Issuing a transfer stage by stage costs the host tens of microseconds per step (a kernel launch
+or DMA, an NCCL call, event records), milliseconds for a model's layers. With io_backend=kernel
+every step's work depends only on the transfer's page count: the page ids are read from index
+tensors on the device. So the first transfer of a page count is captured once, with its index
+tensors as static buffers, and every later one copies its page ids into those buffers and
+replays the graph: one launch instead of hundreds of calls.
+
+What a graph needs to stay equal to the eager issue:
+- Broadcasts go through the staging buffer (an in-place broadcast would bake in device pages).
+- Per-layer events are recorded as external graph nodes, so a consumer can wait for layer 0
+  while later layers are still moving. They belong to the graph and are re-recorded by every
+  replay, so a late wait on an older transfer's layer waits for a newer one: later, never early.
+- The graph runs on the transfer stream after whatever was issued on the exchange stream, so
+  its broadcasts stay ordered with every other broadcast of the transfer group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeline.engine.strategy import Pipeline
+from pipeline.engine.streams import CudaEvent, CudaStream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.plan import Direction
+
+GraphKey = tuple[Pipeline, Direction, int]
+"""(stage lists, direction, page count): everything a captured transfer's work depends on."""
+
+
+@dataclass
+class CapturedTransfer:
+    """One captured transfer shape: its graph and the buffers a replay refills."""
+
+    graph: torch.cuda.CUDAGraph
+    host_pages: torch.Tensor
+    """Static buffer the graph reads host page ids from."""
+    device_pages: torch.Tensor
+    """Static buffer the graph reads device page ids from."""
+    layer_events: dict[int, CudaEvent]
+    """Recorded inside the graph (external nodes): per layer, usable after it."""
+    ops: list[dict[str, Any]]
+    """The trace ops the capture issued, logged again at every replay."""
+    replayed: torch.cuda.Event
+    """Recorded after the latest replay: the graph may be released once it completes."""
+
+
+class TransferGraphs:
+    """At most `capacity` captured transfers, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._captured: OrderedDict[GraphKey, CapturedTransfer] = OrderedDict()
+        self._retired: list[CapturedTransfer] = []
+        """Evicted graphs whose last replay may still run (released once it is done: releasing
+        returns the graph's memory to the allocator)."""
+        self.captures = 0
+        """Transfers captured so far (the rest were replays)."""
+
+    def __len__(self) -> int:
+        return len(self._captured)
+
+    def issue(
+        self,
+        pipeline: Pipeline,
+        t: Transfer,
+        stream: CudaStream,
+        exchange: CudaStream,
+        body: Callable[[Transfer], None],
+    ) -> None:
+        """Issue `body` (`pipeline`'s steps and exchanges, after `prepare` ran) on `stream` as
+        a graph replay, capturing it first if this shape is new."""
+        assert t.plan.graphed, "a graphed transfer is planned as one (no in-place exchange)"
+        host_pages, device_pages = t.page_ids()
+        key = (pipeline, t.plan.direction, t.plan.num_pages)
+        if exchange is not stream:
+            stream.stream.wait_stream(exchange.stream)
+        self._release_retired()
+        captured = self._captured.get(key)
+        refill = captured is not None
+        if captured is None:
+            captured = self._capture(t, stream, body)
+            self._captured[key] = captured
+            while len(self._captured) > self.capacity:
+                self._retired.append(self._captured.popitem(last=False)[1])
+        else:
+            self._captured.move_to_end(key)
+            t.res.trace.ops.extend(captured.ops)
+
+        def replay() -> None:
+            if refill:  # this transfer's page ids into the graph's static buffers
+                captured.host_pages.copy_(host_pages, non_blocking=True)
+                captured.device_pages.copy_(device_pages, non_blocking=True)
+            captured.graph.replay()
+
+        stream.submit(replay)  # the stream switch of the issue path (see `CudaStream.submit`)
+        captured.replayed.record(stream.stream)
+        t.layer_events.update(captured.layer_events)
+
+    def _capture(
+        self, t: Transfer, stream: CudaStream, body: Callable[[Transfer], None]
+    ) -> CapturedTransfer:
+        """Capture `body` with static page ids and external layer events (runs nothing)."""
+        host_pages, device_pages = t.page_ids()
+        with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
+            t.host_ids, t.device_ids = host_pages.clone(), device_pages.clone()
+        layer_events = {layer: CudaEvent(external=True) for layer in t.layers}
+        t.layer_events = dict(layer_events)
+        trace = t.res.trace
+        first_op = len(trace.ops)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream.stream):
+            # thread_local: other threads may keep using CUDA while this one captures
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                body(t)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the body's error is the one to see
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        self.captures += 1
+        return CapturedTransfer(
+            graph, t.host_ids, t.device_ids, layer_events, trace.ops[first_op:], torch.cuda.Event()
+        )
+
+    def _release_retired(self) -> None:
+        still_running = []
+        for captured in self._retired:
+            if captured.replayed.query():
+                captured.graph.reset()
+            else:
+                still_running.append(captured)
+        self._retired = still_running
+
+    def clear(self) -> None:
+        """Release every graph once the device is done with it (on teardown: this syncs;
+        before the process groups the graphs broadcast on are destroyed)."""
+        torch.cuda.synchronize()
+        for captured in (*self._captured.values(), *self._retired):
+            captured.graph.reset()
+        self._captured.clear()
+        self._retired.clear()

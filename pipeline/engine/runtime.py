@@ -1,0 +1,169 @@
+"""Per rank: the device, process groups and streams a transfer runs on.
+
+`Runtime.start` is the one place that creates process groups; it runs before any pool is
+allocated, so the transfer group exists before host memory is pinned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from pipeline.engine.memcpy import CopyPages, copy_pages_cpu, cuda_copier, loaded_cudart
+from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.topology import DeviceKind, Topology
+
+
+class Backend(Enum):
+    """Process-group backend: auto picks nccl on cuda, gloo on cpu."""
+
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class GroupCollectives:
+    """The collectives of one process group (a replica group's transfer group)."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        """None where the replica group has one rank: nothing is ever exchanged there."""
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        dist.broadcast(tensor, src=src, group=self.group)
+
+    def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        dist.all_gather(out, tensor, group=self.group)
+
+
+def pick_device(kind: DeviceKind, local_rank: int) -> torch.device:
+    if kind is DeviceKind.cuda or (kind is DeviceKind.auto and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("topology.device=cuda but CUDA is not available; use device=cpu")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_backend(backend: Backend, device: torch.device) -> str:
+    if backend is Backend.auto:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend is Backend.nccl and device.type != "cuda":
+        raise ValueError("runtime.backend=nccl needs cuda devices; use gloo or auto")
+    return backend.value
+
+
+@dataclass
+class Runtime:
+    """One rank's device, groups and streams."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    replica_group: tuple[int, ...]
+    """Global ranks holding the same bytes as this rank."""
+    transfer_group: dist.ProcessGroup | None
+    """Dedicated group of the replica group for broadcasts (None when it has one rank)."""
+    cpu_group: dist.ProcessGroup
+    """Gloo group of all ranks for host-side agreement (ack polls, reports)."""
+    load_stream: Stream
+    write_stream: Stream
+    exchange_stream: Stream
+    """Where gated exchanges (gather, broadcast, scatter) run, behind each layer's copy."""
+    gather_stream: Stream
+    """Where a chunked backup gathers its next batch while the write stream moves one (at the
+    highest priority on cuda)."""
+    forward_stream: Stream
+    """Stands in for the serving engine's forward stream (the consumer of loads)."""
+    timeout_s: float
+    copy_pages: CopyPages
+    """One copy call per run of pages (a strided DMA on cuda)."""
+
+    @classmethod
+    def start(
+        cls,
+        topology: Topology,
+        model: ModelGeometry,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        backend: str,
+        timeout_s: float,
+    ) -> Runtime:
+        """Create the transfer groups (every rank creates every group, in the same order)."""
+        if world_size != topology.tp_size:
+            raise ValueError(
+                f"{world_size} ranks joined but topology.tp_size={topology.tp_size}: launch one "
+                "process per TP rank of one pipeline stage"
+            )
+        timeout = timedelta(seconds=timeout_s)
+        replica = topology.replica_group(rank, model)
+        transfer = None
+        for group in topology.replica_groups(model):
+            pg = dist.new_group(list(group), backend=backend, timeout=timeout)
+            if group == replica and len(group) > 1:
+                transfer = pg
+        if transfer is not None and device.type == "cuda":
+            # NCCL makes a communicator on its first collective, which must not be one that a
+            # CUDA graph captures
+            dist.broadcast(torch.zeros(1, device=device), src=replica[0], group=transfer)
+        cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        copy = (
+            cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
+        )
+        load, write, exchange, gather, forward = _streams(device, rank)
+        return cls(
+            rank,
+            world_size,
+            device,
+            replica,
+            transfer,
+            cpu_group,
+            load,
+            write,
+            exchange,
+            gather,
+            forward,
+            timeout_s=timeout_s,
+            copy_pages=copy,
+        )
+
+    @property
+    def collectives(self) -> GroupCollectives:
+        """The transfer group's collectives."""
+        return GroupCollectives(self.transfer_group)
+
+    @property
+    def streams(self) -> tuple[Stream, ...]:
+        return (
+            self.load_stream,
+            self.write_stream,
+            self.exchange_stream,
+            self.gather_stream,
+            self.forward_stream,
+        )
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+
+def _streams(device: torch.device, rank: int) -> tuple[Stream, Stream, Stream, Stream, Stream]:
+    """(load, write, exchange, gather, forward) streams: CUDA streams on cuda (the forward is
+    the current stream), worker threads on CPU (the forward is the caller's thread)."""
+    if device.type != "cuda":
+        names = ("load", "write", "exchange", "gather")
+        workers = [WorkerStream(f"{name}-{rank}") for name in names]
+        return workers[0], workers[1], workers[2], workers[3], InlineStream()
+    cuda = [CudaStream(torch.cuda.Stream(device)) for _ in range(3)]
+    # A batch gather runs beside the long, PCIe-bound move of the batch before: at the same
+    # priority it starts only as that move ends, and the next move waits for it (see README,
+    # Chunked backups)
+    highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static
+    gather = CudaStream(torch.cuda.Stream(device, priority=highest))
+    return cuda[0], cuda[1], cuda[2], gather, CudaStream(torch.cuda.current_stream(device))

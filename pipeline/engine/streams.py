@@ -1,0 +1,223 @@
+"""Streams and events: CUDA streams, and CPU worker threads that stand in for them.
+
+On CPU a `WorkerStream` is one thread that runs submitted work in order, so a transfer issued on
+it overlaps the caller exactly as a CUDA stream overlaps the host: the caller can wait for layer 0
+while later layers are still moving. An error on a worker is kept and re-raised by every wait.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class Event(Protocol):
+    """Completion marker recorded on a stream."""
+
+    def wait(self) -> None:
+        """Block the calling thread until the event completes; re-raise the stream's error."""
+
+    def query(self) -> bool:
+        """Has the event completed?"""
+
+    def fail(self, error: BaseException) -> None:
+        """Complete a pending event with `error`, so its waiters raise instead of hanging."""
+
+
+class Stream(Protocol):
+    """An ordered queue of work: a CUDA stream, or a CPU thread standing in for one."""
+
+    def submit(self, work: Any) -> None:
+        """Run `work()` in this stream's order (issue on CUDA, execute on a CPU worker)."""
+
+    def new_event(self) -> Event:
+        """An event to be recorded later (created up front so waiters can hold it)."""
+
+    def record(self, event: Any) -> None:
+        """Record `event` (one this stream's kind made) at the current end of this stream."""
+
+    def wait_event(self, event: Any) -> None:
+        """Make later work on this stream wait for `event`."""
+
+    def synchronize(self) -> None:
+        """Block the calling thread until all work submitted so far is done."""
+
+    def close(self) -> None:
+        """Stop the stream's worker, if it has one."""
+
+
+class CpuEvent:
+    """A threading.Event that also carries the error of the stream that should have set it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def set(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise RuntimeError(f"transfer failed: {self._error}") from self._error
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self.set(error)
+
+
+class WorkerStream:
+    """A CPU stream: one daemon thread runs submitted callables in submission order.
+
+    Work submitted, recorded or awaited from inside the worker runs at once: it is already at
+    the head of the stream. After an error the stream skips its remaining work but still
+    completes every event recorded on it, carrying the error, so no waiter hangs.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _on_worker(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        if self._on_worker():
+            work()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+        self._queue.put(work)
+
+    def _loop(self) -> None:
+        while (work := self._queue.get()) is not None:
+            if self._error is not None and not isinstance(work, _Record):
+                continue
+            try:
+                work()
+            except BaseException as e:  # kept, then carried by every later record
+                self._error = e
+
+    def new_event(self) -> CpuEvent:
+        return CpuEvent()
+
+    def record(self, event: CpuEvent) -> None:
+        self.submit(_Record(event, self))
+
+    def wait_event(self, event: CpuEvent) -> None:
+        self.submit(event.wait)
+
+    def synchronize(self) -> None:
+        event = self.new_event()
+        self.record(event)
+        event.wait()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+class _Record:
+    """Completes an event when the worker reaches it, with the stream's error if it has one."""
+
+    def __init__(self, event: CpuEvent, stream: WorkerStream) -> None:
+        self.event, self.stream = event, stream
+
+    def __call__(self) -> None:
+        self.event.set(self.stream._error)
+
+
+class InlineStream:
+    """The calling thread as a stream: work runs at once, waits block the caller."""
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        work()
+
+    def new_event(self) -> CpuEvent:
+        return CpuEvent()
+
+    def record(self, event: CpuEvent) -> None:
+        event.set()
+
+    def wait_event(self, event: CpuEvent) -> None:
+        event.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CudaEvent:
+    """A CUDA event made when first recorded: making one costs the host time, and a transfer
+    holds one or two per layer, so made up front they would delay its first copy. Before its
+    record it behaves as an unrecorded CUDA event: complete, and waits pass."""
+
+    __slots__ = ("event", "external")
+
+    def __init__(self, *, external: bool = False) -> None:
+        self.external = external
+        """Recorded inside a CUDA graph, waited on outside it."""
+        self.event: torch.cuda.Event | None = None
+
+    def record(self, stream: torch.cuda.Stream) -> None:
+        if self.event is None:
+            self.event = torch.cuda.Event(external=self.external)
+        self.event.record(stream)
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def query(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def fail(self, error: BaseException) -> None:
+        """Nothing to do: on cuda an issue error is raised to the caller as it happens."""
+
+
+class CudaStream:
+    """A CUDA stream: `submit` issues the work on it from the calling thread."""
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream = stream
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        # not `with torch.cuda.stream(...)`: it looks the device up through Python helpers,
+        # a cost the issue path pays twice before a transfer's first copy
+        previous = torch.cuda.current_stream(self.stream.device_index)
+        torch.cuda.set_stream(self.stream)
+        try:
+            work()
+        finally:
+            torch.cuda.set_stream(previous)
+
+    def new_event(self) -> CudaEvent:
+        return CudaEvent()
+
+    def record(self, event: CudaEvent) -> None:
+        event.record(self.stream)
+
+    def wait_event(self, event: CudaEvent) -> None:
+        if event.event is not None:
+            self.stream.wait_event(event.event)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        pass

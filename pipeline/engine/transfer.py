@@ -1,0 +1,159 @@
+"""What a stage sees: the engine's resources, one transfer's state, and the two kinds of stage.
+
+`Resources` live as long as the engine (pools, buffers, collectives, trace); a `Transfer` is one
+backup or load on this rank (its plan, its events, its page ids on the device). A stage is
+either run once per transfer (`TransferStage`: the prepare and finish lists) or once per step
+(`StepStage`: the per_step and exchange lists). Stages import this module, the streams and the
+spec layer, nothing else of the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from pipeline.engine.batches import BatchRing
+from pipeline.engine.memcpy import CopyPages
+from pipeline.engine.pools import DevicePool, HostPool
+from pipeline.engine.streams import Event, Stream
+from pipeline.spec.plan import Direction, TransferPlan
+from pipeline.spec.steps import Step
+
+
+class Collectives(Protocol):
+    """The replica group's collectives: a process group's, or a fake one in unit tests."""
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """Send `tensor` from global rank `src` to every member, in place."""
+
+    def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        """Every member's `tensor`, in group order, into `out`."""
+
+
+class Trace:
+    """Ops a rank issued, in order, as flat dicts (thread-safe; compared field by field)."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def op(self, kind: str, **fields: Any) -> None:
+        with self._lock:
+            self.ops.append({"op": kind, **fields})
+
+    def total(self, kind: str, key: str = "bytes") -> int:
+        return sum(o[key] for o in self.ops if o["op"] == kind)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What every transfer of one engine uses (made once, with the engine)."""
+
+    device: torch.device
+    device_pool: DevicePool
+    host_pool: HostPool
+    host_view: HostPool
+    """The host pool as the device addresses it: the pool itself on CPU, a UVA alias on cuda."""
+    collectives: Collectives
+    """Of this rank's replica group (used only where the group has several ranks)."""
+    copy_pages: CopyPages
+    """Copies one run of pages between two page-wise views (see `pipeline.engine.memcpy`)."""
+    staging: torch.Tensor
+    """Flat byte buffer a load's exchanges gather into and broadcast from."""
+    batch_buffers: torch.Tensor
+    """Two device buffers [2, bytes] a chunked backup gathers its batches into, in turn."""
+    gather_stream: Stream
+    """Where a chunked backup gathers its batches (the highest priority on cuda)."""
+    trace: Trace
+    timings_s: dict[str, float]
+    """Seconds spent in each stage over all transfers (issue time on cuda)."""
+
+
+@dataclass(eq=False)
+class Transfer:
+    """One backup or load on this rank: its plan, the engine's resources, its events."""
+
+    plan: TransferPlan
+    res: Resources
+    layer_events: dict[int, Event]
+    """Per model layer of a load: completes once the layer is usable on this rank; made by the
+    engine, or owned by the CUDA graph that records them."""
+    done: Event
+    """Completes once the whole transfer is done on this rank (the ack)."""
+    all_copied: Event
+    """Every copy of the transfer is done."""
+    copied: dict[int, Event] = field(default_factory=dict)
+    """Per model layer, its copies are done (made where an exchange waits for them)."""
+    ordered: bool = True
+    """Entered through an ordered entry point (the forward gate or forward-stream ordering)."""
+    batches: BatchRing | None = None
+    """A chunked backup's batch buffers in turn (backups with gathered steps only)."""
+    host_ids: torch.Tensor | None = None
+    """Local host page ids on the device (see `page_ids`)."""
+    device_ids: torch.Tensor | None = None
+    """Local device page ids on the device (see `page_ids`)."""
+    _ids_of: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _exchange: dict[tuple[int, int], tuple[torch.Tensor, bool]] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Model layers a load makes usable one by one, in order (none for a backup)."""
+        return () if self.plan.direction is Direction.backup else self.plan.layout.layers
+
+    def fail(self, error: BaseException) -> None:
+        """Complete every pending event of this transfer with `error` (its waiters raise)."""
+        events = (*self.layer_events.values(), *self.copied.values(), self.all_copied, self.done)
+        for event in events:
+            event.fail(error)
+
+    def page_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host page ids, device page ids) on the pool's device, moved there on first use by
+        one non-blocking copy on the current stream (the plan's ids are already local)."""
+        if self.host_ids is None or self.device_ids is None:
+            plan = self.plan
+            pages = torch.stack([plan.host_pages, plan.device_pages])
+            on_device = pages.to(self.res.device, non_blocking=True)
+            self.host_ids, self.device_ids = on_device[0], on_device[1]
+        return self.host_ids, self.device_ids
+
+    def step_ids(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The page ids of a step's slice (sliced once per slice: one serves every unit)."""
+        key = (step.first, step.count)
+        if key not in self._ids_of:
+            host, device = self.page_ids()
+            pages = slice(step.first, step.first + step.count)
+            self._ids_of[key] = (host[pages], device[pages])
+        return self._ids_of[key]
+
+    def exchange_buffer(self, step: Step) -> tuple[torch.Tensor, bool]:
+        """(what a step's broadcast moves, whether gather/scatter must fill it): the device
+        slots themselves where the plan lands it in place, else the staging buffer."""
+        key = (step.unit.ordinal, step.first)
+        if key not in self._exchange:
+            layer = self.res.device_pool.layer(step.unit)
+            first = self.plan.in_place(step)
+            if first is not None:
+                self._exchange[key] = (layer[first : first + step.count], False)
+            else:
+                nbytes = step.count * step.unit.page_bytes
+                assert nbytes <= self.res.staging.numel(), "the plan sizes slices to staging"
+                staged = self.res.staging[:nbytes].view(layer.dtype)
+                self._exchange[key] = (staged.view(step.count, *layer.shape[1:]), True)
+        return self._exchange[key]
+
+
+@runtime_checkable
+class TransferStage(Protocol):
+    """A stage run once per transfer: the prepare and finish lists."""
+
+    def on_transfer(self, t: Transfer, stream: Stream) -> None: ...
+
+
+@runtime_checkable
+class StepStage(Protocol):
+    """A stage run for every step: the per_step and exchange lists."""
+
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None: ...

@@ -1,0 +1,118 @@
+"""`plan`: per-rank bytes, op counts and host capacity of one cycle, without moving a byte.
+
+Builds the same `TransferPlan`s the engine would (same plan spec, allocators and seeded
+placement) for every rank of one pipeline stage, so it answers "what would tp 8 do" on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from pipeline.config.assemble import stage_name
+from pipeline.config.job import Job
+from pipeline.config.schema import Placement
+from pipeline.engine.strategy import Pipeline, Strategy
+from pipeline.spec.ownership import owner_map
+from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
+from pipeline.spec.sizing import device_staging_bytes, size_pools
+from pipeline.spec.slots import PageAllocator, page_tokens
+from pipeline.spec.steps import Step
+from pipeline.spec.topology import IoBackend
+
+
+def stage_lists(strategy: Strategy) -> dict[str, dict[str, list[str]]]:
+    """Stage names per direction and list."""
+    return {
+        direction: {
+            f.name: [stage_name(s) for s in getattr(pipeline, f.name)]
+            for f in dataclasses.fields(Pipeline)
+        }
+        for direction, pipeline in (("backup", strategy.backup), ("load", strategy.load))
+    }
+
+
+def copy_calls(plan: TransferPlan, step: Step) -> int:
+    """Copy calls `stages.copy` issues for a step on this rank: one per kernel step; per run
+    of pages one (a gathered batch) or the fewer of one per unit and one per page (direct)."""
+    if not plan.copies(step.unit):
+        return 0
+    if plan.spec.io_backend is IoBackend.kernel:
+        return 1
+    runs = plan.runs_in(step.first, step.count)
+    if step.gathered:
+        return len(runs)
+    return sum(min(len(step.units), r.count) for r in runs)
+
+
+def counts(plan: TransferPlan) -> dict[str, int]:
+    """Ops this rank issues for one transfer, by kind."""
+    ops = {"copy": 0, "batch_gather": 0, "gather": 0, "broadcast": 0, "scatter": 0}
+    for step in plan.steps:
+        ops["batch_gather"] += plan.copies(step.unit) and step.gathered
+        ops["copy"] += copy_calls(plan, step)
+        if plan.exchanged(step.unit):
+            ops["broadcast"] += 1
+            if plan.in_place(step) is None:  # else broadcast straight between device slots
+                ops["gather" if plan.source(step.unit) == plan.spec.rank else "scatter"] += 1
+    return ops
+
+
+def rank_row(job: Job, rank: int) -> dict[str, Any]:
+    """One backup and one load-back of the workload on `rank`: bytes, ops, capacity."""
+    model, topology, workload = job.model, job.topology, job.workload
+    strategy = job.strategy.config
+    owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
+    sizing = size_pools(
+        model,
+        topology,
+        owners,
+        rank,
+        device_tokens=workload.device_tokens,
+        host_ratio=workload.host_ratio,
+        keep_capacity=strategy.keep_capacity,
+    )
+    spec = PlanSpec.of(model, topology, strategy, owners, sizing, rank)
+    slots = sizing.slots_per_page
+    num_pages = workload.num_tokens // slots
+    pick = None if workload.placement is Placement.contiguous else random.Random(workload.seed)
+    device_alloc = PageAllocator(sizing.device_pages)
+    source = device_alloc.alloc(num_pages, pick)
+    host = page_tokens(PageAllocator(sizing.host.num_pages).alloc(num_pages, pick), slots)
+    target = device_alloc.alloc(num_pages, pick)
+    row: dict[str, Any] = {"rank": rank}
+    for direction, device_pages in ((Direction.backup, source), (Direction.load, target)):
+        plan = build_plan(direction, host, page_tokens(device_pages, slots), spec)
+        row.update({k: row.get(k, 0) + v for k, v in plan.bytes_moved().items()})
+        row[f"{direction.value}_ops"] = counts(plan)
+    row["load_broadcasts_per_layer"] = [  # `plan` is the load-back's now
+        sum(1 for s in plan.layer_steps(layer) if plan.exchanged(s.unit))
+        for layer in range(model.num_layers)
+    ]
+    row["host_capacity_tokens"] = sizing.host_slots
+    row["host_pool_bytes"] = sizing.host.pool_bytes
+    row["device_staging_bytes"] = device_staging_bytes(strategy, model, owners, rank)
+    return row
+
+
+def plan_report(job: Job, ranks: list[int] | None = None) -> dict[str, Any]:
+    """Per-rank numbers for one backup and one load-back of the workload."""
+    model, topology = job.model, job.topology
+    return {
+        "model": model.name,
+        "bytes_per_token": model.bytes_per_token,
+        "topology": topology.name,
+        "attn_tp_size": topology.attn_tp_size,
+        "num_tokens": job.workload.num_tokens,
+        "placement": job.workload.placement.value,
+        "stages": stage_lists(job.strategy),
+        "group_size": len(topology.replica_group(0, model)),
+        "ranks": [rank_row(job, r) for r in (range(topology.tp_size) if ranks is None else ranks)],
+    }
+
+
+def broadcasts_per_layer(job: Job) -> tuple[list[int], int]:
+    """(broadcasts of one load-back per model layer, replica group size) for rank 0."""
+    report = plan_report(job, ranks=[0])
+    return report["ranks"][0]["load_broadcasts_per_layer"], report["group_size"]

@@ -1,0 +1,142 @@
+"""Human-readable output of the subcommands (the --json forms are the dicts themselves)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.config.eligibility import Verdict
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.topology import Topology
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def verdict_text(verdict: Verdict, model: ModelGeometry, topology: Topology) -> str:
+    state = "ACTIVE" if verdict.active else "INACTIVE"
+    lines = [
+        f"strategy {verdict.strategy}: {state} for {model.name} on {topology.name} "
+        f"(attention-TP {topology.attn_tp_size})",
+        f"effective strategy: {verdict.effective_strategy}",
+    ]
+    if verdict.rules:
+        lines.append("rules:")
+        width = max(len(r.name) for r in verdict.rules)
+        lines += [
+            f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<{width}}  {r.message}"
+            for r in verdict.rules
+        ]
+    else:
+        lines.append("rules: none (always active)")
+    lines += ["notes:", *(f"  - {n}" for n in verdict.notes)] if verdict.notes else []
+    return "\n".join(lines)
+
+
+def _stages(lists: dict[str, list[str]]) -> str:
+    return " | ".join(f"{name}: {' -> '.join(items) or '-'}" for name, items in lists.items())
+
+
+def plan_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"strategy {result['strategy']} ({'active' if result['active'] else 'inactive'}), "
+        f"effective: {result['effective_strategy']}",
+        f"{result['model']} ({result['bytes_per_token']} B/token) on {result['topology']} "
+        f"(attention-TP {result['attn_tp_size']}), {result['num_tokens']} tokens "
+        f"{result['placement']}",
+        f"backup stages  {_stages(result['stages']['backup'])}",
+        f"load stages    {_stages(result['stages']['load'])}",
+        "",
+        f"{'rank':>4} {'backup D2H':>11} {'load H2D':>11} {'bcast send':>11} {'bcast recv':>11}"
+        f" {'backup ops':>10} {'load ops':>9} {'host tokens':>12} {'host pool':>11}"
+        f" {'dev staging':>11}",
+    ]
+    for r in result["ranks"]:
+        lines.append(
+            f"{r['rank']:>4} {human_bytes(r['d2h_bytes']):>11} {human_bytes(r['h2d_bytes']):>11}"
+            f" {human_bytes(r['broadcast_send_bytes']):>11}"
+            f" {human_bytes(r['broadcast_recv_bytes']):>11}"
+            f" {sum(r['backup_ops'].values()):>10} {sum(r['load_ops'].values()):>9}"
+            f" {r['host_capacity_tokens']:>12} {human_bytes(r['host_pool_bytes']):>11}"
+            f" {human_bytes(r['device_staging_bytes']):>11}"
+        )
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
+def run_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"strategy {result['strategy']} -> {result['effective_strategy']}, {result['model']} "
+        f"on {result['topology']} ({result['device']})",
+        *(f"note: {n}" for n in result["notes"]),
+    ]
+    for r in result["ranks"]:
+        stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in r["stage_seconds"].items())
+        lines += [
+            f"rank {r['rank']}: D2H {human_bytes(r['d2h_bytes'])}, H2D "
+            f"{human_bytes(r['h2d_bytes'])}, broadcast sent "
+            f"{human_bytes(r['broadcast_send_bytes'])} / received "
+            f"{human_bytes(r['broadcast_recv_bytes'])}",
+            f"  host capacity {r['host_capacity_tokens']} tokens in "
+            f"{human_bytes(r['host_pool_bytes'])}; {r['ops']} ops {r['ops_by_kind']}",
+            f"  backup {r['gbps']['backup']:.2f} GB/s, load {r['gbps']['load']:.2f} GB/s; "
+            f"stages: {stages}",
+            f"  verified: {'bit-exact' if r['verified'] else 'MISMATCH ' + r['mismatch']}",
+        ]
+    lines.append(
+        f"verified: {'bit-exact' if result['verified'] else 'FAILED'} "
+        f"({len(result['ranks'])} ranks)"
+    )
+    return "\n".join(lines)
+
+
+def ordering_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"ordering model: {result['effective_strategy']} load of {result['layers']} layers "
+        f"({result['broadcasts']} broadcasts) on {result['ranks']} ranks, then a forward with "
+        "one all-reduce per layer",
+    ]
+    for design, finding in result["designs"].items():
+        verdict = "DEADLOCK" if finding["deadlock"] else "safe"
+        mark = "  <- configured" if design == result["configured"] else ""
+        lines.append(f"  {design:<15} {verdict:<9} ({finding['states']} states){mark}")
+        lines += [f"      {w}" for w in finding["witness"]]
+    return "\n".join(lines)
+
+
+def simulate_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"simulate: {result['ranks']} ranks, predicate {result['predicate']}",
+        f"{'seed':>4} {'reduces off':>11} {'reduces on':>10} {'skipped':>7} {'forced':>6} "
+        f"{'poll ms off':>11} {'poll ms on':>10}  ranks agree  on == off",
+    ]
+    for r in result["runs"]:
+        agree = "yes" if r["ranks_agree"] else "NO"
+        same = "yes" if r["skip_on_equals_off"] else "NO"
+        lines.append(
+            f"{r['seed']:>4} {r['reduces_off']:>11} {r['reduces_on']:>10} {r['skipped']:>7} "
+            f"{r['forced']:>6} {r['poll_ms_off']:>11.3f} {r['poll_ms_on']:>10.3f}  "
+            f"{agree:>11}  {same:>8}"
+        )
+    lines.append("ok" if result["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
+def validate_text(result: dict[str, Any]) -> str:
+    lines = [f"checked {len(result['checked'])} configs"]
+    lines += [f"error: {e}" for e in result["errors"]]
+    lines.append("valid" if result["valid"] else f"{len(result['errors'])} errors")
+    return "\n".join(lines)
+
+
+def write_trace(path: str, ranks: list[dict[str, Any]]) -> None:
+    """Every rank's ops as JSON lines, each tagged with its rank (taken out of the report)."""
+    with open(path, "w") as f:
+        for r in ranks:
+            for op in r.pop("trace"):
+                f.write(json.dumps({"rank": r["rank"], **op}) + "\n")

@@ -1,0 +1,290 @@
+"""TransferPlan: the frozen spec of one transfer on one rank (pages, steps, who moves what).
+
+`build_plan` validates the caller's indices once (page-aligned, in range, equal lengths, no
+duplicates) and raises ValueError before any byte moves. Everything a stage needs to know
+about the transfer is decided here, once: the steps (chunked or not), which step goes through
+a batch buffer, which exchange can land in place. Stages consume the plan; they never re-derive
+it. Everything here runs on CPU: the plan is the host-side decision.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import torch
+
+from pipeline.spec.model import ModelGeometry, Unit
+from pipeline.spec.ownership import OwnerMap
+from pipeline.spec.sizing import Sizing, batch_buffer_bytes
+from pipeline.spec.slots import pages_of
+from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
+from pipeline.spec.strategy import StrategyConfig
+from pipeline.spec.topology import IoBackend, MemLayout, Topology
+
+
+class Direction(Enum):
+    """backup: device -> host; load: host -> device."""
+
+    backup = "backup"
+    load = "load"
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What every transfer plan of one rank shares: the units and who copies them, the page
+    geometry and pool sizes, and the knobs that shape steps (made once per engine)."""
+
+    rank: int
+    units: tuple[Unit, ...]
+    owners: OwnerMap
+    page_size: int
+    dcp_size: int
+    host_slots: int
+    device_slots: int
+    io_backend: IoBackend
+    mem_layout: MemLayout
+    staging_bytes: int
+    """Largest exchange slice and chunked-backup batch (strategy.staging_bytes)."""
+    chunk_pages: int
+    """Backups in batches of this many pages; 0 is one batch (strategy.chunk_pages)."""
+    batch_buffer_bytes: int
+    """Each of the two device buffers a chunked backup's batches gather into (0: none)."""
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelGeometry,
+        topology: Topology,
+        strategy: StrategyConfig,
+        owners: OwnerMap,
+        sizing: Sizing,
+        rank: int,
+    ) -> PlanSpec:
+        return cls(
+            rank=rank,
+            units=model.units,
+            owners=owners,
+            page_size=model.page_size,
+            dcp_size=topology.dcp_size,
+            host_slots=sizing.host_slots,
+            device_slots=sizing.device_slots,
+            io_backend=topology.io_backend,
+            mem_layout=topology.mem_layout,
+            staging_bytes=strategy.staging_bytes,
+            chunk_pages=strategy.chunk_pages,
+            batch_buffer_bytes=batch_buffer_bytes(strategy, model, owners, rank),
+        )
+
+    @property
+    def slots_per_page(self) -> int:
+        return self.page_size * self.dcp_size
+
+    def copies(self, unit: Unit) -> bool:
+        """Does this rank copy `unit` between its own device and host pools?"""
+        return self.owners.copies(unit.ordinal, self.rank)
+
+    def lay_out(self, direction: Direction, num_pages: int) -> StepLayout:
+        """The steps of a transfer of `num_pages` pages (they depend on nothing else)."""
+        if direction is Direction.load:
+            exchanged = functools.partial(_exchanged, self.owners)
+            steps = load_steps(self.units, exchanged, num_pages, staging_bytes=self.staging_bytes)
+            return StepLayout.of(steps)
+        # a batch buffer holds what the host takes in one call: a scatter kernel, or a DMA per
+        # run of pages where the host keeps a page's units together
+        one_call = (
+            self.io_backend is IoBackend.kernel or self.mem_layout is MemLayout.page_first_direct
+        )
+        copied = tuple(u for u in self.units if self.copies(u))
+        steps = backup_steps(
+            copied,
+            num_pages,
+            chunk_pages=self.chunk_pages,
+            batch_bytes=self.staging_bytes,
+            buffer_bytes=self.batch_buffer_bytes,
+            one_call_batches=one_call,
+        )
+        return StepLayout.of(steps)
+
+
+def _exchanged(owners: OwnerMap, unit: Unit) -> bool:
+    return owners.exchanged(unit.ordinal)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive transfer pages that are consecutive on both the host and the device side."""
+
+    first: int
+    """Position of the run's first page in the transfer."""
+    host_page: int
+    device_page: int
+    count: int
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """One transfer on one rank: its validated pages, its steps and who moves each unit."""
+
+    direction: Direction
+    spec: PlanSpec
+    host_indices: torch.Tensor
+    """Logical host slots, as the caller passed them (CPU int64)."""
+    device_indices: torch.Tensor
+    """Logical device slots, as the caller passed them (CPU int64)."""
+    host_pages: torch.Tensor
+    """Local host page of each transfer page (CPU int64)."""
+    device_pages: torch.Tensor
+    """Local device page of each transfer page (CPU int64)."""
+    layout: StepLayout
+    graphed: bool = False
+    """Issued as a CUDA graph replay: no step may depend on page ids (no in-place exchange)."""
+    verify: bool = False
+    """After the load, check across the replica group that every rank holds the same bytes."""
+    _runs_in: dict[tuple[int, int], tuple[Run, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return self.layout.steps
+
+    def layer_steps(self, layer: int) -> tuple[Step, ...]:
+        return self.layout.by_layer[layer]
+
+    @functools.cached_property
+    def num_pages(self) -> int:
+        return len(self.host_pages)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.host_indices)
+
+    @functools.cached_property
+    def runs(self) -> tuple[Run, ...]:
+        """Maximal runs of pages consecutive on both sides (made when first asked for: the
+        kernel backend inside a CUDA graph never asks)."""
+        hosts, devices = self.host_pages.numpy(), self.device_pages.numpy()
+        breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
+        bounds = [0, *breaks.tolist(), self.num_pages]
+        spans = list(itertools.pairwise(bounds))
+        hp, dp = hosts[bounds[:-1]].tolist(), devices[bounds[:-1]].tolist()
+        return tuple(Run(a, h, d, b - a) for (a, b), h, d in zip(spans, hp, dp, strict=True))
+
+    def runs_in(self, first: int, count: int) -> tuple[Run, ...]:
+        """The runs clipped to pages [first, first + count) (once per slice and transfer)."""
+        key = (first, count)
+        if key not in self._runs_in:
+            self._runs_in[key] = self._clip(first, first + count)
+        return self._runs_in[key]
+
+    def _clip(self, first: int, end: int) -> tuple[Run, ...]:
+        clipped = []
+        start = bisect.bisect_right(self.runs, first, key=lambda r: r.first) - 1
+        for r in self.runs[max(start, 0) :]:
+            if r.first >= end:
+                break
+            lo, hi = max(r.first, first), min(r.first + r.count, end)
+            if lo < hi:
+                shift = lo - r.first
+                clipped.append(Run(lo, r.host_page + shift, r.device_page + shift, hi - lo))
+        return tuple(clipped)
+
+    def device_run(self, step: Step) -> int | None:
+        """The first device page when the step's pages lie in one run, else None (O(log n))."""
+        run = self.runs[bisect.bisect_right(self.runs, step.first, key=lambda r: r.first) - 1]
+        if step.first + step.count > run.first + run.count:
+            return None
+        return run.device_page + step.first - run.first
+
+    def in_place(self, step: Step) -> int | None:
+        """Where an exchanged step's broadcast lands in place: the first of this rank's
+        consecutive device pages of the step; None when it goes through the staging buffer
+        (pages apart, or a graph, which must not bake in page ids)."""
+        return None if self.graphed else self.device_run(step)
+
+    def copies(self, unit: Unit) -> bool:
+        return self.spec.copies(unit)
+
+    def exchanged(self, unit: Unit) -> bool:
+        """Is `unit` broadcast from its owner to the replica group in this transfer?"""
+        return self.direction is Direction.load and self.spec.owners.exchanged(unit.ordinal)
+
+    def source(self, unit: Unit) -> int:
+        source = self.spec.owners.sources[unit.ordinal]
+        assert source is not None, "only exchanged units have a source"
+        return source
+
+    def bytes_moved(self) -> dict[str, int]:
+        """Bytes this rank copies between tiers and sends/receives in broadcasts."""
+        copied = send = recv = 0
+        rank = self.spec.rank
+        for s in self.steps:
+            copied += s.nbytes if self.copies(s.unit) else 0
+            if self.exchanged(s.unit):
+                send += s.nbytes if self.source(s.unit) == rank else 0
+                recv += s.nbytes if self.source(s.unit) != rank else 0
+        key = "d2h_bytes" if self.direction is Direction.backup else "h2d_bytes"
+        return {key: copied, "broadcast_send_bytes": send, "broadcast_recv_bytes": recv}
+
+
+class StepsCache:
+    """Step layouts per (direction, page count) of one engine, the `capacity` latest kept."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._layouts: dict[tuple[Direction, int], StepLayout] = {}
+
+    def get(self, spec: PlanSpec, direction: Direction, num_pages: int) -> StepLayout:
+        key = (direction, num_pages)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = spec.lay_out(direction, num_pages)
+            if len(self._layouts) > self.capacity:
+                del self._layouts[next(iter(self._layouts))]
+        return layout
+
+
+def build_plan(
+    direction: Direction,
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    spec: PlanSpec,
+    *,
+    graphed: bool = False,
+    verify: bool = False,
+    known_steps: StepsCache | None = None,
+) -> TransferPlan:
+    """Validate logical indices and lay out the steps; raises ValueError on bad input.
+
+    An engine passes `known_steps` to lay steps out once per page count."""
+    host_pages = pages_of("host_indices", host_indices, spec.slots_per_page, spec.host_slots)
+    device_pages = pages_of(
+        "device_indices", device_indices, spec.slots_per_page, spec.device_slots
+    )
+    if len(host_indices) != len(device_indices):
+        raise ValueError(
+            f"host_indices has {len(host_indices)} slots and device_indices "
+            f"{len(device_indices)}: pass one device slot per host slot"
+        )
+    num_pages = len(host_pages)
+    layout = (
+        spec.lay_out(direction, num_pages)
+        if known_steps is None
+        else known_steps.get(spec, direction, num_pages)
+    )
+    return TransferPlan(
+        direction,
+        spec,
+        host_indices,
+        device_indices,
+        host_pages,
+        device_pages,
+        layout,
+        graphed=graphed,
+        verify=verify,
+    )

@@ -1,0 +1,109 @@
+"""Logical token slots and the pages they form: validation, DCP localization, allocation.
+
+A transfer names logical slots. With decode context parallelism (DCP) a page holds
+page_size x dcp_size logical slots ("slots per page"): slot s lives on DCP rank s % dcp_size at
+local row s // dcp_size, so logical page p is local page p on every DCP rank.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: int) -> torch.Tensor:
+    """The page ids of whole, aligned pages of logical slots (CPU int64), which are also the
+    local page ids on every DCP rank; every malformed input gets a ValueError naming it."""
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of slot indices")
+    if indices.device.type != "cpu" or indices.dtype != torch.int64:
+        raise ValueError(
+            f"{name} must be a CPU int64 tensor (got {indices.dtype} on "
+            f"{indices.device}): plans are computed on the host"
+        )
+    n = len(indices)
+    if n == 0 or n % slots_per_page:
+        raise ValueError(
+            f"{name} has {n} slots: transfers move whole pages of {slots_per_page} slots "
+            "(page_size x dcp_size)"
+        )
+    # numpy, single-threaded: torch's intra-op thread pool costs more than the work for small
+    # ops on a host shared by several ranks, and this runs on every transfer's issue path
+    slots = indices.numpy()
+    starts = slots[::slots_per_page]
+    steps = slots[1:] - slots[:-1]
+    steps[slots_per_page - 1 :: slots_per_page] = 1  # a page may start anywhere after the last
+    if (starts % slots_per_page).any() or (steps != 1).any():
+        raise ValueError(
+            f"{name} is not page-aligned: every {slots_per_page} consecutive slots must "
+            f"be one whole page (start at a multiple of {slots_per_page}, then +1 each)"
+        )
+    if starts.min() < 0 or starts.max() + slots_per_page > num_slots:  # whole pages: starts do
+        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
+    pages = starts // slots_per_page
+    ordered = np.sort(pages)
+    if (ordered[1:] == ordered[:-1]).any():
+        raise ValueError(f"{name} names a page twice: each page moves once per transfer")
+    return torch.from_numpy(pages)
+
+
+def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
+    """Local rows of this DCP rank: logical slot s lives on rank s % dcp at row s // dcp.
+
+    A strided view (`indices[rank::dcp] // dcp`), never a boolean mask: a mask's nonzero would
+    make the device wait for the host. Identity at dcp 1. (Plans need only whole pages, whose
+    ids `pages_of` gives directly; this is the row-level statement of the same mapping.)
+    """
+    if not 0 <= dcp_rank < dcp_size:
+        raise ValueError(f"dcp_rank={dcp_rank} is outside 0..{dcp_size - 1}")
+    slots_per_page = page_size * dcp_size
+    if len(indices) % slots_per_page:
+        raise ValueError(
+            f"{len(indices)} slots are not whole widened pages of {slots_per_page} (page_size "
+            f"{page_size} x dcp_size {dcp_size})"
+        )
+    return indices[dcp_rank::dcp_size] // dcp_size
+
+
+def page_tokens(pages: list[int], slots_per_page: int) -> torch.Tensor:
+    """Token slots of whole pages, in page order (int64, CPU)."""
+    p = torch.tensor(pages, dtype=torch.int64).unsqueeze(1)
+    return (p * slots_per_page + torch.arange(slots_per_page, dtype=torch.int64)).reshape(-1)
+
+
+class PageAllocator:
+    """Hands out free pages: the first free ones, or a seeded random sample (fragmented).
+
+    Deterministic: the same calls give the same pages on every rank.
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._free = set(range(num_pages))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, num_pages: int, rng: random.Random | None = None) -> list[int]:
+        if num_pages < 0:
+            raise ValueError(f"cannot allocate {num_pages} pages")
+        if num_pages > len(self._free):
+            raise ValueError(
+                f"out of pages: asked for {num_pages}, {len(self._free)} free of {self.num_pages}"
+            )
+        free = sorted(self._free)
+        pages = free[:num_pages] if rng is None else rng.sample(free, num_pages)
+        self._free.difference_update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        taken = [p for p in pages if p in self._free or not 0 <= p < self.num_pages]
+        if taken or len(set(pages)) != len(pages):
+            raise ValueError(f"pages {taken[:8]} are not allocated (or repeat in one call)")
+        self._free.update(pages)
+
+    def free_pages(self) -> list[int]:
+        return sorted(self._free)

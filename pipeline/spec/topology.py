@@ -1,0 +1,153 @@
+"""The deployment's parallel layout: all TP/DP/CP arithmetic, no process groups.
+
+`Topology` is both the typed schema of the `topology` config group and the plain object the
+rest of the code reads (its `__post_init__` cross-field checks run wherever it is built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from pipeline.spec.checks import require_positive
+from pipeline.spec.model import ModelGeometry, ModelKind
+
+
+class IoBackend(Enum):
+    """How pages move between host and device: DMA copies or gather/scatter kernels."""
+
+    direct = "direct"
+    kernel = "kernel"
+
+
+class MemLayout(Enum):
+    """How the host pool orders a page's units and rows."""
+
+    layer_first = "layer_first"
+    page_first = "page_first"
+    page_first_direct = "page_first_direct"
+
+
+class StorageBackend(Enum):
+    """The L3 store behind the host pool."""
+
+    none = "none"
+    file = "file"
+    mooncake = "mooncake"
+    hf3fs = "hf3fs"
+    nixl = "nixl"
+
+
+class DisaggregationMode(Enum):
+    """Prefill/decode disaggregation role of a server."""
+
+    none = "none"
+    prefill = "prefill"
+    decode = "decode"
+
+
+class DeviceKind(Enum):
+    """Where device pools live."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass(kw_only=True)
+class Topology:
+    """Parallel degrees, cache backends and device of one deployment."""
+
+    name: str
+    """Preset name, shown in reports."""
+    tp_size: int
+    """Tensor-parallel ranks of one pipeline stage."""
+    dp_attention: bool = False
+    """Data-parallel attention: attention runs on tp_size / dp_size ranks per group."""
+    dp_size: int = 1
+    """Attention data-parallel groups (needs dp_attention when > 1)."""
+    attn_cp_size: int = 1
+    """Attention context-parallel size (splits the tokens of a request over ranks)."""
+    dcp_size: int = 1
+    """Decode context parallel: logical slot s lives on rank s % dcp_size at row s // dcp_size."""
+    pp_size: int = 1
+    """Pipeline-parallel stages."""
+    nnodes: int = 1
+    """Nodes the deployment spans."""
+    io_backend: IoBackend = IoBackend.kernel
+    """direct: one copy per contiguous run of pages; kernel: one gather/scatter op per layer."""
+    mem_layout: MemLayout = MemLayout.layer_first
+    """Host pool layout: layer_first, page_first (token-major) or page_first_direct (page-major)."""
+    storage_backend: StorageBackend = StorageBackend.none
+    """L3 store behind the host pool."""
+    disaggregation_mode: DisaggregationMode = DisaggregationMode.none
+    """Prefill/decode disaggregation role of this server."""
+    device: DeviceKind = DeviceKind.auto
+    """Where device pools live: auto picks cuda when available, else cpu."""
+
+    def __post_init__(self) -> None:
+        require_positive(
+            "topology", self, "tp_size", "dp_size", "attn_cp_size", "dcp_size", "pp_size", "nnodes"
+        )
+        if self.dp_size > 1 and not self.dp_attention:
+            raise ValueError(
+                f"topology.dp_size={self.dp_size} needs topology.dp_attention=true "
+                "(or set topology.dp_size=1)"
+            )
+        if self.tp_size % self.attn_dp_size:
+            raise ValueError(
+                f"topology.dp_size={self.dp_size} must divide topology.tp_size={self.tp_size}"
+            )
+        if (self.tp_size // self.attn_dp_size) % self.attn_cp_size:
+            raise ValueError(
+                f"topology.attn_cp_size={self.attn_cp_size} must divide tp_size / dp_size = "
+                f"{self.tp_size // self.attn_dp_size}"
+            )
+        if self.attn_tp_size % self.dcp_size:
+            raise ValueError(
+                f"topology.dcp_size={self.dcp_size} must divide the attention-TP size "
+                f"{self.attn_tp_size}"
+            )
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"topology.nnodes={self.nnodes} must divide tp_size x pp_size = {self.world_size}"
+            )
+
+    @property
+    def attn_dp_size(self) -> int:
+        return self.dp_size if self.dp_attention else 1
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks that run one attention group (tp, or tp / dp with DP attention, / attn CP)."""
+        return self.tp_size // (self.attn_dp_size * self.attn_cp_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    def attn_group(self, rank: int) -> tuple[int, ...]:
+        """The TP ranks of `rank`'s attention group (contiguous blocks of attn_tp_size)."""
+        first = rank - rank % self.attn_tp_size
+        return tuple(range(first, first + self.attn_tp_size))
+
+    def dcp_rank(self, rank: int) -> int:
+        return (rank % self.attn_tp_size) % self.dcp_size
+
+    def replica_group(self, rank: int, model: ModelGeometry) -> tuple[int, ...]:
+        """Ranks that hold the same KV bytes as `rank`.
+
+        MLA: the attention group's ranks that own the same DCP shard. MHA: only `rank` (heads
+        are split), so no strategy can share its bytes.
+        """
+        if model.kind is ModelKind.mha:
+            return (rank,)
+        dcp = self.dcp_size
+        return tuple(r for r in self.attn_group(rank) if r % dcp == rank % dcp)
+
+    def replica_groups(self, model: ModelGeometry) -> list[tuple[int, ...]]:
+        """Every replica group of one pipeline stage, in rank order of their first member."""
+        groups: dict[tuple[int, ...], None] = {}
+        for rank in range(self.tp_size):
+            groups.setdefault(self.replica_group(rank, model))
+        return list(groups)

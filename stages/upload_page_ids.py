@@ -1,0 +1,22 @@
+"""upload_page_ids: put the transfer's page ids on the pool's device before the first kernel."""
+
+from __future__ import annotations
+
+from pipeline.engine.streams import Stream
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.topology import IoBackend
+
+
+class UploadPageIds:
+    """One non-blocking copy of both sides' page ids onto the device, on the transfer stream.
+
+    The plan already localized them (with DCP, logical page p is local page p on every rank:
+    `pipeline.spec.slots`), so there is no op over the slots and no device sync. Kernel
+    copies index pages by these ids; direct copies take page numbers from the plan's runs and
+    need the ids only for a staged exchange or a verify, which move them on first use
+    (`Transfer.page_ids`), so a direct transfer of consecutive pages never waits for them.
+    """
+
+    def on_transfer(self, t: Transfer, stream: Stream) -> None:
+        if t.plan.spec.io_backend is IoBackend.kernel:
+            t.page_ids()

@@ -1,0 +1,170 @@
+"""The layout shows the architecture, and stays that way: layers import only downward, only the
+config layer knows Hydra, no module or function outgrows a sitting, every public class says
+what it is, and code comments carry no benchmark numbers."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted([*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "stages").glob("*.py")])
+LAYERS = {
+    "pipeline.spec": 0,
+    "pipeline.engine": 1,
+    "stages": 2,
+    "pipeline.config": 3,
+    "pipeline.jobs": 4,
+    "pipeline.cli": 5,
+    "pipeline.__main__": 6,
+}
+"""Each package's layer: a module imports only from its own layer or below."""
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 50
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int | None:
+    for package, layer in LAYERS.items():
+        if module == package or module.startswith(package + "."):
+            return layer
+    return None
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = [module_name(p) for p in SOURCES if layer_of(module_name(p)) is None]
+    assert unplaced == ["pipeline"]  # the package's own docstring, which imports nothing
+    assert imports(ROOT / "pipeline" / "__init__.py") == set()
+
+
+def test_imports_go_downward_only() -> None:
+    upward = []
+    for path in SOURCES:
+        here = module_name(path)
+        for imported in imports(path):
+            theirs = layer_of(imported)
+            if theirs is not None and theirs > (layer_of(here) or 0):
+                upward.append(f"{here} imports {imported}")
+    assert upward == []
+
+
+def test_no_import_cycles() -> None:
+    names = {module_name(p) for p in SOURCES}
+    graph = {
+        module_name(p): {m for m in imports(p) if m in names and m != module_name(p)}
+        for p in SOURCES
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, node])):
+                return cycle
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            assert visit(start, []) == []
+
+
+def test_only_the_config_layer_imports_hydra_or_omegaconf() -> None:
+    offenders = [
+        f"{module_name(p)} imports {m}"
+        for p in SOURCES
+        if not module_name(p).startswith("pipeline.config")
+        for m in imports(p)
+        if m.split(".")[0] in ("hydra", "omegaconf")
+    ]
+    assert offenders == []
+
+
+def test_the_engine_and_every_stage_load_without_hydra() -> None:
+    """Importing the engine, the spec layer and every stage leaves Hydra and OmegaConf out of
+    `sys.modules` (a fresh interpreter, so nothing else imported them first)."""
+    modules = [
+        module_name(p)
+        for p in SOURCES
+        if layer_of(module_name(p)) in (LAYERS["pipeline.spec"], LAYERS["pipeline.engine"], 2)
+    ]
+    assert "pipeline.engine.engine" in modules and "stages.copy" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_modules_and_functions_fit_a_sitting(path: Path) -> None:
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES
+    long = [
+        f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_public_classes_say_what_they_are(path: Path) -> None:
+    undocumented = [
+        node.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and not node.name.startswith("_")
+        and not ast.get_docstring(node)
+    ]
+    assert undocumented == []
+
+
+MEASUREMENT = re.compile(r"\d+(\.\d+)?\s*(us|µs|ms|GB/s|MB/s)\b")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_comments_carry_no_benchmark_numbers(path: Path) -> None:
+    """Timings belong in BENCHMARKS.md, where the command that made them stands beside them."""
+    text = path.read_text()
+    comments = [
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+    docstrings = [
+        ast.get_docstring(node) or ""
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    assert [c for c in comments + docstrings if MEASUREMENT.search(c)] == []

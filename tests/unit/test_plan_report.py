@@ -1,0 +1,51 @@
+"""The `plan` report's op counts for chunked backups (no process group, no byte moved)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import job_config
+
+from pipeline.jobs.plan_report import plan_report
+
+
+@pytest.mark.parametrize(
+    ("io", "layout", "gathered"),
+    [
+        ("kernel", "layer_first", True),
+        ("direct", "page_first_direct", True),
+        ("direct", "layer_first", False),  # the host keeps a page's layers apart
+    ],
+)
+def test_a_chunked_backup_counts_one_gather_and_one_copy_per_batch(
+    io: str, layout: str, gathered: bool
+) -> None:
+    report = plan_report(
+        job_config(
+            "topology=tp2",
+            f"topology.io_backend={io}",
+            f"topology.mem_layout={layout}",
+            "workload.placement=contiguous",
+            "workload.num_tokens=32",
+            "workload.device_tokens=128",
+            "strategy.chunk_pages=3",
+        )
+    )
+    for rank in report["ranks"]:
+        ops = rank["backup_ops"]
+        batches = 3  # 8 pages in batches of 3, 3 and 2, one pool kind (tiny_mla)
+        if gathered:
+            assert ops["batch_gather"] == ops["copy"] == batches
+        else:  # per batch, one page of every layer per copy
+            assert ops["batch_gather"] == 0
+            assert ops["copy"] == 3 + 3 + 2
+
+
+def test_plan_reports_the_device_memory_of_the_staging_buffers() -> None:
+    """rotating at TP2: the 128 MiB exchange buffer, plus with chunk_pages=16 two batch
+    buffers of 16 pages of the layers the rank copies (31 or 30 of deepseek_v3's 61)."""
+    common = ("strategy=rotating", "topology=tp2", "model=deepseek_v3")
+    page = 64 * 1152  # a layer's page: 64 tokens of 576 bf16
+    for chunk, batches in ((0, (0, 0)), (16, (16 * 31 * page, 16 * 30 * page))):
+        report = plan_report(job_config(*common, f"strategy.chunk_pages={chunk}"))
+        got = [r["device_staging_bytes"] for r in report["ranks"]]
+        assert got == [128 * 2**20 + 2 * b for b in batches]
