@@ -1,6 +1,8 @@
-"""The cuda path on two GPUs (NCCL, CUDA streams and events, pinned pools, UVA gathers).
+"""The cuda path (NCCL, CUDA streams and events, pinned pools, UVA gathers, CUDA graphs).
 
-Skipped without two CUDA devices; run on the device machine with `python -m pytest tests/gpu`.
+Every test runs on two GPUs (tp2: the dedup strategies, the exchange), and those that need no
+peer also on one (tp1, replicated). Each skips where fewer GPUs are present; run on the device
+machine with `python -m pytest tests/gpu`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import rankfns
 import torch
 from conftest import job_config
 
+from pipeline.config.job import Job
 from pipeline.engine.pools import host_buffer, uva_alias
 from pipeline.jobs.launch import launch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 
 IO_LAYOUTS = (
     ("direct", "layer_first"),
@@ -27,8 +31,41 @@ IO_LAYOUTS = (
     ("kernel", "page_first"),
 )
 CUDA = ("topology.device=cuda", "topology=tp2")
+ONE_GPU = ("topology.device=cuda", "topology=tp1", "strategy=replicated")
+ON_GPUS = [
+    pytest.param(2, "rotating", marks=TWO_GPUS, id="tp2-rotating"),
+    pytest.param(1, "replicated", id="tp1-replicated"),
+]
+"""(ranks, strategy) pairs a test runs as: two GPUs exchange, one GPU copies alone."""
 
 
+def on_gpus(ranks: int, strategy: str) -> tuple[str, ...]:
+    return ("topology.device=cuda", f"topology=tp{ranks}", f"strategy={strategy}")
+
+
+def test_bit_exact_on_one_gpu_for_every_io_backend_and_placement() -> None:
+    configs = [
+        job_config(
+            *ONE_GPU,
+            f"model={m}",
+            f"topology.io_backend={io}",
+            f"topology.mem_layout={layout}",
+            f"workload.placement={p}",
+            "workload.num_tokens=2048",
+            "workload.device_tokens=8192",
+            f"strategy.chunk_pages={chunk}",
+        )
+        for m, (io, layout), p, chunk in itertools.product(
+            ("deepseek_v3", "deepseek_v32"), IO_LAYOUTS, ("contiguous", "fragmented"), (0, 8)
+        )
+    ]
+    ranks = launch(rankfns.run_jobs, configs, 1, backend="nccl", timeout_s=300)
+    assert ranks is not None
+    for i, cfg in enumerate(configs):
+        assert ranks[0][i]["verified"], (cfg.topology, ranks[0][i]["mismatch"])
+
+
+@TWO_GPUS
 def test_bit_exact_on_both_gpus_for_every_strategy_and_io_backend() -> None:
     configs = [
         job_config(
@@ -58,35 +95,37 @@ def test_bit_exact_on_both_gpus_for_every_strategy_and_io_backend() -> None:
             assert r[i]["verified"], (cfg.strategy.config.name, cfg.topology, r[i]["mismatch"])
 
 
+@pytest.mark.parametrize(("ranks", "strategy"), ON_GPUS)
 @pytest.mark.parametrize("chunk_pages", [0, 3])  # 3: 8 pages through both batch buffers
 @pytest.mark.parametrize("io", ["direct", "kernel"])
-def test_issue_path_never_syncs_the_device(io: str, chunk_pages: int) -> None:
+def test_issue_path_never_syncs_the_device(
+    io: str, chunk_pages: int, ranks: int, strategy: str
+) -> None:
     layout = "page_first_direct" if io == "direct" else "page_first"
     cfg = job_config(
-        *CUDA,
-        "strategy=rotating",
+        *on_gpus(ranks, strategy),
         "model=deepseek_v32",
         f"topology.io_backend={io}",
         f"topology.mem_layout={layout}",
         "workload.device_tokens=4096",
         f"strategy.chunk_pages={chunk_pages}",
     )
-    said = launch(rankfns.no_sync_on_issue, cfg, 2, backend="nccl", timeout_s=300)
-    assert said == ["", ""]
+    said = launch(rankfns.no_sync_on_issue, cfg, ranks, backend="nccl", timeout_s=300)
+    assert said == [""] * ranks
 
 
-def test_forward_uses_layer_0_while_the_last_layer_is_in_flight() -> None:
-    cfg = job_config(*CUDA, "strategy=rotating", "model=deepseek_v3", "workload.device_tokens=4096")
-    results = launch(rankfns.overlap_cuda, cfg, 2, backend="nccl", timeout_s=300)
+@pytest.mark.parametrize(("ranks", "strategy"), ON_GPUS)
+def test_forward_uses_layer_0_while_the_last_layer_is_in_flight(ranks: int, strategy: str) -> None:
+    cfg = job_config(*on_gpus(ranks, strategy), "model=deepseek_v3", "workload.device_tokens=4096")
+    results = launch(rankfns.overlap_cuda, cfg, ranks, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:
         assert r == {"layer0_ready": True, "last_ready_early": False, "mismatch": ""}
 
 
-def graph_config(strategy: str, *overrides: str) -> dict:
+def graph_config(ranks: int, strategy: str, *overrides: str) -> Job:
     return job_config(
-        *CUDA,
-        f"strategy={strategy}",
+        *on_gpus(ranks, strategy),
         "model=deepseek_v32",
         "topology.io_backend=kernel",
         "topology.mem_layout=layer_first",
@@ -96,19 +135,23 @@ def graph_config(strategy: str, *overrides: str) -> dict:
     )
 
 
-@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
-def test_same_sized_transfers_replay_one_graph_per_direction(strategy: str) -> None:
-    args = (graph_config(strategy), [6, 6, 6])
-    results = launch(rankfns.graph_replays, args, 2, backend="nccl", timeout_s=300)
+@pytest.mark.parametrize(
+    ("ranks", "strategy"),
+    [*ON_GPUS, pytest.param(2, "replicated", marks=TWO_GPUS, id="tp2-replicated")],
+)
+def test_same_sized_transfers_replay_one_graph_per_direction(ranks: int, strategy: str) -> None:
+    args = (graph_config(ranks, strategy), [6, 6, 6])
+    results = launch(rankfns.graph_replays, args, ranks, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:
         assert r["mismatches"] == ["", "", ""]
         assert r["captures"] == 2 and r["same_ops"] and r["ops"] > 0
 
 
-def test_evicted_graphs_are_captured_again() -> None:
-    args = (graph_config("rotating", "strategy.cuda_graph_cache=1"), [6, 5, 6])
-    results = launch(rankfns.graph_replays, args, 2, backend="nccl", timeout_s=300)
+@pytest.mark.parametrize(("ranks", "strategy"), ON_GPUS)
+def test_evicted_graphs_are_captured_again(ranks: int, strategy: str) -> None:
+    args = (graph_config(ranks, strategy, "strategy.cuda_graph_cache=1"), [6, 5, 6])
+    results = launch(rankfns.graph_replays, args, ranks, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:
         assert r["mismatches"] == ["", "", ""]
