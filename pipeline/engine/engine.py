@@ -179,29 +179,29 @@ class Engine:
         `stream` (replayed from `graphs` when given)."""
         load = direction is Direction.load
         every = self.strategy.config.verify_every
-        verify = load and every > 0 and self._loads % every == 0
-        self._loads += load
-        plan = build_plan(
+        plan = build_plan(  # raises on bad indices: nothing counted, nothing issued
             direction,
             host_indices,
             device_indices,
             self.spec,
             graphed=graphs is not None,
-            verify=verify,
+            verify=load and every > 0 and self._loads % every == 0,
             known_steps=self._known_steps,
         )
+        self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         forward = self.runtime.forward_stream
         ready = forward.new_event()
         forward.record(ready)
         stream.wait_event(ready)
-        layers = plan.layout.layers if load else ()
+        # a graph's layer events are its own (recorded inside it); else one per layer of a load
+        layers = plan.layout.layers if load and graphs is None else ()
         gathers = not load and self.spec.batch_buffer_bytes > 0
         res = self.resources
         return Transfer(
             plan=plan,
             res=res,
-            layer_events={} if graphs else {layer: stream.new_event() for layer in layers},
+            layer_events={layer: stream.new_event() for layer in layers},
             done=stream.new_event(),
             all_copied=stream.new_event(),
             batches=BatchRing(res.batch_buffers, res.gather_stream) if gathers else None,
