@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.config import schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
@@ -92,3 +94,16 @@ def test_every_knob_is_range_checked_where_it_lives(schema_class, knobs, message
     job, a test) gets the same error naming the key."""
     with pytest.raises(ValueError, match=message):
         schema_class(**REQUIRED.get(schema_class, {}), **knobs)
+
+
+def test_no_shipped_stage_entry_carries_an_argument() -> None:
+    """Every knob has one home: a stage entry names its stage and nothing else, so no
+    `${strategy.*}` copy (or any other value) can shadow a strategy knob."""
+    strategies = sorted((Path(__file__).parents[2] / "conf" / "strategy").glob("*.yaml"))
+    assert len(strategies) == 3
+    for path in strategies:
+        config = yaml.safe_load(path.read_text())
+        for direction in ("backup", "load"):
+            for entries in config[direction].values():
+                assert all(list(entry) == ["_target_"] for entry in entries), path
+        assert "${" not in path.read_text(), path

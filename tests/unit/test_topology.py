@@ -224,3 +224,11 @@ def test_indexer_layers_unsorted_or_repeated(layers: list[int]) -> None:
     """Index-K layers must be strictly increasing."""
     with pytest.raises(ValueError, match="must be increasing with no repeats"):
         model(indexer=IndexerConfig(row_bytes=8, layers=layers))
+
+
+def test_glm5_index_k_layers_are_the_models_own() -> None:
+    """GLM-5 keeps index-K on layer 0, then every 4th layer from layer 1: 21 of 78."""
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        glm5 = Session.compose(["model=glm5"]).model()
+    assert glm5.indexer_layers == (0, *range(1, 78, 4))
+    assert len(glm5.indexer_layers) == 21 and glm5.indexer_layers[-1] == 77
