@@ -1,8 +1,9 @@
-"""`hicache-pipeline <subcommand> [--json] [Hydra overrides and flags]`.
+"""`hicache-pipeline <subcommand> [--json] [--config-dir DIR] [--cfg job] [overrides]`.
 
-Thin: each subcommand composes the config through one Hydra app (so `key=value`, `group=option`,
-`+key=`, `~key`, `--cfg job`, `--help`, `--config-dir DIR` and `-m` all work) and hands the
-result to a plain function. `--json` prints one JSON document on stdout; logs go to stderr.
+Thin: the front door (`pipeline.config.app`) parses the command line and composes the config
+with Hydra's compose API; each subcommand hands the checked result to a plain job function.
+`--json` prints one JSON document on stdout; logs go to stderr. A config mistake exits 2 with
+one line, before any rank starts; a failed rank exits 1.
 """
 
 from __future__ import annotations
@@ -12,65 +13,101 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from pipeline.config.app import hydra_main
+from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.compose import Session
-from pipeline.config.validate import check_config, group_options, validate_all
+from pipeline.config.job import Job
+from pipeline.config.sources import ConfigSources
+from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
 from pipeline.jobs.bench.output import markdown
 from pipeline.jobs.launch import RankFailure, launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
+from pipeline.jobs.report import printable
+from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.run import backend_of, run_rank
 from pipeline.jobs.simulate import simulate_rank
 from pipeline.jobs.simulate import summarize as summarize_simulation
+from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
 
-Handler = Callable[[Session, bool], int]
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """One subcommand's checked input: its command line and the options it may compose."""
+
+    line: CommandLine
+    sources: ConfigSources
+
+    def session(self) -> Session:
+        return checked_session(self.line, self.sources)
+
+    def job(self) -> Job:
+        """The whole config, checked (ConfigError before anything runs)."""
+        return self.session().job()
 
 
-def explain(session: Session, as_json: bool) -> int:
+Handler = Callable[[Invocation], int]
+
+
+def emit(inv: Invocation, result: dict, text: Callable[[dict], str]) -> None:
+    print(json.dumps(result, indent=2) if inv.line.as_json else text(result))
+
+
+def explain(inv: Invocation) -> int:
     """Verdict, effective strategy and every rule of the requested strategy."""
-    verdict = session.verdict()
-    print(
-        json.dumps(verdict.as_dict(), indent=2)
-        if as_json
-        else report.verdict_text(verdict, session.model(), session.topology())
-    )
-    return 1 if session.cfg.strict and not verdict.active else 0
+    session = inv.session()
+    job = session.job()  # the same checks as run: a CI gate on explain catches the same
+    verdict = job.verdict
+    if inv.line.as_json:
+        print(json.dumps(verdict.as_dict(), indent=2))
+    else:
+        print(report.verdict_text(verdict, session.model(), session.topology()))
+    return 1 if job.strict and not verdict.active else 0
 
 
-def plan(session: Session, as_json: bool) -> int:
+def plan(inv: Invocation) -> int:
     """Per-rank bytes, ops and host capacity of the effective strategy; moves nothing."""
-    job = session.job()
-    result = {**job.verdict.as_dict(), **plan_report(job)}
-    print(json.dumps(result, indent=2) if as_json else report.plan_text(result))
+    job = inv.job()
+    emit(inv, {**job.verdict.as_dict(), **plan_report(job)}, report.plan_text)
     return 0
 
 
-def run(session: Session, as_json: bool) -> int:
+def run(inv: Invocation) -> int:
     """Back up, evict and load back on real ranks; exit 0 only when every rank is bit-exact."""
-    job = session.job()
+    job = inv.job()
     verdict = job.verdict
     if not verdict.active:
         failed = "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
         if job.strict:
             print(
-                f"error: strict: strategy {verdict.strategy} is inactive ({failed})",
+                f"error: strict: strategy {printable(verdict.strategy)} is inactive ({failed})",
                 file=sys.stderr,
             )
             return 1
         log.warning(
             "strategy %s is inactive (%s); running %s",
-            verdict.strategy,
-            failed,
-            verdict.effective_strategy,
+            *map(printable, (verdict.strategy, failed, verdict.effective_strategy)),
         )
-    backend = backend_of(job)
+    workload = job.workload
+    guards = resource_problems(
+        job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
+    )
+    trace = job.runtime.trace_file
+    if trace is not None and Path(trace).exists():
+        message = f"runtime.trace_file={trace!r} exists: name a new file (a run overwrites none)"
+        guards.append(Problem("runtime.trace_file", message))
+    raise_problems(guards)
     ranks = launch(
-        run_rank, job, job.topology.tp_size, backend=backend, timeout_s=job.runtime.timeout_s
+        run_rank,
+        job,
+        job.topology.tp_size,
+        backend=backend_of(job),
+        timeout_s=job.runtime.timeout_s,
     )
     if ranks is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
@@ -86,25 +123,25 @@ def run(session: Session, as_json: bool) -> int:
         "device": pick_device(job.topology.device, 0).type,
         "ranks": ranks,
     }
-    print(json.dumps(result, indent=2) if as_json else report.run_text(result))
+    emit(inv, result, report.run_text)
     return 0 if result["verified"] else 1
 
 
-def validate(session: Session, as_json: bool) -> int:
+def validate(inv: Invocation) -> int:
     """Every option of every group, or the one config the overrides compose."""
-    if session.overrides:
-        checked = ["overrides: " + " ".join(session.overrides)]
-        errors = check_config(session.cfg, checked[0], group_options()["strategy"])
+    if inv.line.overrides:
+        checked = ["overrides: " + " ".join(inv.line.overrides)]
+        problems = validate_one(inv.line.overrides, inv.sources)
     else:
-        checked, errors = validate_all(lambda o: Session.compose(o).cfg)
-    result = {"valid": not errors, "checked": checked, "errors": errors}
-    print(json.dumps(result, indent=2) if as_json else report.validate_text(result))
-    return 0 if not errors else 1
+        checked, problems = validate_all(inv.sources)
+    result = {"valid": not problems, "checked": checked, "errors": [p.as_dict() for p in problems]}
+    emit(inv, result, report.validate_text)
+    return 0 if not problems else 1
 
 
-def check_ordering(session: Session, as_json: bool) -> int:
+def check_ordering(inv: Invocation) -> int:
     """Model one sharded load against the forward's collectives under each ordering design."""
-    job = session.job()
+    job = inv.job()
     per_layer, group = broadcasts_per_layer(job)
     configured = job.strategy.config.ordering.value
     designs = {
@@ -122,26 +159,34 @@ def check_ordering(session: Session, as_json: bool) -> int:
         "configured": configured,
         "designs": designs,
     }
-    print(json.dumps(result, indent=2) if as_json else report.ordering_text(result))
+    emit(inv, result, report.ordering_text)
     return 1 if designs[configured]["deadlock"] else 0
 
 
-def bench(session: Session, as_json: bool) -> int:
+def bench(inv: Invocation) -> int:
     """Strategies side by side with a hand-written loop and the measured link floors."""
+    session = inv.session()
+    base = session.job()
+    largest = max(base.bench.sizes)  # each case: room for two transfers, host for one
+    raise_problems(resource_problems(base, device_tokens=2 * largest, host_ratio=0.5))
     result = run_bench(session)
     if not result:  # a torchrun rank other than 0
         return 0
-    if as_json:
+    if inv.line.as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "raw"}, indent=2))
     else:
-        print(markdown(result) + f"written to {session.cfg.bench.out_dir}/ ({result['png']})")
+        print(markdown(result) + f"written to {base.bench.out_dir}/ ({result['png']})")
     ok = all(r["bit_exact"] and r["reference_bit_exact"] for r in result["rows"])
     return 0 if ok else 1
 
 
-def simulate(session: Session, as_json: bool) -> int:
+def simulate(inv: Invocation) -> int:
     """A randomized scheduler on real ranks: ack polls with the idle-sync skip off and on."""
-    job = session.job()
+    job = inv.job()
+    workload = job.workload
+    raise_problems(
+        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
+    )
     ranks = launch(
         simulate_rank,
         job,
@@ -152,7 +197,7 @@ def simulate(session: Session, as_json: bool) -> int:
     if ranks is None:
         return 0
     result = {"predicate": job.simulate.predicate.value, **summarize_simulation(ranks)}
-    print(json.dumps(result, indent=2) if as_json else report.simulate_text(result))
+    emit(inv, result, report.simulate_text)
     return 0 if result["ok"] else 1
 
 
@@ -166,8 +211,8 @@ COMMANDS: dict[str, Handler] = {
     "simulate": simulate,
 }
 
-USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [OVERRIDE ...] [--cfg job] [--help]
-                        [--config-dir DIR]
+USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [--config-dir DIR] [--cfg job] [--help]
+                        [OVERRIDE ...]
 
 subcommands:
   run       back up, evict and load back on real ranks; prove every rank bit-exact
@@ -191,16 +236,35 @@ def main(argv: list[str] | None = None) -> None:
         return
     command = args.pop(0)
     if command not in COMMANDS:
-        print(f"unknown subcommand {command!r}\n\n{USAGE}", file=sys.stderr)
+        print(f"unknown subcommand {printable(command)!r}\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
-    as_json = "--json" in args
-    handler = COMMANDS[command]
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s",
+    )
+    code = run_command(COMMANDS[command], args)
+    if code:
+        raise SystemExit(code)
 
-    def task(session: Session) -> int:
-        try:
-            return handler(session, as_json)
-        except (ValueError, RankFailure) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
 
-    hydra_main(command, [a for a in args if a != "--json"], task)
+def run_command(handler: Handler, args: list[str]) -> int:
+    """Parse, compose and run one subcommand: 2 for a config mistake (one line), 1 for a
+    failed rank, the handler's own code otherwise."""
+    try:
+        line = CommandLine.parse(args)
+        if line.help:
+            print(USAGE)
+            return 0
+        with configs(line.config_dir) as sources:
+            inv = Invocation(line, sources)
+            if line.cfg is not None:
+                print(inv.session().as_yaml())
+                return 0
+            return handler(inv)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {printable(str(e))}", file=sys.stderr)
+        return 2
+    except RankFailure as e:
+        print(f"error: {printable(str(e), keep_lines=True)}", file=sys.stderr)
+        return 1

@@ -34,6 +34,14 @@ def run_jobs(jobs: list[Job], rank: int, world_size: int, local_rank: int) -> li
     return [run_report(job, rank, world_size, local_rank, trace=True) for job in jobs]
 
 
+def fail_on_rank_1(payload: None, rank: int, world_size: int, local_rank: int) -> int:
+    """Rank 1 raises; rank 0 waits in a collective for it, as a real job would."""
+    if rank == 1:
+        raise ValueError("rank 1 gives up")
+    torch.distributed.barrier()
+    return rank
+
+
 def with_load_stages(engine: Engine, **lists: tuple) -> None:
     """Replace some of the engine's load stage lists (test stages, or one left out)."""
     strategy = engine.strategy

@@ -1,26 +1,84 @@
-"""The Hydra app behind every subcommand: overrides, `--cfg`, `--help`, `--config-dir`, `-m`."""
+"""The front door of every subcommand: its command line, and the configs it may compose.
+
+There is no Hydra app here: only Hydra's compose API, which builds a config and does nothing
+else. So nothing a config says can run a callback, set an environment variable, configure
+logging, pick a launcher or sweeper, or write a run folder: those parts of Hydra never run.
+The command line takes overrides in Hydra's grammar and a few flags of its own; anything else
+(Hydra's `--config-path`, `--experimental-rerun`, `-m`, ...) is refused before a config is read.
+"""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
+from pipeline.config.sources import ConfigSources
+from pipeline.config.untrusted import override_problems
+from pipeline.spec.checks import ConfigError, Problem, raise_problems
+
+FLAGS_WITH_VALUES = {"--config-dir": "config_dir", "--cfg": "cfg"}
 
 
-def hydra_main(command: str, args: list[str], task: Callable[[Session], int]) -> None:
-    """Compose the config from `args` through Hydra's app and run `task` on it; a non-zero
-    return becomes the exit code."""
+@dataclass
+class CommandLine:
+    """What one subcommand was asked: flags, and Hydra overrides (unchecked)."""
 
-    def main(cfg: DictConfig) -> None:
-        hc = HydraConfig.get()
-        code = task(Session(cfg, tuple(hc.overrides.task), hc.runtime.choices["strategy"]))
-        if code:
-            raise SystemExit(code)
+    as_json: bool = False
+    help: bool = False
+    cfg: str | None = None
+    """`--cfg job`: print the composed config instead of running."""
+    config_dir: str | None = None
+    """`--config-dir DIR`: the user's own options (`DIR/<group>/<name>.yaml`)."""
+    overrides: list[str] = field(default_factory=list)
 
-    sys.argv = [f"hicache-pipeline {command}", *args]
-    hydra.main(config_path="pkg://conf", config_name="config", version_base="1.3")(main)()
+    @classmethod
+    def parse(cls, args: list[str]) -> CommandLine:
+        """ConfigError for any flag this CLI does not take (Hydra's own included)."""
+        line, rest = cls(), list(args)
+        while rest:
+            arg = rest.pop(0)
+            name, eq, value = arg.partition("=")
+            if arg == "--json":
+                line.as_json = True
+            elif arg in ("-h", "--help"):
+                line.help = True
+            elif name in FLAGS_WITH_VALUES:
+                if not eq and not rest:
+                    raise ConfigError([Problem("", f"{name} needs a value", "command line")])
+                setattr(line, FLAGS_WITH_VALUES[name], value if eq else rest.pop(0))
+            elif arg.startswith("-"):
+                raise ConfigError([Problem("", refused_flag(arg), "command line")])
+            else:
+                line.overrides.append(arg)
+        if line.cfg not in (None, "job"):
+            raise ConfigError([Problem("", "--cfg takes only 'job'", "command line")])
+        return line
+
+
+def refused_flag(arg: str) -> str:
+    if arg in ("-m", "--multirun"):
+        return f"{arg}: sweeps are not run here; give one value per key and call once per config"
+    return (
+        f"{arg}: not an option of this command (options: --json, --help, --cfg job, "
+        "--config-dir DIR; everything else is a key=value override)"
+    )
+
+
+@contextlib.contextmanager
+def configs(config_dir: str | None) -> Iterator[ConfigSources]:
+    """Hydra's compose API over the shipped options and the user's checked ones."""
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        sources = ConfigSources.load(config_dir)
+        with sources.registered():
+            yield sources
+
+
+def checked_session(line: CommandLine, sources: ConfigSources) -> Session:
+    """The composed config, once the user folder and the overrides are clean (ConfigError
+    listing every problem otherwise)."""
+    raise_problems([*sources.problems, *override_problems(line.overrides)])
+    return Session.compose(line.overrides)

@@ -4,8 +4,7 @@ A config must not be able to run arbitrary code. A `_target_` must name a public
 in a module of the `stages` package that implements the protocol of its list (`on_transfer`
 for prepare and finish, `on_step` for per_step and exchange); nothing outside `stages` is
 imported to find out, and the entry's arguments must bind to the class's signature.
-`stage_errors` reports every problem of a strategy (for `validate`); `assemble` raises on the
-first.
+`stage_problems` reports every problem of a strategy; `assemble` raises on the first.
 """
 
 from __future__ import annotations
@@ -16,8 +15,10 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.config.schema_check import value_problems
 from pipeline.engine.strategy import Pipeline, Strategy
 from pipeline.engine.transfer import StepStage, TransferStage
+from pipeline.spec.checks import Problem
 from pipeline.spec.strategy import PipelineConfig, StrategyConfig
 
 STAGE_PACKAGE = "stages"
@@ -35,11 +36,13 @@ def stage_class(target: Any, list_name: str) -> type:
     if not isinstance(target, str):
         raise ValueError(f"_target_ {target!r} must be a dotted name of a stage class")
     module_name, _, class_name = target.rpartition(".")
-    if not module_name.startswith(STAGE_PACKAGE + ".") or class_name.startswith("_"):
+    if not module_name.startswith(STAGE_PACKAGE + "."):
         raise ValueError(
             f"_target_ {target!r} lies outside the '{STAGE_PACKAGE}' package; "
             "configs may only name stages"
         )
+    if class_name.startswith("_"):
+        raise ValueError(f"_target_ {target!r} names a private name; configs name stage classes")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -62,10 +65,18 @@ def checked_entry(entry: Any, list_name: str) -> tuple[type, dict[str, Any]]:
         raise ValueError(f"stage entry {entry!r} must be a mapping with a _target_")
     kwargs = {str(k): v for k, v in entry.items() if k != "_target_"}
     cls = stage_class(entry["_target_"], list_name)
+    signature = inspect.signature(cls, eval_str=True)
     try:
-        inspect.signature(cls).bind(**kwargs)
+        signature.bind(**kwargs)
     except TypeError as e:
         raise ValueError(f"arguments {sorted(kwargs)} do not fit {entry['_target_']}: {e}") from e
+    hints = {
+        name: Any if p.annotation is inspect.Parameter.empty else p.annotation
+        for name, p in signature.parameters.items()
+    }
+    wrong = [p.message for k, v in kwargs.items() for p in value_problems(v, hints[k], k)]
+    if wrong:
+        raise ValueError(f"arguments do not fit {entry['_target_']}: {'; '.join(wrong)}")
     return cls, kwargs
 
 
@@ -85,18 +96,18 @@ def _pipeline(entries: PipelineConfig) -> Pipeline:
     return Pipeline(**{name: built(name) for name in LIST_PROTOCOLS})
 
 
-def stage_errors(directions: Mapping[str, Mapping[str, list[Any]]], where: str) -> list[str]:
-    """Every stage problem of a strategy's plain `{direction: {list: [entries]}}` data, each
-    prefixed with `where` and the key."""
-    errors = []
+def stage_problems(directions: Mapping[str, Mapping[str, list[Any]]]) -> list[Problem]:
+    """Every stage problem of a strategy's plain `{direction: {list: [entries]}}` data."""
+    found = []
     for direction, lists in directions.items():
         for list_name in LIST_PROTOCOLS:
             for i, entry in enumerate(lists.get(list_name, [])):
+                key = f"strategy.{direction}.{list_name}[{i}]"
                 try:
                     checked_entry(entry, list_name)
                 except ValueError as e:
-                    errors.append(f"{where}: strategy.{direction}.{list_name}[{i}]: {e}")
-    return errors
+                    found.append(Problem(key, f"{key}: {e}"))
+    return found
 
 
 def stage_name(stage: object) -> str:

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pipeline.config.eligibility import Verdict
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
 from pipeline.engine.strategy import Strategy
+from pipeline.spec.checks import Problem
 from pipeline.spec.model import ModelGeometry
+from pipeline.spec.ownership import owner_map
+from pipeline.spec.sizing import exchange_staging_bytes, size_pools
 from pipeline.spec.topology import Topology
 
 
@@ -31,3 +34,65 @@ class Job:
     """Why the effective strategy is the one that runs."""
     strict: bool
     """Refuse an inactive strategy instead of falling back."""
+
+
+def job_problems(job: Job) -> list[Problem]:
+    """The rules that join groups, which a rank would otherwise find only after it started:
+    workload and bench sizes in whole pages that fit the pools, and staging for a page."""
+    return _alignment_problems(job) or _capacity_problems(job)
+
+
+def _alignment_problems(job: Job) -> list[Problem]:
+    slots = job.model.page_size * job.topology.dcp_size
+    aligned = f"a multiple of page_size x dcp_size = {slots}"
+    workload = job.workload
+    found = [
+        Problem(key, f"{key}={tokens} must be {aligned}")
+        for key, tokens in (
+            ("workload.num_tokens", workload.num_tokens),
+            ("workload.device_tokens", workload.device_tokens),
+        )
+        if tokens % slots
+    ]
+    misaligned = [size for size in job.bench.sizes if size % slots]
+    if misaligned:
+        found.append(Problem("bench.sizes", f"bench.sizes {misaligned} must each be {aligned}"))
+    return found
+
+
+def _capacity_problems(job: Job) -> list[Problem]:
+    model, topology, workload = job.model, job.topology, job.workload
+    config = job.strategy.config
+    owners = owner_map(config.ownership, topology.replica_group(0, model), model.units)
+    sizing = size_pools(
+        model,
+        topology,
+        owners,
+        0,
+        device_tokens=workload.device_tokens,
+        host_ratio=workload.host_ratio,
+        keep_capacity=config.keep_capacity,
+    )
+    found = []
+    pages = workload.num_tokens // sizing.slots_per_page
+    if 2 * pages > sizing.device_pages:
+        found.append(
+            Problem(
+                "workload.device_tokens",
+                f"workload.device_tokens={workload.device_tokens} must hold twice "
+                f"workload.num_tokens={workload.num_tokens} (backup source + load target)",
+            )
+        )
+    if pages > sizing.host.num_pages:
+        found.append(
+            Problem(
+                "workload.host_ratio",
+                f"the host pool holds {sizing.host_slots} tokens < workload.num_tokens="
+                f"{workload.num_tokens}; raise workload.host_ratio",
+            )
+        )
+    try:
+        exchange_staging_bytes(config, model, owners)
+    except ValueError as e:
+        found.append(Problem("strategy.staging_bytes", str(e)))
+    return found

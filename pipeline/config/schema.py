@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from pipeline.engine.runtime import Backend
-from pipeline.spec.checks import require_at_least
+from pipeline.spec.checks import Problem, at_least, non_empty, raise_problems
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, Topology
@@ -51,9 +51,12 @@ class WorkloadConfig:
     """Host budget = host_ratio x the device pool's bytes (a serving engine's hicache ratio)."""
 
     def __post_init__(self) -> None:
-        require_at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
-        if self.host_ratio <= 0:
-            raise ValueError(f"workload.host_ratio={self.host_ratio} must be > 0")
+        found = at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
+        if isinstance(self.host_ratio, int | float) and self.host_ratio <= 0:
+            found.append(
+                Problem("workload.host_ratio", f"workload.host_ratio={self.host_ratio} must be > 0")
+            )
+        raise_problems(found)
 
 
 @dataclass(kw_only=True)
@@ -70,8 +73,9 @@ class RuntimeConfig:
     """All-gather the inputs of every rank-replicated decision and raise on divergence."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"runtime.timeout_s={self.timeout_s} must be > 0")
+        if isinstance(self.timeout_s, int | float) and self.timeout_s <= 0:
+            key = "runtime.timeout_s"
+            raise_problems([Problem(key, f"{key}={self.timeout_s} must be > 0")])
 
 
 @dataclass(kw_only=True)
@@ -110,15 +114,19 @@ class BenchConfig:
     """Where bench.json, bench.md and bench.png go."""
 
     def __post_init__(self) -> None:
-        require_at_least("bench", self, repeats=1, warmup=0, floor_bytes=1)
+        found = at_least("bench", self, repeats=1, warmup=0, floor_bytes=1)
+        found += non_empty(
+            "bench", self, "sizes", "placements", "strategies", "chunk_pages", "cuda_graph_cache"
+        )
         for name, values, least in (
             ("sizes", self.sizes, 1),
             ("chunk_pages", self.chunk_pages, 0),
             ("cuda_graph_cache", self.cuda_graph_cache, 0),
         ):
-            bad = [v for v in values if isinstance(v, int) and v < least]
-            if bad:
-                raise ValueError(f"bench.{name}={values} must hold integers >= {least}")
+            if any(isinstance(v, int) and v < least for v in values):
+                key = f"bench.{name}"
+                found.append(Problem(key, f"{key}={values} must hold integers >= {least}"))
+        raise_problems(found)
 
 
 @dataclass(kw_only=True)
@@ -145,7 +153,7 @@ class SimulateConfig:
     """All-gather the skip decision's inputs every poll and raise on divergence."""
 
     def __post_init__(self) -> None:
-        require_at_least(
+        found = at_least(
             "simulate",
             self,
             steps=1,
@@ -154,8 +162,11 @@ class SimulateConfig:
             max_jitter_polls=0,
             max_skips=1,
         )
-        if not 0 <= self.arrive_prob <= 1:
-            raise ValueError(f"simulate.arrive_prob={self.arrive_prob} must lie in [0, 1]")
+        found += non_empty("simulate", self, "seeds")
+        if isinstance(self.arrive_prob, int | float) and not 0 <= self.arrive_prob <= 1:
+            key = "simulate.arrive_prob"
+            found.append(Problem(key, f"{key}={self.arrive_prob} must lie in [0, 1]"))
+        raise_problems(found)
 
 
 @dataclass(kw_only=True)

@@ -1,98 +1,107 @@
-"""`validate`: compose every option of every group (or one config) and report every error.
+"""`validate`: every option of every group (shipped and a user's folder), or the one config the
+overrides compose; every problem with its file, key and line.
 
-Checks, without constructing a stage or touching a device: schema (types, enums, unknown keys,
-missing required fields), range and cross-field rules (every schema's `__post_init__`),
-`_target_`s that name stages for their list with arguments that bind (`assemble.checked_entry`),
-known eligibility rule names, and fallbacks that name an existing strategy option.
+A user folder is read by the hardened reader first (`untrusted`), so syntax errors, refused
+YAML and schema mistakes of every file are listed together; each option is then composed with
+the keys those name left out, so its range and cross-group rules are reported in the same run.
+Nothing beyond the typed config is built: no stage runs, no device is touched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from omegaconf import OmegaConf
 
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
-
-from pipeline.config.assemble import stage_errors
-from pipeline.config.compose import unknown_keys
+from pipeline.config.assemble import stage_problems
+from pipeline.config.compose import DIRECTIONS, Session, typed_groups, unknown_keys
 from pipeline.config.eligibility import RULES
-from pipeline.config.schema import GROUP_SCHEMAS
-
-Composer = Callable[[list[str]], DictConfig]
-DIRECTIONS = ("backup", "load")
-
-
-def group_options() -> dict[str, list[str]]:
-    """Every option of every schema'd group on the search path (shipped and --config-dir)."""
-    loader = GlobalHydra.instance().config_loader()
-    return {
-        group: [o for o in loader.get_group_options(group) if not o.startswith("base_")]
-        for group in GROUP_SCHEMAS
-    }
+from pipeline.config.sources import ConfigSources
+from pipeline.config.untrusted import override_problems
+from pipeline.spec.checks import ConfigError, Problem
 
 
-def option_file(group: str, option: str) -> str:
-    """Where an option lives, as a path a user can open."""
-    loader = GlobalHydra.instance().config_loader()
-    result = loader.repository.load_config(f"{group}/{option}")  # type: ignore[attr-defined]
-    if result is None:
-        return f"{group}/{option}"
-    base = result.path.removeprefix("pkg://").removeprefix("file://")
-    return f"{base}/{group}/{option}.yaml"
-
-
-def check_config(cfg: DictConfig, where: str, strategies: list[str]) -> list[str]:
-    """Every problem of one composed config, each prefixed with `where` and the key."""
-    errors = [f"{where}: {e}" for e in unknown_keys(cfg)]
-    for group in GROUP_SCHEMAS:
-        try:
-            OmegaConf.to_object(cfg[group])
-        except Exception as e:  # schema and __post_init__ errors alike
-            errors.append(f"{where}: {group}: {_message(e)}")
-    if "strategy" not in cfg:
-        return errors
+def config_problems(session: Session, strategies: set[str]) -> list[Problem]:
+    """Every problem of one composed config, each naming its key (no file yet)."""
+    cfg = session.cfg
+    found = unknown_keys(cfg)
     try:
-        directions = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
-    except Exception as e:  # an interpolation that does not resolve
-        return [*errors, f"{where}: strategy: {_message(e)}"]
-    errors += stage_errors(directions, where)  # type: ignore[arg-type]
+        typed_groups(cfg)
+    except ConfigError as e:
+        found += e.problems
+    # the requested strategy's own stages, active or not (job() checks the effective one's)
+    plain = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
+    found += stage_problems(plain)  # type: ignore[arg-type]
     unknown = [r for r in cfg.strategy.requires if r not in RULES]
     if unknown:
-        errors.append(
-            f"{where}: strategy.requires: unknown rules {unknown}; known rules: {sorted(RULES)}"
+        found.append(
+            Problem(
+                "strategy.requires",
+                f"strategy.requires: unknown rules {unknown}; known rules: {sorted(RULES)}",
+            )
         )
     fallback = cfg.strategy.fallback
     if fallback is not None and fallback not in strategies:
-        errors.append(
-            f"{where}: strategy.fallback: {fallback!r} is not a strategy option "
-            f"({', '.join(strategies)})"
+        known = ", ".join(sorted(strategies))
+        found.append(
+            Problem("strategy.fallback", f"strategy.fallback: {fallback!r} is not one of {known}")
         )
-    return errors
+    if found:
+        return found
+    try:
+        session.job()  # the effective strategy, and the rules that join groups
+    except ConfigError as e:
+        found += e.problems
+    except ValueError as e:  # a fallback chain that ends nowhere
+        found.append(Problem("strategy.fallback", str(e)))
+    return found
 
 
-def validate_all(compose: Composer) -> tuple[list[str], list[str]]:
-    """(checked option files, errors) over every option of every group."""
-    options = group_options()
-    checked, errors = [], []
-    for group, names in options.items():
-        for option in names:
-            where = option_file(group, option)
-            checked.append(where)
-            try:
-                cfg = compose([f"{group}={option}"])
-            except Exception as e:
-                errors.append(f"{where}: {_message(e)}")
-                continue
-            errors += check_config(cfg, where, options["strategy"])
-    return checked, errors
+def placed(problem: Problem, file: str, lines: dict[str, int], group: str | None) -> Problem:
+    """`problem` in `file`, at the line of its key where the key belongs to the file's group."""
+    if problem.file is not None:
+        return problem
+    head, _, rest = problem.key.partition(".")
+    line = lines.get(rest) if head.split("[")[0] == group else None
+    return problem.at(file, line)
 
 
-def _message(e: BaseException) -> str:
-    """An exception and its causes on one line (Hydra wraps the useful part)."""
-    parts = []
-    while e is not None:
-        text = str(e).strip().replace("\n", " ")
-        if text and text not in parts:
-            parts.append(text)
-        e = e.__cause__  # type: ignore[assignment]
-    return ": ".join(parts)
+def in_order(problems: list[Problem]) -> list[Problem]:
+    """Each problem once, by file and line."""
+    unique = dict.fromkeys(problems)
+    return sorted(unique, key=lambda p: (p.file or "", p.line or 0))
+
+
+def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem]]:
+    """(checked files, problems) over every option of every group."""
+    options = sources.options()
+    strategies = {name for group, name, _ in options if group == "strategy"}
+    checked = [path for _, _, path in options]
+    found = list(sources.problems)
+    checked += sorted({p.file for p in found if p.file and p.file not in checked})
+    for group, option, path in options:
+        try:
+            session = Session.compose([f"{group}={option}"])
+        except ConfigError as e:
+            found += [p.at(path) for p in e.problems]
+            continue
+        lines = sources.file_of(group, option)[1]
+        found += [placed(p, path, lines, group) for p in config_problems(session, strategies)]
+    return checked, in_order(found)
+
+
+def validate_one(overrides: list[str], sources: ConfigSources) -> list[Problem]:
+    """The problems of the one config the overrides compose, each in the file it comes from."""
+    found = [*sources.problems, *override_problems(overrides)]
+    if found:
+        return found
+    try:
+        session = Session.compose(overrides)
+    except ConfigError as e:
+        return e.problems
+    strategies = {name for group, name, _ in sources.options() if group == "strategy"}
+    for problem in config_problems(session, strategies):
+        group = problem.key.partition(".")[0].split("[")[0]
+        if group in session.choices:
+            path, lines = sources.file_of(group, session.choices[group])
+            problem = placed(problem, path, lines, group)
+        found.append(problem)
+    return in_order(found)

@@ -75,7 +75,11 @@ class Finding:
     """A deadlocked state, one line per blocked rank (empty when none)."""
 
 
-def check(program: Program, max_states: int = 2_000_000) -> Finding:
+MAX_STATES = 200_000
+"""The search budget: a few seconds of exploring (the shipped topologies need under 1000)."""
+
+
+def check(program: Program, max_states: int = MAX_STATES) -> Finding:
     """Search every interleaving for a state where no rank can move but work remains."""
     ranks = range(len(program))
     start: State = (
@@ -98,7 +102,9 @@ def check(program: Program, max_states: int = 2_000_000) -> Finding:
             if nxt not in seen:
                 if len(seen) >= max_states:
                     raise ValueError(
-                        f"ordering model exceeded {max_states} states; check fewer layers"
+                        f"the ordering model of {len(program)} ranks exceeded its budget of "
+                        f"{max_states} states: check a smaller case (fewer layers, "
+                        "model.num_layers, or ranks, topology.tp_size)"
                     )
                 seen.add(nxt)
                 queue.append(nxt)

@@ -8,6 +8,7 @@ caller, and its peers are stopped instead of waiting out the collective timeout.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import socket
@@ -20,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+log = logging.getLogger("hicache-pipeline")
 
 RankFn = Callable[[Any, int, int, int], Any]
 """(payload, rank, world_size, local_rank) -> a picklable result."""
@@ -132,6 +135,7 @@ def _spawn(
         )
         for rank in range(world_size)
     ]
+    log.info("starting %d ranks", world_size)
     for p in procs:
         p.start()
     done: dict[int, Any] = {}

@@ -1,13 +1,29 @@
-"""Human-readable output of the subcommands (the --json forms are the dicts themselves)."""
+"""Human-readable output of the subcommands (the --json forms are the dicts themselves).
+
+Every name that came from a config is printed through `printable`: a name holding terminal
+control characters (a colour, a cursor move, a fake "verified" line) is shown escaped.
+"""
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from pipeline.config.eligibility import Verdict
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import Topology
+
+
+def printable(text: object, *, keep_lines: bool = False) -> str:
+    """`text` with every control or format character escaped (newlines kept if asked)."""
+
+    def shown(c: str) -> str:
+        if unicodedata.category(c)[0] != "C" or (keep_lines and c == "\n"):
+            return c
+        return c.encode("unicode_escape").decode("ascii")
+
+    return "".join(shown(c) for c in str(text))
 
 
 def human_bytes(n: float) -> str:
@@ -21,9 +37,9 @@ def human_bytes(n: float) -> str:
 def verdict_text(verdict: Verdict, model: ModelGeometry, topology: Topology) -> str:
     state = "ACTIVE" if verdict.active else "INACTIVE"
     lines = [
-        f"strategy {verdict.strategy}: {state} for {model.name} on {topology.name} "
-        f"(attention-TP {topology.attn_tp_size})",
-        f"effective strategy: {verdict.effective_strategy}",
+        f"strategy {printable(verdict.strategy)}: {state} for {printable(model.name)} on "
+        f"{printable(topology.name)} (attention-TP {topology.attn_tp_size})",
+        f"effective strategy: {printable(verdict.effective_strategy)}",
     ]
     if verdict.rules:
         lines.append("rules:")
@@ -34,7 +50,7 @@ def verdict_text(verdict: Verdict, model: ModelGeometry, topology: Topology) -> 
         ]
     else:
         lines.append("rules: none (always active)")
-    lines += ["notes:", *(f"  - {n}" for n in verdict.notes)] if verdict.notes else []
+    lines += ["notes:", *(f"  - {printable(n)}" for n in verdict.notes)] if verdict.notes else []
     return "\n".join(lines)
 
 
@@ -44,9 +60,11 @@ def _stages(lists: dict[str, list[str]]) -> str:
 
 def plan_text(result: dict[str, Any]) -> str:
     lines = [
-        f"strategy {result['strategy']} ({'active' if result['active'] else 'inactive'}), "
-        f"effective: {result['effective_strategy']}",
-        f"{result['model']} ({result['bytes_per_token']} B/token) on {result['topology']} "
+        f"strategy {printable(result['strategy'])} "
+        f"({'active' if result['active'] else 'inactive'}), "
+        f"effective: {printable(result['effective_strategy'])}",
+        f"{printable(result['model'])} ({result['bytes_per_token']} B/token) on "
+        f"{printable(result['topology'])} "
         f"(attention-TP {result['attn_tp_size']}), {result['num_tokens']} tokens "
         f"{result['placement']}",
         f"backup stages  {_stages(result['stages']['backup'])}",
@@ -65,15 +83,16 @@ def plan_text(result: dict[str, Any]) -> str:
             f" {r['host_capacity_tokens']:>12} {human_bytes(r['host_pool_bytes']):>11}"
             f" {human_bytes(r['device_staging_bytes']):>11}"
         )
-    lines += [f"note: {n}" for n in result["notes"]]
+    lines += [f"note: {printable(n)}" for n in result["notes"]]
     return "\n".join(lines)
 
 
 def run_text(result: dict[str, Any]) -> str:
     lines = [
-        f"strategy {result['strategy']} -> {result['effective_strategy']}, {result['model']} "
-        f"on {result['topology']} ({result['device']})",
-        *(f"note: {n}" for n in result["notes"]),
+        f"strategy {printable(result['strategy'])} -> "
+        f"{printable(result['effective_strategy'])}, {printable(result['model'])} "
+        f"on {printable(result['topology'])} ({result['device']})",
+        *(f"note: {printable(n)}" for n in result["notes"]),
     ]
     for r in result["ranks"]:
         stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in r["stage_seconds"].items())
@@ -97,7 +116,8 @@ def run_text(result: dict[str, Any]) -> str:
 
 def ordering_text(result: dict[str, Any]) -> str:
     lines = [
-        f"ordering model: {result['effective_strategy']} load of {result['layers']} layers "
+        f"ordering model: {printable(result['effective_strategy'])} load of "
+        f"{result['layers']} layers "
         f"({result['broadcasts']} broadcasts) on {result['ranks']} ranks, then a forward with "
         "one all-reduce per layer",
     ]
@@ -129,14 +149,16 @@ def simulate_text(result: dict[str, Any]) -> str:
 
 def validate_text(result: dict[str, Any]) -> str:
     lines = [f"checked {len(result['checked'])} configs"]
-    lines += [f"error: {e}" for e in result["errors"]]
+    for e in result["errors"]:
+        where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
+        lines.append(printable(f"error: {where}: {e['message']}" if where else e["message"]))
     lines.append("valid" if result["valid"] else f"{len(result['errors'])} errors")
     return "\n".join(lines)
 
 
 def write_trace(path: str, ranks: list[dict[str, Any]]) -> None:
     """Every rank's ops as JSON lines, each tagged with its rank (taken out of the report)."""
-    with open(path, "w") as f:
+    with open(path, "x") as f:  # never over a file that is already there
         for r in ranks:
             for op in r.pop("trace"):
                 f.write(json.dumps({"rank": r["rank"], **op}) + "\n")

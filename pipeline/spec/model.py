@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import require_positive
+from pipeline.spec.checks import Problem, positive, raise_problems
 
 
 class ModelKind(Enum):
@@ -93,25 +93,40 @@ class ModelGeometry:
     """DSA index-K pool; null for models without one."""
 
     def __post_init__(self) -> None:
-        require_positive("model", self, "num_layers", "kv_row_bytes", "page_size")
-        if self.kv_row_bytes % self.kv_dtype.itemsize:
-            raise ValueError(
-                f"model.kv_row_bytes={self.kv_row_bytes} is not a whole number of "
-                f"{self.kv_dtype.value} elements ({self.kv_dtype.itemsize} B): use a multiple of "
-                f"{self.kv_dtype.itemsize}"
+        raise_problems(self._problems())
+
+    def _problems(self) -> list[Problem]:
+        found = positive("model", self, "num_layers", "kv_row_bytes", "page_size")
+        itemsize = self.kv_dtype.itemsize if isinstance(self.kv_dtype, KvDtype) else 1
+        if isinstance(self.kv_row_bytes, int) and self.kv_row_bytes % itemsize:
+            found.append(
+                Problem(
+                    "model.kv_row_bytes",
+                    f"model.kv_row_bytes={self.kv_row_bytes} is not a whole number of "
+                    f"{self.kv_dtype.value} elements ({itemsize} B): use a multiple of {itemsize}",
+                )
             )
         if self.indexer is None:
-            return
-        require_positive("model.indexer", self.indexer, "row_bytes")
-        layers = self.indexer_layers
+            return found
+        found += positive("model.indexer", self.indexer, "row_bytes")
+        layers = self.indexer.layers or []
         bad = [x for x in layers if not 0 <= x < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"model.indexer.layers {bad} lie outside 0..{self.num_layers - 1}: "
-                f"list layers of this {self.num_layers}-layer model"
+        if bad and not found:
+            found.append(
+                Problem(
+                    "model.indexer.layers",
+                    f"model.indexer.layers {bad} lie outside 0..{self.num_layers - 1}: "
+                    f"list layers of this {self.num_layers}-layer model",
+                )
             )
         if list(layers) != sorted(set(layers)):
-            raise ValueError("model.indexer.layers must be increasing with no repeats")
+            found.append(
+                Problem(
+                    "model.indexer.layers",
+                    "model.indexer.layers must be increasing with no repeats",
+                )
+            )
+        return found
 
     @property
     def indexer_layers(self) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pipeline.spec.checks import require_at_least
+from pipeline.spec.checks import at_least, raise_problems
 from pipeline.spec.ownership import Ownership
 
 
@@ -45,9 +45,6 @@ class IdleSyncSkipConfig:
     """Skip the per-poll MIN all-reduce while no ack is outstanding (and no storage backend)."""
     max_skips: int = 8
     """After this many consecutive skips one sync is forced (and checks replicated state)."""
-
-    def __post_init__(self) -> None:
-        require_at_least("strategy.idle_sync_skip", self, max_skips=1)
 
 
 @dataclass(kw_only=True)
@@ -89,7 +86,7 @@ class StrategyConfig:
     is issued stage by stage)."""
 
     def __post_init__(self) -> None:
-        require_at_least(
+        knobs = at_least(
             "strategy",
             self,
             chunk_pages=0,
@@ -98,3 +95,5 @@ class StrategyConfig:
             poll_timer_every=0,
             cuda_graph_cache=0,
         )
+        skip = at_least("strategy.idle_sync_skip", self.idle_sync_skip, max_skips=1)
+        raise_problems(knobs + skip)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import require_positive
+from pipeline.spec.checks import Problem, positive, raise_problems
 from pipeline.spec.model import ModelGeometry, ModelKind
 
 
@@ -86,32 +86,53 @@ class Topology:
     """Where device pools live: auto picks cuda when available, else cpu."""
 
     def __post_init__(self) -> None:
-        require_positive(
-            "topology", self, "tp_size", "dp_size", "attn_cp_size", "dcp_size", "pp_size", "nnodes"
-        )
+        sizes = ("tp_size", "dp_size", "attn_cp_size", "dcp_size", "pp_size", "nnodes")
+        raise_problems(positive("topology", self, *sizes))  # the rules below divide by them
+        raise_problems(self._layout_problems())
+
+    def _layout_problems(self) -> list[Problem]:
+        """Cross-field rules, each checked once the ones it rests on hold."""
+        found = []
         if self.dp_size > 1 and not self.dp_attention:
-            raise ValueError(
-                f"topology.dp_size={self.dp_size} needs topology.dp_attention=true "
-                "(or set topology.dp_size=1)"
+            found.append(
+                Problem(
+                    "topology.dp_size",
+                    f"topology.dp_size={self.dp_size} needs topology.dp_attention=true "
+                    "(or set topology.dp_size=1)",
+                )
             )
         if self.tp_size % self.attn_dp_size:
-            raise ValueError(
-                f"topology.dp_size={self.dp_size} must divide topology.tp_size={self.tp_size}"
+            found.append(
+                Problem(
+                    "topology.dp_size",
+                    f"topology.dp_size={self.dp_size} must divide topology.tp_size={self.tp_size}",
+                )
             )
-        if (self.tp_size // self.attn_dp_size) % self.attn_cp_size:
-            raise ValueError(
-                f"topology.attn_cp_size={self.attn_cp_size} must divide tp_size / dp_size = "
-                f"{self.tp_size // self.attn_dp_size}"
+        elif (self.tp_size // self.attn_dp_size) % self.attn_cp_size:
+            found.append(
+                Problem(
+                    "topology.attn_cp_size",
+                    f"topology.attn_cp_size={self.attn_cp_size} must divide tp_size / dp_size = "
+                    f"{self.tp_size // self.attn_dp_size}",
+                )
             )
-        if self.attn_tp_size % self.dcp_size:
-            raise ValueError(
-                f"topology.dcp_size={self.dcp_size} must divide the attention-TP size "
-                f"{self.attn_tp_size}"
+        elif self.attn_tp_size % self.dcp_size:
+            found.append(
+                Problem(
+                    "topology.dcp_size",
+                    f"topology.dcp_size={self.dcp_size} must divide the attention-TP size "
+                    f"{self.attn_tp_size}",
+                )
             )
         if self.world_size % self.nnodes:
-            raise ValueError(
-                f"topology.nnodes={self.nnodes} must divide tp_size x pp_size = {self.world_size}"
+            found.append(
+                Problem(
+                    "topology.nnodes",
+                    f"topology.nnodes={self.nnodes} must divide tp_size x pp_size = "
+                    f"{self.world_size}",
+                )
             )
+        return found
 
     @property
     def attn_dp_size(self) -> int:

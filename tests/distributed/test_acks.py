@@ -53,6 +53,7 @@ def test_the_forced_sync_compares_replicated_state() -> None:
         "strategy.idle_sync_skip.enabled=true",
         "strategy.idle_sync_skip.max_skips=2",
         "workload.device_tokens=128",
+        "workload.num_tokens=32",
     )
     said = launch(rankfns.diverged_state, (cfg, 2), 2, backend="gloo", timeout_s=60)
     assert said is not None

@@ -12,6 +12,7 @@ import rankfns
 from conftest import job_config
 
 from pipeline.jobs.launch import RankFailure, launch
+from pipeline.spec.checks import ConfigError
 
 pytestmark = pytest.mark.distributed
 
@@ -215,6 +216,11 @@ def test_a_sharded_load_that_bypasses_the_entry_point_raises() -> None:
 
 
 def test_a_failing_rank_is_reported_with_its_traceback() -> None:
-    cfg = job_config(*SMALL, "workload.device_tokens=7")  # not whole pages: ValueError
-    with pytest.raises(RankFailure, match="device_tokens=7 must be a multiple"):
-        launch(rankfns.run_jobs, [cfg], 2, backend="gloo", timeout_s=60)
+    with pytest.raises(RankFailure, match=r"(?s)rank 1 failed.*rank 1 gives up"):
+        launch(rankfns.fail_on_rank_1, None, 2, backend="gloo", timeout_s=60)
+
+
+def test_a_config_mistake_never_reaches_a_rank() -> None:
+    """What a rank would have found (pages that do not fit) is refused in the parent."""
+    with pytest.raises(ConfigError, match="device_tokens=7 must be a multiple of page_size"):
+        job_config(*SMALL, "workload.device_tokens=7")

@@ -140,7 +140,7 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
     done = cli("validate", "--config-dir", str(tmp_path), "--json", cwd=tmp_path)
     assert done.returncode == 1
     errors = json.loads(done.stdout)["errors"]
-    joined = "\n".join(errors)
+    assert all(set(e) == {"file", "key", "line", "message"} for e in errors)
     expectations = {
         "model/typo.yaml": "num_layrs",
         "model/wrongtype.yaml": "many",
@@ -157,11 +157,15 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
         "strategy/badskips.yaml": "strategy.idle_sync_skip.max_skips=0 must be >= 1",
     }
     for name, fragment in expectations.items():
-        assert any(name in e and fragment in e for e in errors), (name, joined)
-    not_stages = [e for e in errors if "notastage.yaml" in e]
-    assert [e.split(": ")[1] for e in not_stages] == [
-        f"strategy.backup.per_step[{i}]" for i in range(3)
-    ]  # every bad entry, not only the first
+        assert any(e["file"].endswith(name) and fragment in e["message"] for e in errors), (
+            name,
+            errors,
+        )
+    not_stages = [e for e in errors if e["file"].endswith("notastage.yaml")]
+    assert [e["key"] for e in not_stages] == [f"strategy.backup.per_step[{i}]" for i in range(3)]
+    assert [e["line"] for e in not_stages] == [5, 6, 7]  # every bad entry, each at its line
+    (knob,) = [e for e in errors if e["file"].endswith("badknobs.yaml")]
+    assert (knob["key"], knob["line"]) == ("strategy.chunk_pages", 3)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"]])
@@ -173,7 +177,7 @@ def test_help(args: list[str], tmp_path: Path) -> None:
 
 def test_unknown_key_fails_before_anything_runs(tmp_path: Path) -> None:
     done = cli("run", "+strategy.chunk_page=4", cwd=tmp_path)
-    assert done.returncode == 1
+    assert done.returncode == 2  # a config mistake
     assert "strategy.chunk_page: not a field of StrategyConfig" in done.stderr
 
 

@@ -13,6 +13,7 @@ import yaml
 from pipeline.config import schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
 from pipeline.spec import model, strategy, topology
+from pipeline.spec.checks import ConfigError
 from pipeline.spec.ownership import Ownership
 from pipeline.spec.strategy import IdleSyncSkipConfig, StrategyConfig
 
@@ -73,7 +74,11 @@ KNOB_ERRORS = [
     (StrategyConfig, {"verify_every": -2}, "strategy.verify_every=-2 must be >= 0"),
     (StrategyConfig, {"poll_timer_every": -1}, "strategy.poll_timer_every=-1 must be >= 0"),
     (StrategyConfig, {"cuda_graph_cache": -1}, "strategy.cuda_graph_cache=-1 must be >= 0"),
-    (IdleSyncSkipConfig, {"max_skips": 0}, "strategy.idle_sync_skip.max_skips=0 must be >= 1"),
+    (
+        StrategyConfig,
+        {"idle_sync_skip": IdleSyncSkipConfig(max_skips=0)},
+        "strategy.idle_sync_skip.max_skips=0 must be >= 1",
+    ),
     (WorkloadConfig, {"cycles": 0}, "workload.cycles=0 must be >= 1"),
     (WorkloadConfig, {"host_ratio": 0.0}, "workload.host_ratio=0.0 must be > 0"),
     (RuntimeConfig, {"timeout_s": 0.0}, "runtime.timeout_s=0.0 must be > 0"),
@@ -107,3 +112,21 @@ def test_no_shipped_stage_entry_carries_an_argument() -> None:
             for entries in config[direction].values():
                 assert all(list(entry) == ["_target_"] for entry in entries), path
         assert "${" not in path.read_text(), path
+
+
+def test_one_object_reports_all_its_problems_at_once() -> None:
+    """A knob's mistake does not hide another's: the error holds every problem."""
+    with pytest.raises(ConfigError) as raised:
+        StrategyConfig(
+            name="s",
+            ownership=Ownership.rotating,
+            chunk_pages=-1,
+            staging_bytes=0,
+            idle_sync_skip=IdleSyncSkipConfig(max_skips=0),
+        )
+    keys = [p.key for p in raised.value.problems]
+    assert keys == [
+        "strategy.chunk_pages",
+        "strategy.staging_bytes",
+        "strategy.idle_sync_skip.max_skips",
+    ]

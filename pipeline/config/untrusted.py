@@ -1,0 +1,199 @@
+"""Config input from strangers, checked before Hydra sees any of it.
+
+A user config folder is read here, never by Hydra: each file is size-capped and scanned as YAML
+tokens before anything is built (tags, anchors and aliases, directives and `@package` headers
+are refused, so no tag constructs an object and no alias bomb expands), then checked against
+its group's schema. Only checked data reaches Hydra, through the ConfigStore. Overrides are
+parsed with Hydra's grammar and refused where they touch `hydra.*`, call a resolver or sweep.
+No message quotes a resolver call's result: refused values are never resolved.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from pipeline.config.schema import GROUP_SCHEMAS
+from pipeline.config.schema_check import schema_problems, without
+from pipeline.spec.checks import Problem
+
+MAX_FILE_BYTES = 64 * 1024
+"""Largest config file read (the shipped ones are under 2 KiB)."""
+RESOLVER = re.compile(r"\$\{[^}]*:")
+"""`${name:...}`: a resolver call (oc.env reads the environment); plain `${a.b}` is fine."""
+ALLOWED_HYDRA_KEYS: frozenset[str] = frozenset()
+"""`hydra.*` keys a user may set: none (this CLI composes configs; Hydra runs no job)."""
+REFUSED_TOKENS: dict[type, str] = {
+    yaml.TagToken: "YAML tags are not allowed",
+    yaml.AnchorToken: "YAML anchors are not allowed",
+    yaml.AliasToken: "YAML aliases are not allowed",
+    yaml.DirectiveToken: "YAML directives are not allowed",
+}
+
+
+@dataclass(frozen=True)
+class UserOption:
+    """One checked option of a user config folder, as Hydra will get it."""
+
+    group: str
+    name: str
+    path: str
+    data: dict[str, Any]
+    """The file's data, without any key a problem names (the rest still composes)."""
+    lines: dict[str, int]
+    """Dotted key -> line in the file."""
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any] | None, dict[str, int], list[Problem]]:
+    """(data, key lines, problems) of one YAML file; data is None when it cannot be read."""
+    shown = str(path)
+    if path.stat().st_size > MAX_FILE_BYTES:
+        return None, {}, [Problem("", f"larger than {MAX_FILE_BYTES} bytes").at(shown)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None, {}, [Problem("", "not UTF-8 text").at(shown)]
+    found = [
+        Problem("", "a @package header is not allowed: options fill their own group").at(shown, i)
+        for i, line in enumerate(text.splitlines(), 1)
+        if re.match(r"\s*#\s*@package", line)
+    ]
+    try:
+        found += _refused_tokens(text, shown)
+        if found:
+            return None, {}, found
+        node = yaml.compose(text, Loader=yaml.SafeLoader)  # no tags or aliases: plain data
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        line = mark.line + 1 if mark else None
+        problem = Problem("", f"YAML syntax error ({where}): {e.problem}")
+        return None, {}, [*found, problem.at(shown, line)]
+    except yaml.YAMLError as e:  # unreadable characters and the like: no place to point at
+        return None, {}, [*found, Problem("", f"not readable as YAML: {e}").at(shown)]
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        return None, {}, [Problem("", "must be a mapping of config keys").at(shown)]
+    return data, dict(_key_lines(node, "")), []
+
+
+def _refused_tokens(text: str, shown: str) -> list[Problem]:
+    """Tags, anchors, aliases and directives, each kind once at its first line, found by the
+    scanner alone (nothing is built, so an alias bomb never expands)."""
+    found, seen = [], set()
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        kind = type(token)
+        if kind in REFUSED_TOKENS and kind not in seen:
+            seen.add(kind)
+            found.append(Problem("", REFUSED_TOKENS[kind]).at(shown, token.start_mark.line + 1))
+    return found
+
+
+def _key_lines(node: Any, prefix: str) -> Iterator[tuple[str, int]]:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = f"{prefix}.{key.value}" if prefix else str(key.value)
+            yield path, key.start_mark.line + 1
+            yield from _key_lines(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, value in enumerate(node.value):
+            yield f"{prefix}[{i}]", value.start_mark.line + 1
+            yield from _key_lines(value, f"{prefix}[{i}]")
+
+
+def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list[Problem]:
+    """What an option file of `group` may not hold: `hydra` keys, resolver calls, a defaults
+    list that reaches beyond its group's options, and keys or types its schema refuses."""
+    found = []
+    if "hydra" in data:
+        found.append(Problem(f"{group}.hydra", "hydra.* may not be set from a config file"))
+    defaults = data.get("defaults", [])
+    allowed = options | {"_self_", f"base_{group}"}
+    if not isinstance(defaults, list) or any(
+        not isinstance(d, str) or d not in allowed for d in defaults
+    ):
+        found.append(
+            Problem(
+                f"{group}.defaults",
+                f"{group}.defaults may list only options of the {group} group and _self_ "
+                f"(options: {', '.join(sorted(options))})",
+            )
+        )
+    for key, value in _strings(data, group):
+        if RESOLVER.search(value):
+            found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
+    fields = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+    return found + schema_problems(fields, GROUP_SCHEMAS[group], group)
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+
+
+def read_config_dir(
+    folder: str, shipped: dict[str, set[str]]
+) -> tuple[list[UserOption], list[Problem]]:
+    """Every option of a user config folder, checked; and every problem, with file and line.
+
+    Only `<group>/<name>.yaml` files of the schema'd groups are read: anything else that Hydra
+    would have read (a primary `config.yaml`, a `hydra/` folder) is refused, and so is a file
+    that shadows a shipped option (Hydra would silently ignore it)."""
+    root = Path(folder)
+    if not root.is_dir():
+        return [], [Problem("", f"--config-dir {folder}: not a folder")]
+    options, found = [], []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if path.is_dir() or path.suffix not in (".yaml", ".yml"):
+            continue
+        if len(relative.parts) != 2 or relative.parts[0] not in GROUP_SCHEMAS:
+            groups = ", ".join(GROUP_SCHEMAS)
+            found.append(Problem("", f"not an option of a config group ({groups})").at(str(path)))
+            continue
+        group, name = relative.parts[0], path.stem
+        if name in shipped[group]:
+            message = f"shadows the shipped option {group}/{name}: give it another name"
+            found.append(Problem(f"{group}", message).at(str(path)))
+            continue
+        data, lines, problems = read_yaml(path)
+        if data is not None:
+            names = shipped[group] | {p.stem for p in (root / group).glob("*.y*ml")}
+            problems = option_problems(group, data, names - {name})
+            clean = without(data, problems, group)
+            options.append(UserOption(group, name, str(path), clean, lines))
+        found += [p.at(str(path), p.line or lines.get(p.key.partition(".")[2])) for p in problems]
+    return options, found
+
+
+def override_problems(overrides: list[str]) -> list[Problem]:
+    """Every override that sets `hydra.*`, calls a resolver, sweeps, or does not parse."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:  # Hydra's grammar errors: report the text, not a traceback
+        return [Problem("", f"cannot parse the overrides: {str(e).splitlines()[0]}", "overrides")]
+    found = []
+    for override, text in zip(parsed, overrides, strict=True):
+        key = override.key_or_group
+        root = re.split(r"[./@]", key.lstrip("+~"), maxsplit=1)[0]
+        if (root == "hydra" and key not in ALLOWED_HYDRA_KEYS) or override.package == "hydra":
+            found.append(Problem(key, f"{key}: hydra.* cannot be set (Hydra runs no job here)"))
+        elif override.is_sweep_override():
+            found.append(Problem(key, f"{key}: a sweep; give one value per invocation"))
+        elif any(RESOLVER.search(s) for _, s in _strings(override.value(), key)):
+            found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
+        elif root not in (*GROUP_SCHEMAS, "strict"):
+            found.append(Problem(key, f"{key}: no config group or key of that name ({text!r})"))
+    return [p.at("overrides") for p in found]

@@ -1,0 +1,102 @@
+"""Resource guards: a job this machine cannot hold is refused before any rank starts.
+
+Local ranks beyond the machine (more than its GPUs, or many more than its cores), and pools
+larger than its free memory, each name the key to change. Under torchrun every process is one
+rank that torchrun placed, so only the memory of this process's own rank is weighed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from pipeline.config.job import Job
+from pipeline.engine.runtime import pick_device
+from pipeline.jobs.launch import under_torchrun
+from pipeline.jobs.report import human_bytes
+from pipeline.spec.checks import Problem
+from pipeline.spec.ownership import owner_map
+from pipeline.spec.sizing import device_staging_bytes, size_pools
+
+RANKS_PER_CORE = 8
+"""Local CPU ranks allowed per core (each is a process running gloo and worker threads)."""
+
+
+def available_memory() -> int:
+    """Bytes of memory the machine can still give (MemAvailable; free pages elsewhere)."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float) -> int:
+    """Host memory one rank's engine allocates: its host pool, and on CPU its device pool and
+    staging buffers too."""
+    model, topology, config = job.model, job.topology, job.strategy.config
+    owners = owner_map(config.ownership, topology.replica_group(rank, model), model.units)
+    sizing = size_pools(
+        model,
+        topology,
+        owners,
+        rank,
+        device_tokens=device_tokens,
+        host_ratio=host_ratio,
+        keep_capacity=config.keep_capacity,
+    )
+    total = sizing.host.pool_bytes
+    if pick_device(topology.device, 0).type == "cpu":
+        total += sizing.device_pages * sum(u.page_bytes for u in model.units)
+        total += device_staging_bytes(config, model, owners, rank)
+    return total
+
+
+def resource_problems(job: Job, *, device_tokens: int, host_ratio: float) -> list[Problem]:
+    """What this machine cannot hold of the job's local ranks and their pools."""
+    ranks = [int(os.environ["RANK"])] if under_torchrun() else range(job.topology.tp_size)
+    found = []
+    if not under_torchrun():
+        found += _rank_problems(job)
+    need = sum(
+        host_bytes(job, r, device_tokens=device_tokens, host_ratio=host_ratio) for r in ranks
+    )
+    free = available_memory()
+    if need > free:
+        found.append(
+            Problem(
+                "workload.device_tokens",
+                f"the pools of {len(ranks)} local ranks need {human_bytes(need)} of host memory "
+                f"and {human_bytes(free)} is free: lower workload.device_tokens or "
+                "workload.host_ratio",
+            )
+        )
+    return found
+
+
+def _rank_problems(job: Job) -> list[Problem]:
+    ranks = job.topology.tp_size
+    if pick_device(job.topology.device, 0).type == "cuda":
+        gpus = torch.cuda.device_count()
+        if ranks > gpus:
+            return [
+                Problem(
+                    "topology.tp_size",
+                    f"topology.tp_size={ranks} needs {ranks} GPUs on this machine and "
+                    f"{gpus} are here: lower it, or launch with torchrun across nodes",
+                )
+            ]
+        return []
+    cores = os.cpu_count() or 1
+    if ranks > RANKS_PER_CORE * cores:
+        return [
+            Problem(
+                "topology.tp_size",
+                f"topology.tp_size={ranks} local ranks on {cores} cores: at most "
+                f"{RANKS_PER_CORE * cores} here; lower it, or launch with torchrun across nodes",
+            )
+        ]
+    return []

@@ -1,0 +1,277 @@
+"""Configs as untrusted input: every attempt below is refused with one line, before anything
+runs. Nothing executes (no marker file appears), no file is touched, no rank starts, and no
+secret from the environment reaches the output, under validate, explain, plan and run.
+
+The CLI runs in-process (`run_command`), so a case costs a config composition, not a Python
+start; `test_cli.py` covers the same door through real subprocesses.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import COMMANDS, run_command
+
+SECRET = "s3cr3t-token-9f2c"
+COMMANDS_TRIED = ("validate", "explain", "plan", "run")
+
+
+class Touch:
+    """A pickle that would create `path` if anything ever loaded it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A victim file with known contents, a marker nothing may create, a config folder, and a
+    secret in the environment."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    monkeypatch.setenv("SECRET", SECRET)
+    monkeypatch.chdir(tmp_path)
+    return {"victim": victim, "marker": tmp_path / "marker", "dir": tmp_path / "conf"}
+
+
+def attempt(command: str, args: list[str], capsys, caplog) -> tuple[int, str, str]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hicache-pipeline"):
+        code = run_command(COMMANDS[command], args)
+    out, err = capsys.readouterr()
+    return code, out, err + caplog.text
+
+
+def refused(command: str, args: list[str], world: dict[str, Path], capsys, caplog) -> str:
+    """Run the attempt and check everything a refusal promises; return what it said."""
+    code, out, err = attempt(command, args, capsys, caplog)
+    said = out + err
+    if command == "validate":
+        assert code == 1 and "error:" in said, said
+    else:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    assert "starting" not in said  # no rank process was started
+    assert not world["marker"].exists()  # nothing executed
+    assert world["victim"].read_text() == "precious\n"  # nothing touched
+    assert SECRET not in said  # no secret printed
+    assert not (world["victim"].parent / "outputs").exists()
+    return said
+
+
+def write(world: dict[str, Path], name: str, text: str) -> list[str]:
+    path = world["dir"] / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return ["--config-dir", str(world["dir"])]
+
+
+def payload(world: dict[str, Path]) -> str:
+    return base64.b64encode(pickle.dumps(Touch(world["marker"]))).decode()
+
+
+OVERRIDE_ATTACKS = {
+    "callback_opens_a_file": [
+        "+hydra.callbacks.x._target_=builtins.open",
+        "+hydra.callbacks.x.file={victim}",
+        "+hydra.callbacks.x.mode=w",
+    ],
+    "callback_copies_over_a_file": [
+        "+hydra.callbacks.x._target_=shutil.copyfile",
+        "+hydra.callbacks.x.src=/dev/null",
+        "+hydra.callbacks.x.dst={victim}",
+    ],
+    "env_set_pythonpath": ["+hydra.job.env_set.PYTHONPATH={dir}"],
+    "logging_group": ["hydra/job_logging=disabled"],
+    "run_dir": ["hydra.run.dir={dir}/run"],
+    "verbose": ["hydra.verbose=true"],
+    "env_resolver": ["model.name=${{oc.env:SECRET}}"],
+    "quoted_env_resolver": ["model.name='${{oc.env:SECRET}}'"],
+    "decode_resolver": ["strict=${{oc.decode:true}}"],
+    "sweep": ["strategy=replicated,rotating"],
+    "unknown_root": ["+evil.key=1"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS_TRIED)
+@pytest.mark.parametrize("attack", list(OVERRIDE_ATTACKS))
+def test_overrides_cannot_reach_hydra_resolvers_or_sweeps(attack, command, world, capsys, caplog):
+    sitecustomize = world["dir"] / "sitecustomize.py"  # would run in every rank if on its path
+    sitecustomize.parent.mkdir(parents=True, exist_ok=True)
+    sitecustomize.write_text(f"open({str(world['marker'])!r}, 'w')\n")
+    args = [a.format(victim=world["victim"], dir=world["dir"]) for a in OVERRIDE_ATTACKS[attack]]
+    said = refused(command, args, world, capsys, caplog)
+    assert "overrides" in said
+
+
+FILE_ATTACKS = {
+    "global_package_callbacks": (
+        "strategy/evil.yaml",
+        "# @package _global_\nhydra:\n  callbacks:\n    x:\n      _target_: torch.load\n"
+        "      f: !!binary {payload}\n      weights_only: false\n",
+        "@package header",
+    ),
+    "python_tag": (
+        "model/evil.yaml",
+        "defaults: [tiny_mla, _self_]\nname: !!python/object/apply:os.system ['touch {marker}']\n",
+        "YAML tags are not allowed",
+    ),
+    "alias_bomb": (
+        "model/evil.yaml",
+        'a: &a ["x","x","x","x","x","x","x","x","x"]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n'
+        "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+        "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+        "g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\nh: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]\n",
+        "YAML anchors are not allowed",
+    ),
+    "oversized": ("model/evil.yaml", "name: big\n" + "# padding\n" * 8000, "larger than"),
+    "env_resolver": (
+        "model/evil.yaml",
+        "defaults: [tiny_mla, _self_]\nname: ${{oc.env:SECRET}}\n",
+        "calls a resolver",
+    ),
+    "hydra_key": (
+        "strategy/evil.yaml",
+        "defaults: [replicated, _self_]\nname: evil\nhydra:\n  job:\n    env_set:\n"
+        "      PYTHONPATH: {dir}\n",
+        "hydra.* may not be set",
+    ),
+    "logging_file_handler": (
+        "hydra/job_logging/evil.yaml",
+        "version: 1\nhandlers:\n  f:\n    class: logging.FileHandler\n    filename: {victim}\n"
+        "    mode: w\nroot:\n  handlers: [f]\n",
+        "not an option of a config group",
+    ),
+    "primary_config": (
+        "config.yaml",
+        "defaults: [base_config]\n",
+        "not an option of a config group",
+    ),
+    "defaults_reach_hydra": (
+        "strategy/evil.yaml",
+        "defaults:\n  - replicated\n  - override /hydra/job_logging: evil\n  - _self_\nname: e\n",
+        "may list only options of the strategy group",
+    ),
+    "shadows_shipped": (
+        "strategy/rotating.yaml",
+        "defaults: [replicated, _self_]\nname: rotating\n",
+        "shadows the shipped option strategy/rotating",
+    ),
+    "foreign_target": (
+        "strategy/evil.yaml",
+        "defaults: [replicated, _self_]\nname: evil\nbackup:\n  finish:\n"
+        "    - _target_: builtins.eval\n      source: open('{marker}', 'w')\n",
+        "lies outside the 'stages' package",
+    ),
+    "nested_target_argument": (
+        "strategy/evil.yaml",
+        "defaults: [replicated, _self_]\nname: evil\nload:\n  finish:\n"
+        "    - _target_: stages.verify.Verify\n      every:\n        _target_: os.getcwd\n",
+        "do not fit stages.verify.Verify",
+    ),
+    "syntax_error": ("model/evil.yaml", "name: [unclosed\n", "YAML syntax error"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS_TRIED)
+@pytest.mark.parametrize("attack", list(FILE_ATTACKS))
+def test_config_files_are_read_as_plain_checked_data(attack, command, world, capsys, caplog):
+    name, text, expected = FILE_ATTACKS[attack]
+    fields = {"payload": payload(world), **{k: str(v) for k, v in world.items()}}
+    args = write(world, name, text.format(**fields))
+    group, option = name.split("/")[0], Path(name).stem
+    if command != "validate" and group in ("model", "strategy"):
+        args.append(f"{group}={option}")
+    started = time.monotonic()
+    said = refused(command, args, world, capsys, caplog)
+    assert time.monotonic() - started < 20  # an alias bomb is refused, not expanded
+    assert expected in said, said
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--experimental-rerun", "{pickle}"],
+        ["-m", "strategy=replicated,rotating"],
+        ["--multirun"],
+        ["--config-path", "{dir}"],
+        ["--config-name", "evil"],
+        ["-cn", "evil"],
+        ["--info"],
+        ["--shell-completion"],
+        ["--cfg", "hydra"],
+        ["--hydra-help"],
+    ],
+)
+@pytest.mark.parametrize("command", COMMANDS_TRIED)
+def test_hydra_app_flags_are_refused(flag, command, world, capsys, caplog) -> None:
+    rerun = world["dir"] / "config.pickle"
+    rerun.parent.mkdir(parents=True, exist_ok=True)
+    rerun.write_bytes(pickle.dumps(Touch(world["marker"])))
+    args = [a.format(pickle=rerun, dir=world["dir"]) for a in flag]
+    code, _, err = attempt(command, args, capsys, caplog)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "command line" in lines[0], (code, err)
+    assert not world["marker"].exists()
+
+
+def test_names_cannot_forge_output(world, capsys, caplog) -> None:
+    """A name with terminal control characters prints escaped: no colour, no cleared screen,
+    no fake line of output."""
+    args = write(
+        world,
+        "model/forged.yaml",
+        'defaults: [tiny_mla, _self_]\nname: "m\\e[2J\\e[32m\\nverified: bit-exact"\n',
+    )
+    code, out, _ = attempt("explain", [*args, "model=forged"], capsys, caplog)
+    assert code == 0
+    assert "\x1b" not in out and "\\x1b[2J" in out
+    assert not any(line.startswith("verified") for line in out.splitlines())
+
+
+def test_validate_lists_every_mistake_of_a_folder_once(world, capsys, caplog) -> None:
+    """Ten mistakes in three files, one of them a YAML syntax error: all ten, with file and
+    line; the broken file does not stop the others from being checked."""
+    write(world, "topology/broken.yaml", "defaults: [tp2, _self_]\nname: [broken\n")
+    write(
+        world,
+        "model/bad.yaml",
+        "defaults: [tiny_mla, _self_]\nname: bad\nnum_layrs: 3\nkv_dtype: int3\npage_size: many\n"
+        "kv_row_bytes: -4\n",
+    )
+    args = write(
+        world,
+        "strategy/bad.yaml",
+        "defaults: [replicated, _self_]\nname: bad\nchunk_pages: -1\nstaging_bytes: 0\n"
+        "verify_every: -2\nidle_sync_skip:\n  max_skips: 0\nbackup:\n  finish:\n"
+        "    - _target_: os.system\n",
+    )
+    code, out, _ = attempt("validate", [*args, "--json"], capsys, caplog)
+    assert code == 1
+    errors = json.loads(out)["errors"]
+    got = sorted((Path(e["file"]).name, e["line"], e["key"]) for e in errors)
+    assert got == [
+        ("bad.yaml", 3, "model.num_layrs"),
+        ("bad.yaml", 3, "strategy.chunk_pages"),
+        ("bad.yaml", 4, "model.kv_dtype"),
+        ("bad.yaml", 4, "strategy.staging_bytes"),
+        ("bad.yaml", 5, "model.page_size"),
+        ("bad.yaml", 5, "strategy.verify_every"),
+        ("bad.yaml", 6, "model.kv_row_bytes"),
+        ("bad.yaml", 7, "strategy.idle_sync_skip.max_skips"),
+        ("bad.yaml", 10, "strategy.backup.finish[0]"),
+        ("broken.yaml", 3, ""),
+    ], errors
+    (broken,) = [e for e in errors if e["file"].endswith("broken.yaml")]
+    assert "YAML syntax error (line 3, column 1)" in broken["message"]
