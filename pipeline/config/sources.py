@@ -81,5 +81,5 @@ class ConfigSources:
         try:
             yield
         finally:
-            for o in self.user:
+            for o in self.user:  # the ConfigStore has no public way to take an entry out
                 store.repo[o.group].pop(f"{o.name}.yaml", None)

@@ -57,24 +57,23 @@ def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float) ->
 
 def resource_problems(job: Job, *, device_tokens: int, host_ratio: float) -> list[Problem]:
     """What this machine cannot hold of the job's local ranks and their pools."""
+    if not under_torchrun() and (found := _rank_problems(job)):
+        return found  # sizing the pools of ranks that cannot start would only take time
     ranks = [int(os.environ["RANK"])] if under_torchrun() else range(job.topology.tp_size)
-    found = []
-    if not under_torchrun():
-        found += _rank_problems(job)
     need = sum(
         host_bytes(job, r, device_tokens=device_tokens, host_ratio=host_ratio) for r in ranks
     )
     free = available_memory()
-    if need > free:
-        found.append(
-            Problem(
-                "workload.device_tokens",
-                f"the pools of {len(ranks)} local ranks need {human_bytes(need)} of host memory "
-                f"and {human_bytes(free)} is free: lower workload.device_tokens or "
-                "workload.host_ratio",
-            )
+    if need <= free:
+        return []
+    return [
+        Problem(
+            "workload.device_tokens",
+            f"the pools of {len(ranks)} local ranks need {human_bytes(need)} of host memory "
+            f"and {human_bytes(free)} is free: lower workload.device_tokens or "
+            "workload.host_ratio",
         )
-    return found
+    ]
 
 
 def _rank_problems(job: Job) -> list[Problem]:

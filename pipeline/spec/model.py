@@ -13,6 +13,9 @@ from enum import Enum
 
 from pipeline.spec.checks import Problem, positive, raise_problems
 
+MAX_LAYERS = 4096
+"""Most layers a model may have: plans, pools and checks walk every layer."""
+
 
 class ModelKind(Enum):
     """mla: one latent KV that every TP rank holds whole; mha: KV heads split over ranks."""
@@ -97,6 +100,13 @@ class ModelGeometry:
 
     def _problems(self) -> list[Problem]:
         found = positive("model", self, "num_layers", "kv_row_bytes", "page_size")
+        if isinstance(self.num_layers, int) and self.num_layers > MAX_LAYERS:
+            found.append(
+                Problem(
+                    "model.num_layers",
+                    f"model.num_layers={self.num_layers}: at most {MAX_LAYERS} layers",
+                )
+            )
         itemsize = self.kv_dtype.itemsize if isinstance(self.kv_dtype, KvDtype) else 1
         if isinstance(self.kv_row_bytes, int) and self.kv_row_bytes % itemsize:
             found.append(

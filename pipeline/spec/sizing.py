@@ -33,14 +33,18 @@ def host_capacity(
     identically everywhere), so it is sized for the group member that owns the most bytes.
     """
     units = model.units
-
-    def owned_page_bytes(r: int) -> int:
-        return sum(u.page_bytes for u in owners.owned(r, units))
-
-    widest = max(owned_page_bytes(r) for r in owners.group)
+    everyone = 0  # bytes every rank holds (replicated units)
+    by_owner: dict[int, int] = {}  # bytes of the units only their owner holds
+    for u in units:
+        source = owners.sources[u.ordinal]
+        if source is None:
+            everyone += u.page_bytes
+        else:
+            by_owner[source] = by_owner.get(source, 0) + u.page_bytes
+    widest = everyone + max(by_owner.values(), default=0)
     per_page = sum(u.page_bytes for u in units) if keep_capacity else widest
     num_pages = budget_bytes // per_page
-    return HostCapacity(num_pages=num_pages, pool_bytes=num_pages * owned_page_bytes(rank))
+    return HostCapacity(num_pages, num_pages * (everyone + by_owner.get(rank, 0)))
 
 
 @dataclass(frozen=True)

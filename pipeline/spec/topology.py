@@ -12,6 +12,10 @@ from enum import Enum
 from pipeline.spec.checks import Problem, positive, raise_problems
 from pipeline.spec.model import ModelGeometry, ModelKind
 
+MAX_RANKS = 1024
+"""Most ranks a topology may have: reports and checks walk every rank, and a config from a
+stranger must not make them walk a million."""
+
 
 class IoBackend(Enum):
     """How pages move between host and device: DMA copies or gather/scatter kernels."""
@@ -87,7 +91,15 @@ class Topology:
 
     def __post_init__(self) -> None:
         sizes = ("tp_size", "dp_size", "attn_cp_size", "dcp_size", "pp_size", "nnodes")
-        raise_problems(positive("topology", self, *sizes))  # the rules below divide by them
+        found = positive("topology", self, *sizes)  # the rules below divide by them
+        if not found and self.world_size > MAX_RANKS:
+            found.append(
+                Problem(
+                    "topology.tp_size",
+                    f"topology.tp_size x pp_size = {self.world_size}: at most {MAX_RANKS} ranks",
+                )
+            )
+        raise_problems(found)
         raise_problems(self._layout_problems())
 
     def _layout_problems(self) -> list[Problem]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import COMMANDS, run_command
+from pipeline.jobs.resources import RANKS_PER_CORE
 
 SECRET = "s3cr3t-token-9f2c"
 COMMANDS_TRIED = ("validate", "explain", "plan", "run")
@@ -47,8 +48,10 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 def attempt(command: str, args: list[str], capsys, caplog) -> tuple[int, str, str]:
     caplog.clear()
+    environment = dict(os.environ)
     with caplog.at_level(logging.INFO, logger="hicache-pipeline"):
         code = run_command(COMMANDS[command], args)
+    assert dict(os.environ) == environment  # no environment changed
     out, err = capsys.readouterr()
     return code, out, err + caplog.text
 
@@ -275,3 +278,47 @@ def test_validate_lists_every_mistake_of_a_folder_once(world, capsys, caplog) ->
     ], errors
     (broken,) = [e for e in errors if e["file"].endswith("broken.yaml")]
     assert "YAML syntax error (line 3, column 1)" in broken["message"]
+
+
+BAD_KNOBS = {
+    "run": [
+        "workload.cycles=0",
+        "workload.num_tokens=7",  # not whole pages of 4
+        "workload.device_tokens=256",  # cannot hold source and target of 256 tokens
+        "workload.host_ratio=0.01",  # the host pool cannot hold the transfer
+        "workload.host_ratio=0",
+        "workload.device_tokens=4000000000000",  # far more than this machine's memory
+        "strategy.chunk_pages=-1",
+        "strategy.staging_bytes=0",
+        "strategy.verify_every=-2",
+        "strategy.idle_sync_skip.max_skips=0",
+        "strategy.cuda_graph_cache=-1",
+        "strategy=rotating strategy.staging_bytes=100",  # smaller than one page of a layer
+        "runtime.timeout_s=0",
+        "topology.tp_size=0",
+        "topology.tp_size=100000",  # more ranks than any topology may have
+        "topology=tp8 topology.tp_size=1024",  # more local ranks than this machine holds
+        "model.num_layers=100000",  # more layers than any model may have
+        "topology.dp_size=2",  # needs dp_attention
+        "model.page_size=0",
+        "model.kv_row_bytes=63",  # not whole bf16 elements
+        "runtime.trace_file={victim}",  # exists: a run overwrites nothing
+    ],
+    "simulate": ["simulate.seeds=[]", "simulate.steps=0", "simulate.arrive_prob=2"],
+    "bench": ["bench.sizes=[]", "bench.sizes=[102]", "bench.repeats=0", "bench.strategies=[]"],
+    "check-ordering": ["model.num_layers=0"],
+}
+
+
+@pytest.mark.parametrize(
+    ("command", "knobs"),
+    [(command, knobs) for command, cases in BAD_KNOBS.items() for knobs in cases],
+)
+def test_no_config_mistake_reaches_a_rank(command, knobs, world, capsys, caplog) -> None:
+    """Each bad knob: exit 2, one line naming the key, and no rank process started."""
+    args = [a.format(victim=world["victim"]) for a in knobs.split()]
+    if "topology.tp_size=1024" in args and RANKS_PER_CORE * (os.cpu_count() or 1) >= 1024:
+        pytest.skip("this machine could start 1024 local ranks")
+    said = refused(command, args, world, capsys, caplog)
+    key = args[-1].split("=")[0]
+    assert key.rpartition(".")[0] in said or key in said, said
