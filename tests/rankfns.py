@@ -291,7 +291,7 @@ def graph_replays(
     round; every round bit-exact. Returns the captures and whether every round logged the same
     ops (only meaningful for equal counts)."""
     job, counts = args
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank, keep_trace=True)
     try:
         assert engine.graphs is not None, "graphs apply to this config"
         size, pages = engine.sizing.slots_per_page, engine.sizing.device_pages

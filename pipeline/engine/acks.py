@@ -70,8 +70,11 @@ class PollStats:
     skipped: int = 0
     forced: int = 0
     poll_s: float = 0.0
-    decisions: list[tuple[bool, int]] = field(default_factory=list)
-    """Per poll: (skipped the reduce, acks popped), to compare across ranks."""
+    decisions: deque[tuple[bool, int]] = field(default_factory=lambda: deque(maxlen=64))
+    """The latest polls' (skipped the reduce, acks popped), for a reader."""
+    decisions_digest: int = 0
+    """A running digest of every poll's decision, compared across ranks (a fixed size however
+    long the ledger lives)."""
 
 
 class AckLedger:
@@ -143,7 +146,9 @@ class AckLedger:
         stats = self.stats
         stats.polls += 1
         stats.poll_s += time.perf_counter() - start
-        stats.decisions.append((skipped, len(popped)))
+        decision = (skipped, len(popped))
+        stats.decisions.append(decision)
+        stats.decisions_digest = zlib.crc32(repr(decision).encode(), stats.decisions_digest)
         every = self.poll_timer_every
         if every and stats.polls % every == 0:
             log.info(

@@ -60,6 +60,9 @@ class Engine:
         self._gate: list[Event] = []
         self._known_steps = StepsCache()
         self._loads = 0
+        self._broken: str | None = None
+        """Why the engine refuses every call: a failed transfer left its state unknown."""
+        self._closed = False
 
     @classmethod
     def create(
@@ -72,8 +75,10 @@ class Engine:
         device_tokens: int,
         host_ratio: float,
         debug_consensus: bool = False,
+        keep_trace: bool = False,
     ) -> Engine:
-        """Allocate the pools and buffers of this rank (topology already normalized)."""
+        """Allocate the pools and buffers of this rank (topology already normalized;
+        `keep_trace`: keep every op in order, not only counts and bytes)."""
         config = strategy.config
         owners = owner_map(config.ownership, runtime.replica_group, model.units)
         sizing = size_pools(
@@ -103,7 +108,9 @@ class Engine:
             topology=topology,
             owners=owners,
             sizing=sizing,
-            resources=allocate(runtime, model, topology, config, owners, sizing, uva=uva),
+            resources=allocate(
+                runtime, model, topology, config, owners, sizing, uva=uva, keep_trace=keep_trace
+            ),
             acks=acks,
             graphs=TransferGraphs(graphs) if uva and graphs > 0 else None,
         )
@@ -123,8 +130,10 @@ class Engine:
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
         """Copy device slots to host slots (logical slot indices, CPU int64); returns the ack
         event."""
+        self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
+        self.host_allocator.hold_data(t.plan.host_pages.numpy())
         issue_transfer(self.strategy.backup, t, stream, stream, graphs)
         self.acks.submit("backup", t.done)
         return t.done
@@ -132,6 +141,7 @@ class Engine:
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
         """Copy host slots into device slots (logical slot indices, CPU int64); the handle
         waits per layer and acks at the end."""
+        self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
         graphs = None if lazy else self.graphs
@@ -146,13 +156,19 @@ class Engine:
         return LoadHandle(t, pipeline, lazy=lazy)
 
     def close(self) -> None:
-        """Release the graphs, then the runtime (graphs hold the transfer group's NCCL work)."""
+        """Release the graphs, then the runtime (graphs hold the transfer group's NCCL work);
+        every later call raises."""
+        if self._closed:
+            return
+        self._closed = True
         if self.graphs is not None:
             self.graphs.clear()
         self.runtime.close()
 
     def poll(self) -> list[Ack]:
-        """Release the acks that every rank has seen complete (the same ones everywhere)."""
+        """Release the acks that every rank has seen complete (the same ones everywhere); a
+        failed transfer's ack is released too, and raises its error when waited on."""
+        self._usable()
         return self.acks.poll(self.state_digest)
 
     def state_digest(self) -> int:
@@ -163,6 +179,7 @@ class Engine:
     def begin_forward(self, forward: Stream) -> None:
         """The forward gate: `forward` waits for every load submitted since the last forward,
         so no broadcast can interleave with the forward's collectives."""
+        self._usable()
         for event in self._gate:
             forward.wait_event(event)
         self._gate.clear()
@@ -179,7 +196,7 @@ class Engine:
         `stream` (replayed from `graphs` when given)."""
         load = direction is Direction.load
         every = self.strategy.config.verify_every
-        plan = build_plan(  # raises on bad indices: nothing counted, nothing issued
+        plan = build_plan(  # raises on bad input: nothing counted, nothing issued
             direction,
             host_indices,
             device_indices,
@@ -188,6 +205,11 @@ class Engine:
             verify=load and every > 0 and self._loads % every == 0,
             known_steps=self._known_steps,
         )
+        if load and (empty := self.host_allocator.without_data(plan.host_pages.numpy())):
+            raise ValueError(
+                f"host_indices name pages that hold no data: {empty[:8]} (never backed up, "
+                "or freed since)"
+            )
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         forward = self.runtime.forward_stream
@@ -205,7 +227,30 @@ class Engine:
             done=stream.new_event(),
             all_copied=stream.new_event(),
             batches=BatchRing(res.batch_buffers, res.gather_stream) if gathers else None,
+            on_fail=self._failed,
         )
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed: create a new one")
+        if self._broken is not None:
+            raise RuntimeError(
+                f"the engine is broken because {self._broken}: close it and create a new one"
+            )
+
+    def _failed(self, t: Transfer, error: BaseException) -> None:
+        """A transfer failed (its own events carry the error). Its host pages hold no data
+        after a failed backup. Where it had started collectives, or a CUDA graph, the ranks'
+        shared state is unknown, and the engine refuses every later call."""
+        plan = t.plan
+        if plan.direction is Direction.backup:
+            self.host_allocator.hold_data(plan.host_pages.numpy(), held=False)
+        collective = plan.verify or any(plan.exchanged(u) for u in plan.spec.units)
+        if collective or plan.graphed:
+            where = "its collectives on the transfer group" if collective else "its CUDA graph"
+            self._broken = (
+                f"a {plan.direction.value} failed ({error}) and {where} may be out of step"
+            )
 
 
 def allocate(
@@ -217,6 +262,7 @@ def allocate(
     sizing: Sizing,
     *,
     uva: bool,
+    keep_trace: bool,
 ) -> Resources:
     """The pools and buffers of one rank's engine (`uva`: kernels reach the host pool through
     its UVA alias)."""
@@ -242,6 +288,6 @@ def allocate(
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
         batch_buffers=device_bytes(batch_buffer_bytes(config, model, owners, rank), 2),
         gather_stream=runtime.gather_stream,
-        trace=Trace(),
+        trace=Trace(keep_ops=keep_trace),
         timings_s={},
     )

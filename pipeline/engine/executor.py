@@ -38,13 +38,17 @@ def _timed(t: Transfer, stage: object, call: Callable[..., None], *args: Any) ->
 
 
 def run_once(stages: Iterable[TransferStage], t: Transfer, stream: Stream) -> None:
+    """Each stage once; nothing once the transfer has failed."""
     for stage in stages:
-        _timed(t, stage, stage.on_transfer, t, stream)
+        if t.error is None:
+            _timed(t, stage, stage.on_transfer, t, stream)
 
 
 def run_step(stages: Iterable[StepStage], t: Transfer, step: Step, stream: Stream) -> None:
+    """Each stage on one step; nothing once the transfer has failed."""
     for stage in stages:
-        _timed(t, stage, stage.on_step, t, step, stream)
+        if t.error is None:
+            _timed(t, stage, stage.on_step, t, step, stream)
 
 
 def prepare(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
@@ -135,9 +139,12 @@ class LoadHandle:
         return len(self.transfer.layers)
 
     def wait(self, layer: int, consumer: Stream) -> None:
-        """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda)."""
+        """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda);
+        raises at once for a transfer that has failed."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        if self.transfer.error is not None:
+            raise RuntimeError(f"transfer failed: {self.transfer.error}") from self.transfer.error
         if self._lazy:
             self._exchange_through(layer, consumer)
         consumer.wait_event(self.transfer.layer_events[layer])

@@ -46,7 +46,7 @@ class CapturedTransfer:
     """Static buffer the graph reads device page ids from."""
     layer_events: dict[int, CudaEvent]
     """Recorded inside the graph (external nodes): per layer, usable after it."""
-    ops: list[dict[str, Any]]
+    ops: list[tuple[str, dict[str, Any]]]
     """The trace ops the capture issued, logged again at every replay."""
     replayed: torch.cuda.Event
     """Recorded after the latest replay: the graph may be released once it completes."""
@@ -92,7 +92,7 @@ class TransferGraphs:
                 self._retired.append(self._captured.popitem(last=False)[1])
         else:
             self._captured.move_to_end(key)
-            t.res.trace.ops.extend(captured.ops)
+            t.res.trace.replay(captured.ops)
 
         def replay() -> None:
             if refill:  # this transfer's page ids into the graph's static buffers
@@ -111,12 +111,10 @@ class TransferGraphs:
         host_pages, device_pages = t.page_ids()
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
             t.host_ids, t.device_ids = host_pages.clone(), device_pages.clone()
-        layer_events = {layer: CudaEvent(external=True) for layer in t.layers}
+        layer_events = {layer: CudaEvent(stream.timeout_s, external=True) for layer in t.layers}
         t.layer_events = dict(layer_events)
-        trace = t.res.trace
-        first_op = len(trace.ops)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream.stream):
+        with torch.cuda.stream(stream.stream), t.res.trace.capture() as ops:
             # thread_local: other threads may keep using CUDA while this one captures
             graph.capture_begin(capture_error_mode="thread_local")
             try:
@@ -128,7 +126,7 @@ class TransferGraphs:
             graph.capture_end()
         self.captures += 1
         return CapturedTransfer(
-            graph, t.host_ids, t.device_ids, layer_events, trace.ops[first_op:], torch.cuda.Event()
+            graph, t.host_ids, t.device_ids, layer_events, ops, torch.cuda.Event()
         )
 
     def _release_retired(self) -> None:

@@ -116,7 +116,7 @@ class Runtime:
         copy = (
             cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
         )
-        load, write, exchange, gather, forward = _streams(device, rank)
+        load, write, exchange, gather, forward = _streams(device, rank, timeout_s)
         return cls(
             rank,
             world_size,
@@ -153,17 +153,21 @@ class Runtime:
             stream.close()
 
 
-def _streams(device: torch.device, rank: int) -> tuple[Stream, Stream, Stream, Stream, Stream]:
+def _streams(
+    device: torch.device, rank: int, timeout_s: float
+) -> tuple[Stream, Stream, Stream, Stream, Stream]:
     """(load, write, exchange, gather, forward) streams: CUDA streams on cuda (the forward is
-    the current stream), worker threads on CPU (the forward is the caller's thread)."""
+    the current stream), worker threads on CPU (the forward is the caller's thread). Their
+    events wait at most `timeout_s`."""
     if device.type != "cuda":
         names = ("load", "write", "exchange", "gather")
-        workers = [WorkerStream(f"{name}-{rank}") for name in names]
-        return workers[0], workers[1], workers[2], workers[3], InlineStream()
-    cuda = [CudaStream(torch.cuda.Stream(device)) for _ in range(3)]
+        workers = [WorkerStream(f"{name}-{rank}", timeout_s) for name in names]
+        return workers[0], workers[1], workers[2], workers[3], InlineStream(timeout_s)
+    cuda = [CudaStream(torch.cuda.Stream(device), timeout_s) for _ in range(3)]
     # A batch gather runs beside the long, PCIe-bound move of the batch before: at the same
     # priority it starts only as that move ends, and the next move waits for it (see README,
     # Chunked backups)
     highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static
-    gather = CudaStream(torch.cuda.Stream(device, priority=highest))
-    return cuda[0], cuda[1], cuda[2], gather, CudaStream(torch.cuda.current_stream(device))
+    gather = CudaStream(torch.cuda.Stream(device, priority=highest), timeout_s)
+    forward = CudaStream(torch.cuda.current_stream(device), timeout_s)
+    return cuda[0], cuda[1], cuda[2], gather, forward

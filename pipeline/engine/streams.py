@@ -7,12 +7,16 @@ while later layers are still moving. An error on a worker is kept and re-raised 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+
+log = logging.getLogger("hicache-pipeline")
 
 
 class Event(Protocol):
@@ -51,18 +55,26 @@ class Stream(Protocol):
 
 
 class CpuEvent:
-    """A threading.Event that also carries the error of the stream that should have set it."""
+    """A threading.Event that carries the error of the transfer that should have set it, and
+    gives up waiting after the collective timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.timeout_s = timeout_s
 
     def set(self, error: BaseException | None = None) -> None:
-        self._error = error
-        self._done.set()
+        """Complete the event (the first completion wins: a failed event stays failed)."""
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
 
     def wait(self) -> None:
-        self._done.wait()
+        if not self._done.wait(self.timeout_s):
+            raise TimeoutError(
+                f"a transfer did not complete within runtime.timeout_s={self.timeout_s:g} s: "
+                "raise runtime.timeout_s if it is only slow"
+            )
         if self._error is not None:
             raise RuntimeError(f"transfer failed: {self._error}") from self._error
 
@@ -70,23 +82,23 @@ class CpuEvent:
         return self._done.is_set()
 
     def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
-            self.set(error)
+        self.set(error)
 
 
 class WorkerStream:
     """A CPU stream: one daemon thread runs submitted callables in submission order.
 
     Work submitted, recorded or awaited from inside the worker runs at once: it is already at
-    the head of the stream. After an error the stream skips its remaining work but still
-    completes every event recorded on it, carrying the error, so no waiter hangs.
+    the head of the stream. An error ends only the work that raised it: the transfer it
+    belongs to has failed its own events (`Transfer.fail`), and later work, a later transfer's
+    included, still runs.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, timeout_s: float) -> None:
         self.name = name
+        self.timeout_s = timeout_s
         self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
 
     def _on_worker(self) -> bool:
         return threading.current_thread() is self._thread
@@ -102,18 +114,16 @@ class WorkerStream:
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
-            if self._error is not None and not isinstance(work, _Record):
-                continue
             try:
                 work()
-            except BaseException as e:  # kept, then carried by every later record
-                self._error = e
+            except BaseException as e:  # its transfer carries it; the stream goes on
+                log.debug("stream %s: %s", self.name, e)
 
     def new_event(self) -> CpuEvent:
-        return CpuEvent()
+        return CpuEvent(self.timeout_s)
 
     def record(self, event: CpuEvent) -> None:
-        self.submit(_Record(event, self))
+        self.submit(event.set)
 
     def wait_event(self, event: CpuEvent) -> None:
         self.submit(event.wait)
@@ -124,30 +134,25 @@ class WorkerStream:
         event.wait()
 
     def close(self) -> None:
+        """Stop the worker; one stuck in a collective is left behind after the timeout (it is
+        a daemon: it ends with the process)."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            self._thread.join(self.timeout_s)
             self._thread = None
-
-
-class _Record:
-    """Completes an event when the worker reaches it, with the stream's error if it has one."""
-
-    def __init__(self, event: CpuEvent, stream: WorkerStream) -> None:
-        self.event, self.stream = event, stream
-
-    def __call__(self) -> None:
-        self.event.set(self.stream._error)
 
 
 class InlineStream:
     """The calling thread as a stream: work runs at once, waits block the caller."""
 
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
     def submit(self, work: Callable[[], Any]) -> None:
         work()
 
     def new_event(self) -> CpuEvent:
-        return CpuEvent()
+        return CpuEvent(self.timeout_s)
 
     def record(self, event: CpuEvent) -> None:
         event.set()
@@ -165,14 +170,17 @@ class InlineStream:
 class CudaEvent:
     """A CUDA event made when first recorded: making one costs the host time, and a transfer
     holds one or two per layer, so made up front they would delay its first copy. Before its
-    record it behaves as an unrecorded CUDA event: complete, and waits pass."""
+    record it behaves as an unrecorded CUDA event: complete, and waits pass. A failed
+    transfer's events carry its error, which `wait` raises."""
 
-    __slots__ = ("event", "external")
+    __slots__ = ("error", "event", "external", "timeout_s")
 
-    def __init__(self, *, external: bool = False) -> None:
+    def __init__(self, timeout_s: float, *, external: bool = False) -> None:
+        self.timeout_s = timeout_s
         self.external = external
         """Recorded inside a CUDA graph, waited on outside it."""
         self.event: torch.cuda.Event | None = None
+        self.error: BaseException | None = None
 
     def record(self, stream: torch.cuda.Stream) -> None:
         if self.event is None:
@@ -180,21 +188,34 @@ class CudaEvent:
         self.event.record(stream)
 
     def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        """Block until the event completes, at most the collective timeout (by polling: a
+        CUDA event's own synchronize cannot be given one)."""
+        deadline, pause = time.monotonic() + self.timeout_s, 50e-6
+        while self.event is not None and not self.event.query():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"a transfer did not complete within runtime.timeout_s={self.timeout_s:g} "
+                    "s: raise runtime.timeout_s if it is only slow"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        if self.error is not None:
+            raise RuntimeError(f"transfer failed: {self.error}") from self.error
 
     def query(self) -> bool:
         return self.event is None or self.event.query()
 
     def fail(self, error: BaseException) -> None:
-        """Nothing to do: on cuda an issue error is raised to the caller as it happens."""
+        if self.error is None:
+            self.error = error
 
 
 class CudaStream:
     """A CUDA stream: `submit` issues the work on it from the calling thread."""
 
-    def __init__(self, stream: torch.cuda.Stream) -> None:
+    def __init__(self, stream: torch.cuda.Stream, timeout_s: float) -> None:
         self.stream = stream
+        self.timeout_s = timeout_s
 
     def submit(self, work: Callable[[], Any]) -> None:
         # not `with torch.cuda.stream(...)`: it looks the device up through Python helpers,
@@ -207,7 +228,7 @@ class CudaStream:
             torch.cuda.set_stream(previous)
 
     def new_event(self) -> CudaEvent:
-        return CudaEvent()
+        return CudaEvent(self.timeout_s)
 
     def record(self, event: CudaEvent) -> None:
         event.record(self.stream)

@@ -9,7 +9,9 @@ spec layer, nothing else of the engine.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,18 +36,46 @@ class Collectives(Protocol):
 
 
 class Trace:
-    """Ops a rank issued, in order, as flat dicts (thread-safe; compared field by field)."""
+    """What a rank issued: counts and bytes per op kind, always (a fixed few numbers), and each
+    op in order only when asked (`keep_ops`: tests and `runtime.trace_file` compare them field
+    by field; kept always, they would grow with every transfer). Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_ops: bool = False) -> None:
+        self.keep_ops = keep_ops
         self.ops: list[dict[str, Any]] = []
+        self.counts: dict[str, int] = {}
+        """Ops per kind."""
+        self.bytes: dict[tuple[str, str], int] = {}
+        """Bytes per (kind, side): copies by direction, broadcasts sent or received."""
+        self._captures: list[list[tuple[str, dict[str, Any]]]] = []
         self._lock = threading.Lock()
 
     def op(self, kind: str, **fields: Any) -> None:
+        side = fields.get("direction", "")
+        if kind == "broadcast":
+            side = "sent" if fields["sent"] else "received"
         with self._lock:
-            self.ops.append({"op": kind, **fields})
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            key = (kind, side)
+            self.bytes[key] = self.bytes.get(key, 0) + fields.get("bytes", 0)
+            if self.keep_ops:
+                self.ops.append({"op": kind, **fields})
+            for capture in self._captures:
+                capture.append((kind, fields))
 
-    def total(self, kind: str, key: str = "bytes") -> int:
-        return sum(o[key] for o in self.ops if o["op"] == kind)
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+        """The ops of a block, to be `replay`ed (a CUDA graph's, logged again per replay)."""
+        ops: list[tuple[str, dict[str, Any]]] = []
+        self._captures.append(ops)
+        try:
+            yield ops
+        finally:
+            self._captures.remove(ops)
+
+    def replay(self, ops: list[tuple[str, dict[str, Any]]]) -> None:
+        for kind, fields in ops:
+            self.op(kind, **fields)
 
 
 @dataclass(frozen=True)
@@ -91,6 +121,10 @@ class Transfer:
     """Entered through an ordered entry point (the forward gate or forward-stream ordering)."""
     batches: BatchRing | None = None
     """A chunked backup's batch buffers in turn (backups with gathered steps only)."""
+    error: BaseException | None = None
+    """Why the transfer failed; its events carry it, and its remaining stages are skipped."""
+    on_fail: Callable[[Transfer, BaseException], None] | None = None
+    """Told once when the transfer fails (the engine decides whether it stays usable)."""
     host_ids: torch.Tensor | None = None
     """Local host page ids on the device (see `page_ids`)."""
     device_ids: torch.Tensor | None = None
@@ -104,10 +138,16 @@ class Transfer:
         return () if self.plan.direction is Direction.backup else self.plan.layout.layers
 
     def fail(self, error: BaseException) -> None:
-        """Complete every pending event of this transfer with `error` (its waiters raise)."""
+        """Fail this transfer once: every pending event completes with `error` (its waiters
+        raise it), and `on_fail` hears of it."""
+        if self.error is not None:
+            return
+        self.error = error
         events = (*self.layer_events.values(), *self.copied.values(), self.all_copied, self.done)
         for event in events:
             event.fail(error)
+        if self.on_fail is not None:
+            self.on_fail(self, error)
 
     def page_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(host page ids, device page ids) on the pool's device, moved there on first use by

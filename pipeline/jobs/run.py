@@ -43,8 +43,10 @@ def start_runtime(job: Job, rank: int, world_size: int, local_rank: int) -> Runt
     )
 
 
-def open_engine(job: Job, rank: int, world_size: int, local_rank: int) -> Engine:
-    """Groups, streams and pools of one rank for the job."""
+def open_engine(
+    job: Job, rank: int, world_size: int, local_rank: int, *, keep_trace: bool = False
+) -> Engine:
+    """Groups, streams and pools of one rank for the job (`keep_trace`: every op in order)."""
     runtime = start_runtime(job, rank, world_size, local_rank)
     try:
         return Engine.create(
@@ -55,6 +57,7 @@ def open_engine(job: Job, rank: int, world_size: int, local_rank: int) -> Engine
             device_tokens=job.workload.device_tokens,
             host_ratio=job.workload.host_ratio,
             debug_consensus=job.runtime.debug_consensus,
+            keep_trace=keep_trace,
         )
     except BaseException:
         runtime.close()
@@ -70,7 +73,7 @@ def run_report(
     job: Job, rank: int, world_size: int, local_rank: int, *, trace: bool
 ) -> dict[str, Any]:
     """`workload.cycles` rounds on this rank, and its report (with its op trace if asked)."""
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank, keep_trace=trace)
     try:
         report = drive(engine, job.workload)
     finally:
@@ -191,23 +194,19 @@ def forward(engine: Engine, handle: LoadHandle) -> None:
 
 def rank_report(engine: Engine, seconds: dict[str, float], mismatch: str) -> dict[str, Any]:
     trace = engine.trace
-    ops: dict[str, int] = {}
-    for op in trace.ops:
-        ops[op["op"]] = ops.get(op["op"], 0) + 1
-    d2h = sum(o["bytes"] for o in trace.ops if o["op"] == "copy" and o["direction"] == "d2h")
-    h2d = sum(o["bytes"] for o in trace.ops if o["op"] == "copy" and o["direction"] == "h2d")
-    sent = sum(o["bytes"] for o in trace.ops if o["op"] == "broadcast" and o["sent"])
-    received = trace.total("broadcast") - sent
+    moved = trace.bytes
+    d2h, h2d = moved.get(("copy", "d2h"), 0), moved.get(("copy", "h2d"), 0)
+    received = moved.get(("broadcast", "received"), 0)
     return {
         "rank": engine.runtime.rank,
         "d2h_bytes": d2h,
         "h2d_bytes": h2d,
-        "broadcast_send_bytes": sent,
+        "broadcast_send_bytes": moved.get(("broadcast", "sent"), 0),
         "broadcast_recv_bytes": received,
         "host_capacity_tokens": engine.sizing.host_slots,
         "host_pool_bytes": engine.host_pool.nbytes,
-        "ops": sum(ops.values()),
-        "ops_by_kind": ops,
+        "ops": sum(trace.counts.values()),
+        "ops_by_kind": dict(trace.counts),
         "stage_seconds": dict(sorted(engine.resources.timings_s.items())),
         "transfer_seconds": seconds,
         "gbps": {

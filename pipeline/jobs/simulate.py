@@ -92,7 +92,7 @@ class Scheduler:
             "forced": stats.forced,
             "polls": stats.polls,
             "poll_ms": stats.poll_s / max(stats.polls, 1) * 1e3,
-            "decisions": digest_of(stats.decisions),
+            "decisions": stats.decisions_digest,
             "state": state,
         }
 

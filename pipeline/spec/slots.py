@@ -32,6 +32,9 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     # numpy, single-threaded: torch's intra-op thread pool costs more than the work for small
     # ops on a host shared by several ranks, and this runs on every transfer's issue path
     slots = indices.numpy()
+    # the range first, by comparisons alone: arithmetic on slots near 2**63 would wrap around
+    if slots.min() < 0 or slots.max() >= num_slots:
+        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     starts = slots[::slots_per_page]
     steps = slots[1:] - slots[:-1]
     steps[slots_per_page - 1 :: slots_per_page] = 1  # a page may start anywhere after the last
@@ -40,8 +43,6 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
             f"{name} is not page-aligned: every {slots_per_page} consecutive slots must "
             f"be one whole page (start at a multiple of {slots_per_page}, then +1 each)"
         )
-    if starts.min() < 0 or starts.max() + slots_per_page > num_slots:  # whole pages: starts do
-        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     pages = starts // slots_per_page
     ordered = np.sort(pages)
     if (ordered[1:] == ordered[:-1]).any():
@@ -74,7 +75,8 @@ def page_tokens(pages: list[int], slots_per_page: int) -> torch.Tensor:
 
 
 class PageAllocator:
-    """Hands out free pages: the first free ones, or a seeded random sample (fragmented).
+    """Hands out free pages: the first free ones, or a seeded random sample (fragmented); and
+    remembers which pages hold data (a host pool's pages once backed up, until freed).
 
     Deterministic: the same calls give the same pages on every rank.
     """
@@ -82,6 +84,7 @@ class PageAllocator:
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
         self._free = set(range(num_pages))
+        self._holds_data = np.zeros(num_pages, dtype=bool)
 
     @property
     def num_free(self) -> int:
@@ -104,6 +107,15 @@ class PageAllocator:
         if taken or len(set(pages)) != len(pages):
             raise ValueError(f"pages {taken[:8]} are not allocated (or repeat in one call)")
         self._free.update(pages)
+        self._holds_data[pages] = False
 
     def free_pages(self) -> list[int]:
         return sorted(self._free)
+
+    def hold_data(self, pages: np.ndarray, held: bool = True) -> None:
+        """Mark pages as holding data (a backup wrote them), or as not (it failed)."""
+        self._holds_data[pages] = held
+
+    def without_data(self, pages: np.ndarray) -> list[int]:
+        """The pages among `pages` that hold no data (never written, or freed since)."""
+        return pages[~self._holds_data[pages]].tolist()

@@ -34,14 +34,16 @@ def ledger(group: dist.ProcessGroup, **knobs) -> AckLedger:
 
 
 def fired() -> CpuEvent:
-    event = CpuEvent()
+    event = CpuEvent(timeout_s=5)
     event.set()
     return event
 
 
 def test_only_leading_completed_acks_pop_in_order(group: dist.ProcessGroup) -> None:
     acks = ledger(group)
-    first, second, third = (acks.submit("backup", e) for e in (fired(), CpuEvent(), fired()))
+    first, second, third = (
+        acks.submit("backup", e) for e in (fired(), CpuEvent(timeout_s=5), fired())
+    )
     assert [a.seq for a in acks.poll(lambda: 0)] == [first.seq]
     assert list(acks.pending) == [second, third]  # the third waits behind the second
     second.event.set()  # type: ignore[attr-defined]
@@ -54,12 +56,12 @@ def test_idle_polls_skip_until_a_sync_is_forced(group: dist.ProcessGroup) -> Non
         acks.poll(lambda: 42)
     # skip, skip, skip, forced sync, skip x3, forced sync
     assert (acks.stats.skipped, acks.stats.reduces, acks.stats.forced) == (6, 2, 2)
-    assert acks.stats.decisions[:4] == [(True, 0), (True, 0), (True, 0), (False, 0)]
+    assert list(acks.stats.decisions)[:4] == [(True, 0), (True, 0), (True, 0), (False, 0)]
 
 
 def test_outstanding_acks_or_storage_disable_the_skip(group: dist.ProcessGroup) -> None:
     busy = ledger(group, skip_enabled=True)
-    busy.submit("load", CpuEvent())
+    busy.submit("load", CpuEvent(timeout_s=5))
     busy.poll(lambda: 0)
     stored = ledger(group, skip_enabled=True, storage_attached=True)
     stored.poll(lambda: 0)

@@ -102,7 +102,7 @@ def transfer(
     host_pool = HostPool.allocate(MODEL, owned, POOL_PAGES, layout, pin_memory=False)
     for buf in host_pool.storage:
         buf.zero_()
-    stream = InlineStream()
+    stream = InlineStream(timeout_s=5)
     res = Resources(
         device=torch.device("cpu"),
         device_pool=device_pool,
@@ -113,7 +113,7 @@ def transfer(
         staging=torch.empty(staging_bytes, dtype=torch.uint8),
         batch_buffers=torch.empty((2, spec.batch_buffer_bytes), dtype=torch.uint8),
         gather_stream=stream,
-        trace=Trace(),
+        trace=Trace(keep_ops=True),
         timings_s={},
     )
     return Transfer(
@@ -147,7 +147,7 @@ COPY_CASES = list(
 def test_copy_backs_up_every_owned_unit_and_nothing_else(io, layout, chunk_pages, placement):
     host, device = ([2, 3, 4], [5, 6, 7]) if placement == "contiguous" else ([9, 0, 4], [1, 8, 3])
     t = transfer(Direction.backup, host, device, io=io, layout=layout, chunk_pages=chunk_pages)
-    stream = InlineStream()
+    stream = InlineStream(timeout_s=5)
     for step in t.plan.steps:
         Copy().on_step(t, step, stream)
     assert same_pages(t, list(range(len(MODEL.units))), host, device)
@@ -171,7 +171,7 @@ def test_copy_loads_host_pages_into_device_pages(io: IoBackend, layout: MemLayou
     for buf in t.res.host_pool.storage:
         buf.view(torch.uint8).copy_(torch.randint(0, 256, buf.view(torch.uint8).shape))
     for step in t.plan.steps:
-        Copy().on_step(t, step, InlineStream())
+        Copy().on_step(t, step, InlineStream(timeout_s=5))
     assert same_pages(t, list(range(len(MODEL.units))), host, device)
     assert [o["direction"] for o in t.res.trace.ops] == ["h2d"] * len(t.res.trace.ops)
 
@@ -179,7 +179,7 @@ def test_copy_loads_host_pages_into_device_pages(io: IoBackend, layout: MemLayou
 def test_copy_moves_only_the_units_a_rotating_rank_owns() -> None:
     t = transfer(Direction.backup, [0, 1], [2, 3], ownership=Ownership.rotating, rank=1)
     for step in t.plan.steps:
-        Copy().on_step(t, step, InlineStream())
+        Copy().on_step(t, step, InlineStream(timeout_s=5))
     owned = [u.ordinal for u in t.plan.spec.owners.owned(1, MODEL.units)]
     assert owned == [1, 3]  # kv layer 1 and the first index-K unit (ordinal 3 % 2 == 1)
     assert same_pages(t, owned, [0, 1], [2, 3])
@@ -196,7 +196,7 @@ def exchange_through(ranks: list[Transfer]) -> None:
         src = ranks[0].plan.source(step.unit)
         for t in sorted(ranks, key=lambda t: t.plan.spec.rank != src):
             for stage in stages:
-                stage.on_step(t, t.plan.steps[i], InlineStream())
+                stage.on_step(t, t.plan.steps[i], InlineStream(timeout_s=5))
 
 
 @pytest.mark.parametrize("ownership", [Ownership.rotating, Ownership.single_source])
@@ -242,34 +242,34 @@ def test_broadcast_refuses_a_transfer_that_bypassed_the_ordered_entry_points() -
     t = transfer(Direction.load, [0, 1], [2, 3], ownership=Ownership.rotating)
     t.ordered = False
     with pytest.raises(RuntimeError, match="bypassed it and its broadcasts could deadlock"):
-        Broadcast().on_step(t, t.plan.steps[0], InlineStream())
+        Broadcast().on_step(t, t.plan.steps[0], InlineStream(timeout_s=5))
 
 
 def test_record_event_marks_each_layer_after_its_last_step_and_the_ack_at_the_end() -> None:
     t = transfer(Direction.load, [0, 1, 2], [3, 4, 5], staging_bytes=1)
     record = RecordEvent()
     for step in t.plan.steps:
-        record.on_step(t, step, InlineStream())
+        record.on_step(t, step, InlineStream(timeout_s=5))
         if not step.last_in_layer:
             assert not t.layer_events[step.unit.layer].query()
     assert all(e.query() for e in t.layer_events.values()) and not t.done.query()
-    record.on_transfer(t, InlineStream())
+    record.on_transfer(t, InlineStream(timeout_s=5))
     assert t.done.query()
 
 
 def test_upload_page_ids_moves_ids_for_kernels_only() -> None:
     kernel = transfer(Direction.load, [3, 1], [0, 7])
-    UploadPageIds().on_transfer(kernel, InlineStream())
+    UploadPageIds().on_transfer(kernel, InlineStream(timeout_s=5))
     assert kernel.host_ids is not None and kernel.host_ids.tolist() == [3, 1]
     assert kernel.device_ids is not None and kernel.device_ids.tolist() == [0, 7]
     direct = transfer(Direction.load, [3, 1], [0, 7], io=IoBackend.direct)
-    UploadPageIds().on_transfer(direct, InlineStream())
+    UploadPageIds().on_transfer(direct, InlineStream(timeout_s=5))
     assert direct.host_ids is None  # direct copies take page numbers from the plan's runs
 
 
 def test_verify_passes_equal_digests_and_names_the_first_difference() -> None:
     t = transfer(Direction.load, [0, 1, 2], [4, 5, 6], verify=True)
-    Verify().on_transfer(t, InlineStream())  # the fake group echoes this rank's digests
+    Verify().on_transfer(t, InlineStream(timeout_s=5))  # the fake group echoes this rank's digests
     fake = t.res.collectives
     assert isinstance(fake, FakeCollectives)
     assert [o["op"] for o in t.res.trace.ops] == ["verify"]
@@ -281,10 +281,10 @@ def test_verify_passes_equal_digests_and_names_the_first_difference() -> None:
         match="rank 1 loaded different bytes than rank 0 at kv "
         "layer 2, transfer page 1 \\(host page 1\\)",
     ):
-        Verify().on_transfer(t, InlineStream())
+        Verify().on_transfer(t, InlineStream(timeout_s=5))
 
 
 def test_verify_runs_only_on_loads_the_plan_marks() -> None:
     t = transfer(Direction.load, [0, 1], [4, 5], verify=False)
-    Verify().on_transfer(t, InlineStream())
+    Verify().on_transfer(t, InlineStream(timeout_s=5))
     assert t.res.trace.ops == []

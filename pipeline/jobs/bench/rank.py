@@ -243,13 +243,11 @@ def _on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
 def _ops_of(engine: Engine, transfer: Callable[[], Any]) -> dict[str, int]:
     """The ops one untimed `transfer` issues on this rank, by kind: what a compared side
     really does (a published comparison names them)."""
-    first = len(engine.trace.ops)
+    before = dict(engine.trace.counts)
     transfer()
     engine.runtime.forward_stream.synchronize()
-    ops: dict[str, int] = {}
-    for op in engine.trace.ops[first:]:
-        ops[op["op"]] = ops.get(op["op"], 0) + 1
-    return ops
+    after = engine.trace.counts
+    return {kind: n - before.get(kind, 0) for kind, n in after.items() if n > before.get(kind, 0)}
 
 
 def _release(engine: Engine) -> None:
