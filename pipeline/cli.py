@@ -24,13 +24,16 @@ from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
 from pipeline.jobs.bench.output import markdown
-from pipeline.jobs.launch import RankFailure, launch
+from pipeline.jobs.launch import launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
 from pipeline.jobs.report import printable
 from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.run import backend_of, run_rank
 from pipeline.jobs.simulate import simulate_rank
 from pipeline.jobs.simulate import summarize as summarize_simulation
+from pipeline.jobs.soak import soak_rank
+from pipeline.jobs.soak import summarize as summarize_soak
+from pipeline.jobs.spawn import RankFailure
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
@@ -201,6 +204,28 @@ def simulate(inv: Invocation) -> int:
     return 0 if result["ok"] else 1
 
 
+def soak(inv: Invocation) -> int:
+    """Many rounds on real ranks: every one bit-exact, and each rank's memory flat."""
+    job = inv.job()
+    workload = job.workload
+    raise_problems(
+        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
+    )
+    ranks = launch(
+        soak_rank,
+        job,
+        job.topology.tp_size,
+        backend=backend_of(job),
+        timeout_s=job.runtime.timeout_s,
+        job_s=job.runtime.timeout_s * (job.soak.cycles + 1),
+    )
+    if ranks is None:
+        return 0
+    result = summarize_soak(job, ranks)
+    emit(inv, result, report.soak_text)
+    return 0 if result["verified"] and result["flat"] else 1
+
+
 COMMANDS: dict[str, Handler] = {
     "run": run,
     "explain": explain,
@@ -209,6 +234,7 @@ COMMANDS: dict[str, Handler] = {
     "check-ordering": check_ordering,
     "bench": bench,
     "simulate": simulate,
+    "soak": soak,
 }
 
 USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [--config-dir DIR] [--cfg job] [--help]
@@ -222,6 +248,7 @@ subcommands:
   check-ordering  can the load's broadcasts deadlock against the forward's collectives?
   bench     strategies side by side with a hand-written loop and the links' floors (GPU)
   simulate  a randomized scheduler proves the ack poll and its idle-sync skip on real ranks
+  soak      thousands of rounds on real ranks: every one bit-exact, each rank's memory flat
 
 overrides use Hydra's grammar, e.g.
   hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented

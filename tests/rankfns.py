@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import signal
 import threading
 from typing import Any
 
@@ -15,6 +17,7 @@ from pipeline.engine.executor import issue_transfer
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.jobs.run import (
+    drive,
     fill_random,
     first_mismatch,
     forward,
@@ -68,7 +71,7 @@ def _load_and_check(engine: Engine, host: list[int], target: list[int], expected
     try:
         forward(engine, handle)
         handle.done(engine.runtime.forward_stream).wait()
-    except RuntimeError as e:
+    except (RuntimeError, TimeoutError) as e:
         return str(e)
     return first_mismatch(engine, target, expected)
 
@@ -320,5 +323,77 @@ def graph_replays(
             "same_ops": all(o == ops[0] for o in ops),
             "ops": len(ops[0]),
         }
+    finally:
+        engine.close()
+
+
+class Fault:
+    """Test stage: on rank `rank`, at the first step of `layer`, raise, or send this process a
+    signal (SIGKILL: killed mid-transfer; SIGSTOP: stopped, so its heartbeat stops)."""
+
+    def __init__(self, *, rank: int, layer: int = 1, signal_name: str | None = None) -> None:
+        self.rank, self.layer, self.signal_name = rank, layer, signal_name
+
+    def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
+        if t.plan.spec.rank != self.rank or step.unit.layer != self.layer or step.first:
+            return
+        if self.signal_name is None:
+            raise RuntimeError(f"injected fault on rank {self.rank}")
+        os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+def failed_then_next(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> dict:
+    """A transfer whose `where` ('backup' or 'load') pipeline raises on rank 0, then a clean
+    backup and load: what the failed call said, and what the next round trip said ('' when
+    bit-exact)."""
+    job, where = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        pages = list(range(4))
+        fill_random(engine, pages, 11)
+        expected = snapshot(engine, pages)
+        clean = engine.strategy
+        faulty = clean.backup if where == "backup" else clean.load
+        faulty = dataclasses.replace(faulty, per_step=(Fault(rank=0, layer=0), *faulty.per_step))
+        said: dict[str, Any] = {}
+        if where == "load":
+            _round_trip(engine, pages)  # a clean backup to load from
+        engine.strategy = dataclasses.replace(clean, **{where: faulty})
+        try:
+            if where == "backup":
+                _round_trip(engine, pages)
+                said["first"] = "ok"
+            else:
+                host, target = [p + 20 for p in pages], [p + 8 for p in pages]
+                said["first"] = _load_and_check(engine, host, target, expected) or "ok"
+        except (RuntimeError, TimeoutError) as e:
+            said["first"] = str(e)
+        engine.strategy = clean
+        try:
+            said["second"] = _load_and_check(engine, *_round_trip(engine, pages), expected)
+        except RuntimeError as e:
+            said["second"] = str(e)
+        return said
+    finally:
+        engine.close()
+
+
+def _round_trip(engine: Engine, pages: list[int]) -> tuple[list[int], list[int]]:
+    """Back up `pages` into host pages 20.. ; (host pages, target pages) for a load."""
+    size = engine.sizing.slots_per_page
+    host = [p + 20 for p in pages]
+    engine.backup(page_tokens(host, size), page_tokens(pages, size)).wait()
+    return host, [p + 8 for p in pages]
+
+
+def faulty_run(args: tuple[Job, int, str], rank: int, world_size: int, local_rank: int) -> dict:
+    """`run` cycles with a stage that sends `signal_name` to rank `victim` mid-load."""
+    job, victim, signal_name = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    load = engine.strategy.load
+    fault = Fault(rank=victim, layer=1, signal_name=signal_name)
+    with_load_stages(engine, per_step=(fault, *load.per_step))
+    try:
+        return drive(engine, job.workload)
     finally:
         engine.close()

@@ -154,6 +154,7 @@ class Session:
             runtime=groups["runtime"],
             bench=groups["bench"],
             simulate=groups["simulate"],
+            soak=groups["soak"],
             verdict=verdict,
             strict=bool(cfg.strict),
         )

@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config.eligibility import Verdict
-from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
+from pipeline.config.schema import (
+    BenchConfig,
+    RuntimeConfig,
+    SimulateConfig,
+    SoakConfig,
+    WorkloadConfig,
+)
 from pipeline.engine.strategy import Strategy
 from pipeline.spec.checks import Problem
 from pipeline.spec.model import ModelGeometry
@@ -30,6 +36,7 @@ class Job:
     runtime: RuntimeConfig
     bench: BenchConfig
     simulate: SimulateConfig
+    soak: SoakConfig
     verdict: Verdict
     """Why the effective strategy is the one that runs."""
     strict: bool

@@ -170,6 +170,25 @@ class SimulateConfig:
 
 
 @dataclass(kw_only=True)
+class SoakConfig:
+    """What `soak` drives: many rounds, and how much a rank's memory may grow over them."""
+
+    cycles: int = 2000
+    """Rounds of backup -> evict -> load-back (each checked bit-exact)."""
+    warmup_cycles: int = 200
+    """Rounds before the first memory reading (caches and pools settle)."""
+    max_rss_growth_mb: float = 5.0
+    """Most a rank's resident memory may grow from the first reading to the last."""
+
+    def __post_init__(self) -> None:
+        found = at_least("soak", self, cycles=1, warmup_cycles=0, max_rss_growth_mb=0)
+        if not found and self.warmup_cycles >= self.cycles:
+            message = f"soak.warmup_cycles={self.warmup_cycles} must be < soak.cycles={self.cycles}"
+            found.append(Problem("soak.warmup_cycles", message))
+        raise_problems(found)
+
+
+@dataclass(kw_only=True)
 class Config:
     """The whole config tree of one invocation."""
 
@@ -187,6 +206,8 @@ class Config:
     """What `bench` measures."""
     simulate: SimulateConfig
     """What `simulate` drives."""
+    soak: SoakConfig
+    """What `soak` drives."""
     strict: bool = False
     """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
 
@@ -199,4 +220,5 @@ GROUP_SCHEMAS: dict[str, type] = {
     "runtime": RuntimeConfig,
     "bench": BenchConfig,
     "simulate": SimulateConfig,
+    "soak": SoakConfig,
 }

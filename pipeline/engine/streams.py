@@ -238,7 +238,10 @@ class CudaStream:
             self.stream.wait_event(event.event)
 
     def synchronize(self) -> None:
-        self.stream.synchronize()
+        """Block until the stream's work is done, at most the collective timeout."""
+        done = self.new_event()
+        self.record(done)
+        done.wait()
 
     def close(self) -> None:
         pass

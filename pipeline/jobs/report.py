@@ -147,6 +147,22 @@ def simulate_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def soak_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"soak: {result['cycles']} rounds of {printable(result['strategy'])}, memory read "
+        f"after {result['warmup_cycles']} and at the end",
+        f"{'rank':>4} {'RSS warm MB':>12} {'RSS end MB':>11} {'growth MB':>10}  bit-exact",
+    ]
+    lines += [
+        f"{r['rank']:>4} {r['rss_warm_mb']:>12.1f} {r['rss_end_mb']:>11.1f} "
+        f"{r['rss_growth_mb']:>10.2f}  {'yes' if r['verified'] else 'NO'}"
+        for r in result["ranks"]
+    ]
+    flat = "flat" if result["flat"] else "GROWS"
+    lines.append(f"{flat} (at most {result['max_rss_growth_mb']:g} MB per rank)")
+    return "\n".join(lines)
+
+
 def validate_text(result: dict[str, Any]) -> str:
     lines = [f"checked {len(result['checked'])} configs"]
     for e in result["errors"]:

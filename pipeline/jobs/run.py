@@ -145,41 +145,56 @@ def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
     return pages
 
 
-def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
-    """`workload.cycles` rounds of backup -> evict -> load-back, each checked bit-exact."""
-    rt = engine.runtime
-    num_pages = transfer_pages(engine, workload)
-    rng = random.Random(workload.seed)  # same draws on every rank: identical slot choices
-    pick = None if workload.placement is Placement.contiguous else rng
-    device_alloc = PageAllocator(engine.sizing.device_pages)
-    host_alloc = engine.host_allocator
-    seconds = {"backup": 0.0, "load": 0.0}
-    mismatch = ""
-    for cycle in range(workload.cycles):
-        source = device_alloc.alloc(num_pages, pick)
-        seed = workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0]
-        fill_random(engine, source, seed)
-        expected = snapshot(engine, source)
-        host = host_alloc.alloc(num_pages, pick)
-        tokens = engine.sizing.slots_per_page
-        start = time.perf_counter()
-        engine.backup(page_tokens(host, tokens), page_tokens(source, tokens)).wait()
-        seconds["backup"] += time.perf_counter() - start
+class Cycles:
+    """Rounds of backup -> evict -> load-back on one rank, each checked bit-exact (the same
+    slot choices on every rank: the draws come from a shared seed)."""
 
-        target = device_alloc.alloc(num_pages, pick)  # other slots than the source
-        device_alloc.free(source)
+    def __init__(self, engine: Engine, workload: WorkloadConfig) -> None:
+        self.engine, self.workload = engine, workload
+        self.num_pages = transfer_pages(engine, workload)
+        rng = random.Random(workload.seed)
+        self.pick = None if workload.placement is Placement.contiguous else rng
+        self.device_alloc = PageAllocator(engine.sizing.device_pages)
+        self.seconds = {"backup": 0.0, "load": 0.0}
+        self.mismatch = ""
+        """Where the first round that was not bit-exact differed ('' while all were)."""
+
+    def run(self, cycle: int) -> None:
+        engine, pick, n = self.engine, self.pick, self.num_pages
+        rt, size = engine.runtime, engine.sizing.slots_per_page
+        source = self.device_alloc.alloc(n, pick)
+        fill_random(
+            engine, source, self.workload.seed * 1_000_003 + cycle * 7919 + rt.replica_group[0]
+        )
+        expected = snapshot(engine, source)
+        host = engine.host_allocator.alloc(n, pick)
+        start = time.perf_counter()
+        engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
+        self.seconds["backup"] += time.perf_counter() - start
+        target = self.device_alloc.alloc(n, pick)  # other slots than the source
+        self.device_alloc.free(source)
         poison(engine, source + target)
         start = time.perf_counter()
-        handle = engine.load(page_tokens(host, tokens), page_tokens(target, tokens))
+        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
         forward(engine, handle)
         handle.done(rt.forward_stream).wait()
-        seconds["load"] += time.perf_counter() - start
-        mismatch = mismatch or first_mismatch(engine, target, expected)
+        self.seconds["load"] += time.perf_counter() - start
+        self.mismatch = self.mismatch or first_mismatch(engine, target, expected)
         while engine.acks.pending:  # release both acks; the ledger is the same on every rank
             engine.poll()
-        device_alloc.free(target)
-        host_alloc.free(host)
-    return rank_report(engine, seconds, mismatch)
+        self.device_alloc.free(target)
+        engine.host_allocator.free(host)
+
+    def report(self) -> dict[str, Any]:
+        return rank_report(self.engine, self.seconds, self.mismatch)
+
+
+def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
+    """`workload.cycles` rounds of backup -> evict -> load-back, each checked bit-exact."""
+    cycles = Cycles(engine, workload)
+    for cycle in range(workload.cycles):
+        cycles.run(cycle)
+    return cycles.report()
 
 
 def forward(engine: Engine, handle: LoadHandle) -> None:

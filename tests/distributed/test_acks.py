@@ -10,8 +10,9 @@ import rankfns
 from conftest import job_config
 
 from pipeline.config.schema import IdlePredicate, SimulateConfig
-from pipeline.jobs.launch import RankFailure, launch
+from pipeline.jobs.launch import launch
 from pipeline.jobs.simulate import simulate_rank, summarize
+from pipeline.jobs.spawn import RankFailure
 
 pytestmark = pytest.mark.distributed
 

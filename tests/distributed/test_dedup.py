@@ -11,7 +11,8 @@ import pytest
 import rankfns
 from conftest import job_config
 
-from pipeline.jobs.launch import RankFailure, launch
+from pipeline.jobs.launch import launch
+from pipeline.jobs.spawn import RankFailure
 from pipeline.spec.checks import ConfigError
 
 pytestmark = pytest.mark.distributed

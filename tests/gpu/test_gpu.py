@@ -165,3 +165,19 @@ def test_a_pool_pinned_in_pieces_is_reachable_through_its_uva_alias() -> None:
     pages = torch.tensor([39, 0, 17, 18, 5])
     got = uva_alias(host, torch.device("cuda", 0)).index_select(0, pages.cuda()).cpu()
     assert torch.equal(got, host.index_select(0, pages))
+
+
+@pytest.mark.parametrize(
+    "ranks", [pytest.param(2, marks=TWO_GPUS, id="tp2"), pytest.param(1, id="tp1")]
+)
+def test_a_failed_transfer_leaves_the_next_one_working(ranks: int) -> None:
+    """On cuda a stage error surfaces at issue, from the call itself; the transfer touched no
+    collective, so the engine stays usable and the next round trip is bit-exact. (Graphs off:
+    a failure inside a capture leaves the engine refusing calls, by design.)"""
+    job = job_config(
+        *on_gpus(ranks, "replicated"), "model=deepseek_v3", "strategy.cuda_graph_cache=0"
+    )
+    said = launch(rankfns.failed_then_next, (job, "backup"), ranks, backend="nccl", timeout_s=300)
+    assert said is not None
+    assert "injected fault on rank 0" in said[0]["first"]
+    assert [s["second"] for s in said] == [""] * ranks

@@ -18,7 +18,14 @@ from pipeline.spec.ownership import Ownership
 from pipeline.spec.strategy import IdleSyncSkipConfig, StrategyConfig
 
 SCHEMAS = {
-    schema: ["Config", "WorkloadConfig", "RuntimeConfig", "BenchConfig", "SimulateConfig"],
+    schema: [
+        "Config",
+        "WorkloadConfig",
+        "RuntimeConfig",
+        "BenchConfig",
+        "SimulateConfig",
+        "SoakConfig",
+    ],
     strategy: ["StrategyConfig", "PipelineConfig", "IdleSyncSkipConfig"],
     model: ["ModelGeometry", "IndexerConfig"],
     topology: ["Topology"],

@@ -1,0 +1,142 @@
+"""Faults on real ranks (gloo): a stage that raises, a rank killed or stopped mid-transfer, a
+parent killed. Each ends within the collective timeout plus a few seconds, names the rank at
+fault and how, and leaves no process behind. (A corrupted host page caught by
+`strategy.verify_every` is in test_dedup.py: the negative controls.)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import rankfns
+from conftest import job_config
+
+from pipeline.jobs.launch import launch
+from pipeline.jobs.soak import soak_rank
+from pipeline.jobs.soak import summarize as summarize_soak
+from pipeline.jobs.spawn import RankFailure
+
+pytestmark = pytest.mark.distributed
+SMALL = ("workload.num_tokens=32", "workload.device_tokens=128")
+PIDS = re.compile(r"starting \d+ ranks \(pids \[([\d, ]+)\]\)")
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (dead, waiting for a reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+def rank_pids(log_text: str) -> list[int]:
+    (pids,) = PIDS.findall(log_text)
+    return [int(p) for p in pids.split(",")]
+
+
+def test_a_failed_backup_fails_alone_and_the_next_transfer_works() -> None:
+    """Replicated: the failure touched no collective, so the engine stays usable."""
+    job = job_config("strategy=replicated", *SMALL)
+    said = launch(rankfns.failed_then_next, (job, "backup"), 2, backend="gloo", timeout_s=30)
+    assert said is not None
+    assert "injected fault on rank 0" in said[0]["first"]  # the original error, on its ack
+    assert said[1]["first"] == "ok"  # rank 1's own backup was fine
+    assert [s["second"] for s in said] == ["", ""]  # the next round trip, bit-exact
+
+
+def test_a_failed_exchange_breaks_the_engine_with_a_reason() -> None:
+    """Rotating: rank 0 fails in its load's copies and never broadcasts; rank 1 waits out
+    the collective timeout. The group's collectives may be out of step, so both engines refuse
+    every later call, saying why."""
+    job = job_config("strategy=rotating", "runtime.timeout_s=5", *SMALL)
+    started = time.monotonic()
+    said = launch(rankfns.failed_then_next, (job, "load"), 2, backend="gloo", timeout_s=5)
+    assert said is not None and time.monotonic() - started < 5 + 30
+    assert "injected fault on rank 0" in said[0]["first"]
+    assert said[1]["first"] != "ok"  # rank 1's broadcast had no peer
+    for s in said:
+        assert s["second"].startswith("the engine is broken because a load failed"), s
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "blame"),
+    [
+        ("SIGKILL", "rank 1 was killed by SIGKILL before reporting"),
+        ("SIGSTOP", "rank 1 sent no heartbeat for"),
+    ],
+)
+def test_a_rank_killed_or_stopped_mid_transfer_is_named(signal_name, blame, caplog) -> None:
+    job = job_config("strategy=rotating", "runtime.timeout_s=5", "workload.cycles=3", *SMALL)
+    started = time.monotonic()
+    with (
+        caplog.at_level(logging.INFO, logger="hicache-pipeline"),
+        pytest.raises(RankFailure) as failure,
+    ):
+        launch(rankfns.faulty_run, (job, 1, signal_name), 2, backend="gloo", timeout_s=5)
+    assert time.monotonic() - started < 5 + 30  # the timeout plus spawning and the grace
+    message = str(failure.value)
+    assert message.startswith(blame), message
+    if signal_name == "SIGSTOP":
+        assert "raise it if the ranks were only slow" in message  # the knob: runtime.timeout_s
+    assert all(gone(pid) for pid in rank_pids(caplog.text))
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_ranks_die_with_their_parent(signal_name: str, tmp_path: Path) -> None:
+    """A long run whose parent is killed: its ranks end within seconds."""
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "workload.cycles=100000", *SMALL],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert parent.stderr is not None
+    text = ""
+    while not PIDS.search(text):
+        line = parent.stderr.readline()
+        assert line, f"the run ended before starting its ranks: {text}"
+        text += line
+    pids = rank_pids(text)
+    time.sleep(1.0)  # the ranks are up and working
+    assert not any(gone(pid) for pid in pids)
+    parent.send_signal(getattr(signal, signal_name))
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leftover = [pid for pid in pids if not gone(pid)]
+    for pid in leftover:  # do not leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert leftover == []
+
+
+def soak(ranks: int, *overrides: str) -> dict:
+    job = job_config("strategy=rotating", f"topology=tp{ranks}", *overrides)
+    said = launch(soak_rank, job, ranks, backend="gloo", timeout_s=120, job_s=3600)
+    assert said is not None
+    return summarize_soak(job, said)
+
+
+def test_a_short_soak_reports_memory_per_rank() -> None:
+    result = soak(2, "soak.cycles=40", "soak.warmup_cycles=10", "soak.max_rss_growth_mb=1000")
+    assert result["verified"] and result["flat"]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert all(r["rss_end_mb"] > 0 for r in result["ranks"])
+
+
+@pytest.mark.slow
+def test_a_soak_of_2000_rounds_on_4_ranks_stays_bit_exact_and_flat() -> None:
+    """Rotating on 4 ranks: every round bit-exact, and under 5 MB of growth per rank after
+    the warm-up (the op trace and poll records no longer grow with every transfer)."""
+    result = soak(4, "soak.cycles=2000", "soak.warmup_cycles=200")
+    assert result["verified"]
+    assert all(r["rss_growth_mb"] < 5 for r in result["ranks"]), result["ranks"]
