@@ -22,7 +22,9 @@ from pipeline.engine.runtime import pick_device
 from pipeline.jobs.bench.output import markdown, plot
 from pipeline.jobs.bench.rank import bench_rank
 from pipeline.jobs.launch import launch
+from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.run import backend_of
+from pipeline.spec.checks import raise_problems
 
 LAYOUT_FOR_IO = {"direct": "page_first_direct", "kernel": "layer_first"}
 """The host layout each io backend is measured with (the pairs rotating accepts)."""
@@ -57,6 +59,10 @@ def cases(
                             f"topology.io_backend={io.value}",
                             f"topology.mem_layout={LAYOUT_FOR_IO[io.value]}",
                             f"workload.num_tokens={tokens}",
+                            # the case's pools: source and target on the device, one
+                            # transfer on the host
+                            f"workload.device_tokens={2 * tokens}",
+                            "workload.host_ratio=0.5",
                             f"strategy.chunk_pages={chunk}",
                             f"strategy.cuda_graph_cache={graphs}",
                             "strategy.keep_capacity=true",
@@ -144,6 +150,14 @@ def run_bench(session: Session) -> dict[str, Any]:
     base = session.job()
     device = pick_device(base.topology.device, 0)
     runnable, skipped = cases(session, base.bench, device.type == "cuda")
+    for job, _ in runnable:  # the machine must hold each case's pools (one case at a time)
+        raise_problems(
+            resource_problems(
+                job,
+                device_tokens=job.workload.device_tokens,
+                host_ratio=job.workload.host_ratio,
+            )
+        )
     timeout_s = base.runtime.timeout_s
     ranks = launch(  # each case may take up to a collective timeout
         bench_rank,

@@ -126,13 +126,13 @@ def measure_case(
     timer: Timer, job: Job, case: dict[str, Any], reference_hosts: dict[tuple, HostPool]
 ) -> dict[str, Any]:
     """One strategy x size x placement x io: framework and reference, both directions."""
-    engine = Engine.create(  # room for source and target pages, and one transfer on the host
+    engine = Engine.create(  # the case's pools (see `cases`)
         job.strategy,
         timer.rt,
         job.model,
         job.topology,
-        device_tokens=2 * case["tokens"],
-        host_ratio=0.5,
+        device_tokens=job.workload.device_tokens,
+        host_ratio=job.workload.host_ratio,
     )
     pages = CasePages.fill(engine, case)
     result = framework(timer, engine, pages, chunked=case["chunk_pages"] > 0)
