@@ -28,7 +28,7 @@ import torch
 
 from pipeline.engine.strategy import Pipeline
 from pipeline.engine.streams import CudaEvent, CudaStream
-from pipeline.engine.transfer import Transfer
+from pipeline.engine.transfer import Tally, Transfer
 from pipeline.spec.plan import Direction
 
 GraphKey = tuple[Pipeline, Direction, int]
@@ -48,6 +48,8 @@ class CapturedTransfer:
     """Recorded inside the graph (external nodes): per layer, usable after it."""
     ops: list[tuple[str, dict[str, Any]]]
     """The trace ops the capture issued, logged again at every replay."""
+    tally: Tally
+    """Their counts and bytes, added in one step at every replay."""
     replayed: torch.cuda.Event
     """Recorded after the latest replay: the graph may be released once it completes."""
 
@@ -92,7 +94,7 @@ class TransferGraphs:
                 self._retired.append(self._captured.popitem(last=False)[1])
         else:
             self._captured.move_to_end(key)
-            t.res.trace.replay(captured.ops)
+            t.res.trace.replay(captured.ops, captured.tally)
 
         def replay() -> None:
             if refill:  # this transfer's page ids into the graph's static buffers
@@ -126,7 +128,13 @@ class TransferGraphs:
             graph.capture_end()
         self.captures += 1
         return CapturedTransfer(
-            graph, t.host_ids, t.device_ids, layer_events, ops, torch.cuda.Event()
+            graph,
+            t.host_ids,
+            t.device_ids,
+            layer_events,
+            ops,
+            Tally.of(ops),
+            torch.cuda.Event(),
         )
 
     def _release_retired(self) -> None:

@@ -51,12 +51,9 @@ class Trace:
         self._lock = threading.Lock()
 
     def op(self, kind: str, **fields: Any) -> None:
-        side = fields.get("direction", "")
-        if kind == "broadcast":
-            side = "sent" if fields["sent"] else "received"
+        key = (kind, side_of(kind, fields))
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            key = (kind, side)
             self.bytes[key] = self.bytes.get(key, 0) + fields.get("bytes", 0)
             if self.keep_ops:
                 self.ops.append({"op": kind, **fields})
@@ -73,9 +70,45 @@ class Trace:
         finally:
             self._captures.remove(ops)
 
-    def replay(self, ops: list[tuple[str, dict[str, Any]]]) -> None:
+    def replay(self, ops: list[tuple[str, dict[str, Any]]], tally: Tally) -> None:
+        """Log captured ops again: their tally in one step (a replay is on the issue path),
+        and each op only where every op is kept."""
+        with self._lock:
+            self._add(tally)
+            if self.keep_ops:
+                self.ops.extend({"op": kind, **fields} for kind, fields in ops)
+
+    def _add(self, tally: Tally) -> None:
+        for kind, n in tally.counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + n
+        for key, n in tally.bytes.items():
+            self.bytes[key] = self.bytes.get(key, 0) + n
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Counts and bytes of some ops (what `Trace` keeps of them always)."""
+
+    counts: dict[str, int]
+    bytes: dict[tuple[str, str], int]
+    """Per (kind, side): copies by direction, broadcasts sent or received."""
+
+    @classmethod
+    def of(cls, ops: list[tuple[str, dict[str, Any]]]) -> Tally:
+        counts: dict[str, int] = {}
+        moved: dict[tuple[str, str], int] = {}
         for kind, fields in ops:
-            self.op(kind, **fields)
+            key = (kind, side_of(kind, fields))
+            counts[kind] = counts.get(kind, 0) + 1
+            moved[key] = moved.get(key, 0) + fields.get("bytes", 0)
+        return cls(counts, moved)
+
+
+def side_of(kind: str, fields: dict[str, Any]) -> str:
+    """Which way an op's bytes went: a copy's direction, a broadcast sent or received."""
+    if kind == "broadcast":
+        return "sent" if fields["sent"] else "received"
+    return str(fields.get("direction", ""))
 
 
 @dataclass(frozen=True)
