@@ -190,6 +190,10 @@ def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str
                     call(hosts, devices)
                 except ValueError as e:
                     said.append(str(e))
+        try:  # host pages 9 and 10 were never backed up
+            engine.load(page_tokens([9, 10], size), page_tokens([1, 2], size))
+        except ValueError as e:
+            said.append(str(e))
         engine.runtime.load_stream.synchronize()
         engine.runtime.write_stream.synchronize()
 
@@ -397,3 +401,23 @@ def faulty_run(args: tuple[Job, int, str], rank: int, world_size: int, local_ran
         return drive(engine, job.workload)
     finally:
         engine.close()
+
+
+def after_close(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
+    """What each engine call says once the engine is closed."""
+    engine = open_engine(job, rank, world_size, local_rank)
+    engine.close()
+    engine.close()  # a second close is fine
+    slots = page_tokens([0], engine.sizing.slots_per_page)
+    said = []
+    for call in (
+        lambda: engine.backup(slots, slots),
+        lambda: engine.load(slots, slots),
+        engine.poll,
+        lambda: engine.begin_forward(engine.runtime.forward_stream),
+    ):
+        try:
+            call()
+        except RuntimeError as e:
+            said.append(str(e))
+    return said

@@ -66,6 +66,12 @@ def test_a_failed_exchange_breaks_the_engine_with_a_reason() -> None:
         assert s["second"].startswith("the engine is broken because a load failed"), s
 
 
+def test_every_call_after_close_raises() -> None:
+    job = job_config(*SMALL)
+    said = launch(rankfns.after_close, job, 2, backend="gloo", timeout_s=30)
+    assert said == [["the engine is closed: create a new one"] * 4] * 2
+
+
 @pytest.mark.parametrize(
     ("signal_name", "blame"),
     [

@@ -95,6 +95,9 @@ def t(*xs: int) -> torch.Tensor:
         (t(0, 1, 3, 2), None, r"host_indices is not page-aligned"),
         (t(4, 5, 6, 7, 8, 10, 9, 11), None, r"host_indices is not page-aligned"),
         (torch.arange(4, dtype=torch.int32), None, r"host_indices must be a CPU int64 tensor"),
+        # near 2**63 the old `start + page` check wrapped around and let a page through
+        (t(*range(2**63 - 4, 2**63)), None, r"host_indices has slots outside"),
+        (t(0, 1, 2, 3), t(*range(2**63 - 8, 2**63 - 4)), r"device_indices has slots outside"),
         (torch.arange(8).view(2, 4), None, r"host_indices must be a 1-D tensor"),
         ([0, 1, 2, 3], None, None),
     ],
