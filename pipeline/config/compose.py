@@ -135,7 +135,8 @@ class Session:
             )
             return list(node.requires), node.fallback
 
-        return decide(self.strategy_option, self.topology(), self.model(), lookup)
+        storage = typed(self.cfg.storage, "storage")
+        return decide(self.strategy_option, self.topology(), self.model(), storage, lookup)
 
     def job(self) -> Job:
         """What runs, typed once and checked whole: the effective strategy's stages on the
@@ -155,6 +156,7 @@ class Session:
             bench=groups["bench"],
             simulate=groups["simulate"],
             soak=groups["soak"],
+            storage=groups["storage"],
             verdict=verdict,
             strict=bool(cfg.strict),
         )

@@ -13,13 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.topology import (
-    DisaggregationMode,
-    IoBackend,
-    MemLayout,
-    StorageBackend,
-    Topology,
-)
+from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.spec.topology import DisaggregationMode, IoBackend, MemLayout, Topology
 
 
 @dataclass(frozen=True)
@@ -51,10 +46,10 @@ class Verdict:
         }
 
 
-Check = Callable[[Topology, ModelGeometry], tuple[bool, str]]
+Check = Callable[[Topology, ModelGeometry, StorageConfig], tuple[bool, str]]
 
 
-def _attn_tp_gt_1(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _attn_tp_gt_1(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.attn_tp_size > 1:
         return True, f"attention-TP size is {t.attn_tp_size}"
     return False, (
@@ -63,25 +58,25 @@ def _attn_tp_gt_1(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
     )
 
 
-def _no_attn_cp(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _no_attn_cp(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.attn_cp_size == 1:
         return True, "no attention context parallelism"
     return False, f"attn_cp_size={t.attn_cp_size} splits tokens over ranks; set attn_cp_size=1"
 
 
-def _no_dcp(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _no_dcp(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.dcp_size == 1:
         return True, "no decode context parallelism"
     return False, f"dcp_size={t.dcp_size} shards KV slots over ranks; set dcp_size=1"
 
 
-def _single_pp_stage(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _single_pp_stage(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.pp_size == 1:
         return True, "one pipeline stage"
     return False, f"pp_size={t.pp_size}: layer owners are defined per stage; set pp_size=1"
 
 
-def _single_node(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _single_node(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.nnodes == 1:
         return True, "one node"
     return False, (
@@ -90,7 +85,7 @@ def _single_node(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
     )
 
 
-def _io_backend_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _io_backend_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     how = {
         IoBackend.direct: "one copy per contiguous run of pages",
         IoBackend.kernel: "one gather/scatter op per layer (UVA on cuda)",
@@ -98,7 +93,7 @@ def _io_backend_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
     return True, f"io_backend={t.io_backend.value}: {how[t.io_backend]}"
 
 
-def _mem_layout_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _mem_layout_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.io_backend is IoBackend.kernel or t.mem_layout is MemLayout.page_first_direct:
         return True, f"mem_layout={t.mem_layout.value} with io_backend={t.io_backend.value}"
     return False, (
@@ -108,16 +103,16 @@ def _mem_layout_supported(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
     )
 
 
-def _no_storage_backend(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
-    if t.storage_backend is StorageBackend.none:
-        return True, "no storage backend"
-    return False, (
-        f"storage_backend={t.storage_backend.value} expects every rank to hold every layer; "
-        "set storage_backend=none or use single_source with storage_backend=file"
+def _storage_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
+    if s.kind is StorageKind.none:
+        return True, "no L3 store"
+    return True, (
+        f"storage={s.kind.value}: each page's objects are written once per replica group, by "
+        "the ranks that hold them, and read by the ranks the strategy names"
     )
 
 
-def _not_pd_decode(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _not_pd_decode(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.disaggregation_mode is not DisaggregationMode.decode:
         return True, f"disaggregation_mode={t.disaggregation_mode.value}"
     return False, (
@@ -126,33 +121,24 @@ def _not_pd_decode(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
     )
 
 
-def _mla_pool(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _mla_pool(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if m.kind is ModelKind.mla:
         return True, f"{m.name} has an MLA pool (every attention-TP rank holds the same bytes)"
     return False, f"{m.name} is {m.kind.value}: KV heads differ per rank; use an MLA model"
 
 
-def _mla_not_fp4(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _mla_not_fp4(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if m.kv_dtype is not KvDtype.fp4:
         return True, f"kv_dtype={m.kv_dtype.value}"
     return False, "kv_dtype=fp4 pools keep scales apart from the data; use fp8 or bf16 KV"
 
 
-def _layers_ge_group(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
+def _layers_ge_group(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if m.num_layers >= t.attn_tp_size:
         return True, f"{m.num_layers} layers >= group of {t.attn_tp_size}"
     return False, (
         f"{m.num_layers} layers < group of {t.attn_tp_size}: some ranks would own no layer; "
         "use a smaller attention-TP group or single_source"
-    )
-
-
-def _storage_none_or_file(t: Topology, m: ModelGeometry) -> tuple[bool, str]:
-    if t.storage_backend in (StorageBackend.none, StorageBackend.file):
-        return True, f"storage_backend={t.storage_backend.value}"
-    return False, (
-        f"storage_backend={t.storage_backend.value} reads per rank; set storage_backend=none "
-        "or file"
     )
 
 
@@ -165,12 +151,11 @@ RULES: Mapping[str, Check] = MappingProxyType(
         "single_node": _single_node,
         "io_backend_supported": _io_backend_supported,
         "mem_layout_supported": _mem_layout_supported,
-        "no_storage_backend": _no_storage_backend,
+        "storage_supported": _storage_supported,
         "not_pd_decode": _not_pd_decode,
         "mla_pool": _mla_pool,
         "mla_not_fp4": _mla_not_fp4,
         "layers_ge_group": _layers_ge_group,
-        "storage_none_or_file": _storage_none_or_file,
     }
 )
 
@@ -190,26 +175,34 @@ def normalize(topology: Topology) -> tuple[Topology, tuple[str, ...]]:
     return t, tuple(notes)
 
 
-def evaluate(requires: list[str], topology: Topology, model: ModelGeometry) -> list[RuleResult]:
+def evaluate(
+    requires: list[str], topology: Topology, model: ModelGeometry, storage: StorageConfig
+) -> list[RuleResult]:
     """Run every named rule; unknown names raise ValueError listing the known ones."""
     unknown = [name for name in requires if name not in RULES]
     if unknown:
         raise ValueError(f"unknown eligibility rules {unknown}; known rules: {sorted(RULES)}")
-    return [RuleResult(name, *RULES[name](topology, model)) for name in requires]
+    return [RuleResult(name, *RULES[name](topology, model, storage)) for name in requires]
 
 
 StrategyLookup = Callable[[str], tuple[list[str], str | None]]
 """Maps a strategy option name to (its required rules, its fallback)."""
 
 
-def decide(name: str, topology: Topology, model: ModelGeometry, lookup: StrategyLookup) -> Verdict:
+def decide(
+    name: str,
+    topology: Topology,
+    model: ModelGeometry,
+    storage: StorageConfig,
+    lookup: StrategyLookup,
+) -> Verdict:
     """The verdict for strategy `name`; follows the fallback chain to the first active one."""
     normalized, notes = normalize(topology)
 
     def passes(strategy: str) -> bool:
-        return all(r.passed for r in evaluate(lookup(strategy)[0], normalized, model))
+        return all(r.passed for r in evaluate(lookup(strategy)[0], normalized, model, storage))
 
-    rules = evaluate(lookup(name)[0], normalized, model)
+    rules = evaluate(lookup(name)[0], normalized, model, storage)
     chain = [name]
     while not passes(chain[-1]):
         fallback = lookup(chain[-1])[1]

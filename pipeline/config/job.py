@@ -20,6 +20,7 @@ from pipeline.spec.checks import Problem
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import owner_map
 from pipeline.spec.sizing import exchange_staging_bytes, size_pools
+from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
 
 
@@ -37,6 +38,7 @@ class Job:
     bench: BenchConfig
     simulate: SimulateConfig
     soak: SoakConfig
+    storage: StorageConfig
     verdict: Verdict
     """Why the effective strategy is the one that runs."""
     strict: bool

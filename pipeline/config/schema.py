@@ -15,6 +15,7 @@ from enum import Enum
 from pipeline.engine.runtime import Backend
 from pipeline.spec.checks import Problem, at_least, non_empty, raise_problems
 from pipeline.spec.model import ModelGeometry
+from pipeline.spec.storage import StorageConfig
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, Topology
 
@@ -208,6 +209,8 @@ class Config:
     """What `simulate` drives."""
     soak: SoakConfig
     """What `soak` drives."""
+    storage: StorageConfig
+    """The L3 store behind the host tier."""
     strict: bool = False
     """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
 
@@ -221,4 +224,5 @@ GROUP_SCHEMAS: dict[str, type] = {
     "bench": BenchConfig,
     "simulate": SimulateConfig,
     "soak": SoakConfig,
+    "storage": StorageConfig,
 }

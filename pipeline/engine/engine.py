@@ -22,8 +22,9 @@ from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
 from pipeline.spec.sizing import Sizing, batch_buffer_bytes, exchange_staging_bytes, size_pools
 from pipeline.spec.slots import PageAllocator
+from pipeline.spec.storage import StorageConfig
 from pipeline.spec.strategy import Ordering, StrategyConfig
-from pipeline.spec.topology import IoBackend, StorageBackend, Topology
+from pipeline.spec.topology import IoBackend, Topology
 
 
 class Engine:
@@ -76,6 +77,7 @@ class Engine:
         host_ratio: float,
         debug_consensus: bool = False,
         keep_trace: bool = False,
+        storage: StorageConfig | None = None,
     ) -> Engine:
         """Allocate the pools and buffers of this rank (topology already normalized;
         `keep_trace`: keep every op in order, not only counts and bytes)."""
@@ -96,7 +98,7 @@ class Engine:
             runtime.cpu_group,
             skip_enabled=skip.enabled,
             max_skips=skip.max_skips,
-            storage_attached=topology.storage_backend is not StorageBackend.none,
+            storage_attached=storage is not None and storage.attached,
             debug_consensus=debug_consensus,
             poll_timer_every=config.poll_timer_every,
         )

@@ -58,6 +58,7 @@ def open_engine(
             host_ratio=job.workload.host_ratio,
             debug_consensus=job.runtime.debug_consensus,
             keep_trace=keep_trace,
+            storage=job.storage,
         )
     except BaseException:
         runtime.close()

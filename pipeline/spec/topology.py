@@ -32,16 +32,6 @@ class MemLayout(Enum):
     page_first_direct = "page_first_direct"
 
 
-class StorageBackend(Enum):
-    """The L3 store behind the host pool."""
-
-    none = "none"
-    file = "file"
-    mooncake = "mooncake"
-    hf3fs = "hf3fs"
-    nixl = "nixl"
-
-
 class DisaggregationMode(Enum):
     """Prefill/decode disaggregation role of a server."""
 
@@ -82,8 +72,6 @@ class Topology:
     """direct: one copy per contiguous run of pages; kernel: one gather/scatter op per layer."""
     mem_layout: MemLayout = MemLayout.layer_first
     """Host pool layout: layer_first, page_first (token-major) or page_first_direct (page-major)."""
-    storage_backend: StorageBackend = StorageBackend.none
-    """L3 store behind the host pool."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.none
     """Prefill/decode disaggregation role of this server."""
     device: DeviceKind = DeviceKind.auto

@@ -9,6 +9,7 @@ from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
 from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.ownership import Ownership
+from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import IoBackend, MemLayout, Topology
 
 ROTATING = [
@@ -19,14 +20,15 @@ ROTATING = [
     "single_node",
     "io_backend_supported",
     "mem_layout_supported",
-    "no_storage_backend",
+    "storage_supported",
     "not_pd_decode",
     "mla_pool",
     "mla_not_fp4",
     "layers_ge_group",
 ]
-SINGLE_SOURCE = ["mla_pool", "mla_not_fp4", "attn_tp_gt_1", "storage_none_or_file"]
+SINGLE_SOURCE = ["mla_pool", "mla_not_fp4", "attn_tp_gt_1", "storage_supported"]
 
+NO_STORE = StorageConfig()
 MLA = ModelGeometry(
     name="m", kind=ModelKind.mla, num_layers=4, kv_row_bytes=64, kv_dtype=KvDtype.bf16, page_size=4
 )
@@ -60,9 +62,9 @@ def test_shipped_rule_lists(option: str, rules: list[str]) -> None:
 
 
 def test_every_failing_rule_is_reported() -> None:
-    """A PD decode server with Mooncake and 8 ranks over 5 layers fails three rules at once."""
-    _, v = verdict("strategy=rotating", "topology=pd_decode_tp8")
-    assert failed(v) == ["no_storage_backend", "not_pd_decode", "layers_ge_group"]
+    """A PD decode server with 8 ranks over 5 layers on two nodes fails three rules at once."""
+    _, v = verdict("strategy=rotating", "topology=pd_decode_tp8", "topology.nnodes=2")
+    assert failed(v) == ["single_node", "not_pd_decode", "layers_ge_group"]
     assert not v.active
     assert v.effective_strategy == "replicated"
     assert v.notes == ("rotating is inactive: falling back to replicated",)
@@ -72,7 +74,7 @@ def test_many_failures_from_decide() -> None:
     """decide() keeps evaluating after the first failure."""
     t = Topology(name="t", tp_size=8, attn_cp_size=2, dcp_size=2, pp_size=2, nnodes=2)
     lookup = lookup_from({"rotating": (ROTATING, "replicated"), "replicated": ([], None)})
-    v = decide("rotating", t, MLA, lookup)
+    v = decide("rotating", t, MLA, NO_STORE, lookup)
     assert failed(v) == ["no_attn_cp", "no_dcp", "single_pp_stage", "single_node"]
     by_name = {r.name: r.message for r in v.rules}
     assert "set attn_cp_size=1" in by_name["no_attn_cp"]
@@ -110,7 +112,7 @@ def test_fallback_chain_is_followed_to_the_first_active() -> None:
             "c": (["no_dcp"], None),
         }
     )
-    v = decide("a", t, MLA, lookup)
+    v = decide("a", t, MLA, NO_STORE, lookup)
     assert v.effective_strategy == "c"
     assert [r.name for r in v.rules] == ["attn_tp_gt_1", "no_dcp"]
     assert v.notes == ("a is inactive: falling back to b", "b is inactive: falling back to c")
@@ -126,20 +128,20 @@ def test_fallback_cycle_raises() -> None:
     t = Topology(name="t", tp_size=1)
     lookup = lookup_from({"a": (["attn_tp_gt_1"], "b"), "b": (["attn_tp_gt_1"], "a")})
     with pytest.raises(ValueError, match=r"fallback cycle: a -> b -> a"):
-        decide("a", t, MLA, lookup)
+        decide("a", t, MLA, NO_STORE, lookup)
 
 
 def test_missing_fallback_raises() -> None:
     """An inactive strategy without a fallback cannot be decided."""
     t = Topology(name="t", tp_size=1)
     with pytest.raises(ValueError, match=r"strategy 'a' is inactive and names no fallback"):
-        decide("a", t, MLA, lookup_from({"a": (["attn_tp_gt_1"], None)}))
+        decide("a", t, MLA, NO_STORE, lookup_from({"a": (["attn_tp_gt_1"], None)}))
 
 
 def test_unknown_rule_raises() -> None:
     """Unknown rule names are refused, listing the known ones."""
     with pytest.raises(ValueError, match=r"unknown eligibility rules \['nope'\]; known rules"):
-        evaluate(["mla_pool", "nope"], Topology(name="t", tp_size=2), MLA)
+        evaluate(["mla_pool", "nope"], Topology(name="t", tp_size=2), MLA, NO_STORE)
 
 
 def test_normalize_page_first_direct_with_kernel() -> None:

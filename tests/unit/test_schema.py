@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.config import schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
-from pipeline.spec import model, strategy, topology
+from pipeline.spec import model, storage, strategy, topology
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.ownership import Ownership
 from pipeline.spec.strategy import IdleSyncSkipConfig, StrategyConfig
@@ -29,6 +29,7 @@ SCHEMAS = {
     strategy: ["StrategyConfig", "PipelineConfig", "IdleSyncSkipConfig"],
     model: ["ModelGeometry", "IndexerConfig"],
     topology: ["Topology"],
+    storage: ["StorageConfig"],
 }
 CASES = [(module, name) for module, names in SCHEMAS.items() for name in names]
 

@@ -1,0 +1,60 @@
+"""The L3 store behind the host tier: which one, and where.
+
+`StorageConfig` is the typed schema of the `storage` config group: the one home of every store
+setting (the topology no longer names a storage backend).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from pipeline.spec.checks import Problem, at_least, raise_problems
+
+
+class StorageKind(Enum):
+    """none: no L3; file: objects in a folder on local disk; mooncake: Mooncake Store."""
+
+    none = "none"
+    file = "file"
+    mooncake = "mooncake"
+
+
+@dataclass(kw_only=True)
+class StorageConfig:
+    """The L3 store: its kind and how to reach it."""
+
+    kind: StorageKind = StorageKind.none
+    """none, file (a folder on this machine's disk) or mooncake (Mooncake Store)."""
+    path: str | None = None
+    """file: the folder of the objects; null makes a temporary one for the job and removes
+    it at the end."""
+    master: str = "auto"
+    """mooncake: the master's host:port, or auto (the job starts one on loopback and stops
+    it at the end)."""
+    metadata_server: str | None = None
+    """mooncake with a given master: the HTTP metadata server's URL (with master=auto, the
+    master serves it)."""
+    segment_bytes: int = 256 << 20
+    """mooncake: the memory each rank lends the store (objects live in the ranks' segments)."""
+
+    def __post_init__(self) -> None:
+        found = at_least("storage", self, segment_bytes=1 << 20)
+        if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
+            found.append(
+                Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")
+            )
+        if self.master != "auto" and self.metadata_server is None:
+            found.append(
+                Problem(
+                    "storage.metadata_server",
+                    "storage.metadata_server: the metadata server's URL is needed with a given "
+                    "storage.master (e.g. http://host:8080/metadata)",
+                )
+            )
+        raise_problems(found)
+
+    @property
+    def attached(self) -> bool:
+        return self.kind is not StorageKind.none
