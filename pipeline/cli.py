@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.compose import Session
@@ -24,6 +25,7 @@ from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
 from pipeline.jobs.bench.output import markdown
+from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
 from pipeline.jobs.report import printable
@@ -33,7 +35,7 @@ from pipeline.jobs.simulate import simulate_rank
 from pipeline.jobs.simulate import summarize as summarize_simulation
 from pipeline.jobs.soak import soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
-from pipeline.jobs.spawn import RankFailure
+from pipeline.jobs.spawn import RankFailure, RankFn
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
@@ -59,6 +61,20 @@ Handler = Callable[[Invocation], int]
 
 def emit(inv: Invocation, result: dict, text: Callable[[dict], str]) -> None:
     print(json.dumps(result, indent=2) if inv.line.as_json else text(result))
+
+
+def launch_ranks(fn: RankFn, job: Job, *, job_s: float | None = None) -> list[Any] | None:
+    """`fn` on every rank with the job's L3 store in place (a temporary folder, or a master on
+    loopback, for the length of the job); None on torchrun ranks other than 0."""
+    with concrete(job.storage) as storage:
+        return launch(
+            fn,
+            dataclasses.replace(job, storage=storage),
+            job.topology.tp_size,
+            backend=backend_of(job),
+            timeout_s=job.runtime.timeout_s,
+            job_s=job_s,
+        )
 
 
 def explain(inv: Invocation) -> int:
@@ -105,13 +121,7 @@ def run(inv: Invocation) -> int:
         message = f"runtime.trace_file={trace!r} exists: name a new file (a run overwrites none)"
         guards.append(Problem("runtime.trace_file", message))
     raise_problems(guards)
-    ranks = launch(
-        run_rank,
-        job,
-        job.topology.tp_size,
-        backend=backend_of(job),
-        timeout_s=job.runtime.timeout_s,
-    )
+    ranks = launch_ranks(run_rank, job)
     if ranks is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if job.runtime.trace_file is not None:
@@ -188,13 +198,7 @@ def simulate(inv: Invocation) -> int:
     raise_problems(
         resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
     )
-    ranks = launch(
-        simulate_rank,
-        job,
-        job.topology.tp_size,
-        backend=backend_of(job),
-        timeout_s=job.runtime.timeout_s,
-    )
+    ranks = launch_ranks(simulate_rank, job)
     if ranks is None:
         return 0
     result = {"predicate": job.simulate.predicate.value, **summarize_simulation(ranks)}
@@ -209,14 +213,7 @@ def soak(inv: Invocation) -> int:
     raise_problems(
         resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
     )
-    ranks = launch(
-        soak_rank,
-        job,
-        job.topology.tp_size,
-        backend=backend_of(job),
-        timeout_s=job.runtime.timeout_s,
-        job_s=job.runtime.timeout_s * (job.soak.cycles + 1),
-    )
+    ranks = launch_ranks(soak_rank, job, job_s=job.runtime.timeout_s * (job.soak.cycles + 1))
     if ranks is None:
         return 0
     result = summarize_soak(job, ranks)

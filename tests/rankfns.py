@@ -16,16 +16,8 @@ from pipeline.engine.engine import Engine
 from pipeline.engine.executor import issue_transfer
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
-from pipeline.jobs.run import (
-    drive,
-    fill_random,
-    first_mismatch,
-    forward,
-    open_engine,
-    poison,
-    run_report,
-    snapshot,
-)
+from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
+from pipeline.jobs.run import drive, forward, open_engine, run_report
 from pipeline.spec.plan import Direction
 from pipeline.spec.slots import page_tokens
 from pipeline.spec.steps import Step

@@ -2,8 +2,10 @@
 
 A config must not be able to run arbitrary code. A `_target_` must name a public class defined
 in a module of the `stages` package that implements the protocol of its list (`on_transfer`
-for prepare and finish, `on_step` for per_step and exchange); nothing outside `stages` is
-imported to find out, and the entry's arguments must bind to the class's signature.
+for prepare and finish, `on_step` for per_step and exchange, `on_objects` for the L3 lists);
+nothing outside `stages` is imported to find out, and the entry's arguments must bind to the
+class's signature. An L3 fetch must agree on hits after reading, and a deduplicated one on
+its plan before (else ranks could load different pages and their broadcasts would not match).
 `stage_problems` reports every problem of a strategy; `assemble` raises on the first.
 """
 
@@ -16,10 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.config.schema_check import value_problems
-from pipeline.engine.strategy import Pipeline, Strategy
+from pipeline.engine.l3 import ObjectStage
+from pipeline.engine.strategy import L3Pipeline, Pipeline, Strategy
 from pipeline.engine.transfer import StepStage, TransferStage
 from pipeline.spec.checks import Problem
-from pipeline.spec.strategy import PipelineConfig, StrategyConfig
+from pipeline.spec.ownership import Ownership
+from pipeline.spec.strategy import StrategyConfig
 
 STAGE_PACKAGE = "stages"
 LIST_PROTOCOLS: Mapping[str, type] = {
@@ -27,8 +31,20 @@ LIST_PROTOCOLS: Mapping[str, type] = {
     "per_step": StepStage,
     "exchange": StepStage,
     "finish": TransferStage,
+    "write_back": ObjectStage,
+    "fetch": ObjectStage,
 }
 """Which protocol a stage in each list must implement."""
+METHODS: Mapping[type, str] = {
+    TransferStage: "on_transfer",
+    StepStage: "on_step",
+    ObjectStage: "on_objects",
+}
+FETCH_ORDER = {
+    "read": "stages.read_objects.ReadObjects",
+    "hits": "stages.agree_on_hits.AgreeOnHits",
+    "plan": "stages.agree_on_plan.AgreeOnPlan",
+}
 
 
 def stage_class(target: Any, list_name: str) -> type:
@@ -52,9 +68,9 @@ def stage_class(target: Any, list_name: str) -> type:
         raise ValueError(f"_target_ {target!r} does not name a class defined in {module_name}")
     protocol = LIST_PROTOCOLS[list_name]
     if not issubclass(cls, protocol):
-        method = "on_transfer" if protocol is TransferStage else "on_step"
         raise ValueError(
-            f"_target_ {target!r} is not a stage for the {list_name} list (it has no {method})"
+            f"_target_ {target!r} is not a stage for the {list_name} list (it has no "
+            f"{METHODS[protocol]})"
         )
     return cls
 
@@ -82,22 +98,32 @@ def checked_entry(entry: Any, list_name: str) -> tuple[type, dict[str, Any]]:
 
 def assemble(config: StrategyConfig) -> Strategy:
     """The strategy with its stages instantiated (raises on the first bad entry)."""
-    return Strategy(config, _pipeline(config.backup), _pipeline(config.load))
+    l3 = dataclasses.asdict(config.l3)
+    return Strategy(
+        config,
+        Pipeline(**_built(dataclasses.asdict(config.backup))),
+        Pipeline(**_built(dataclasses.asdict(config.load))),
+        L3Pipeline(**_built(l3)),
+    )
 
 
-def _pipeline(entries: PipelineConfig) -> Pipeline:
-    def built(list_name: str) -> tuple[Any, ...]:
+def _built(lists: Mapping[str, list[Any]]) -> dict[str, tuple[Any, ...]]:
+    """Each list's stages, instantiated."""
+    built = {}
+    for list_name, entries in lists.items():
         stages = []
-        for entry in dataclasses.asdict(entries)[list_name]:
+        for entry in entries:
             cls, kwargs = checked_entry(entry, list_name)
             stages.append(cls(**kwargs))
-        return tuple(stages)
+        built[list_name] = tuple(stages)
+    return built
 
-    return Pipeline(**{name: built(name) for name in LIST_PROTOCOLS})
 
-
-def stage_problems(directions: Mapping[str, Mapping[str, list[Any]]]) -> list[Problem]:
-    """Every stage problem of a strategy's plain `{direction: {list: [entries]}}` data."""
+def stage_problems(
+    directions: Mapping[str, Mapping[str, list[Any]]], ownership: Ownership | None
+) -> list[Problem]:
+    """Every stage problem of a strategy's plain `{direction: {list: [entries]}}` data (its
+    ownership: None where it has none, a problem reported elsewhere)."""
     found = []
     for direction, lists in directions.items():
         for list_name in LIST_PROTOCOLS:
@@ -107,7 +133,29 @@ def stage_problems(directions: Mapping[str, Mapping[str, list[Any]]]) -> list[Pr
                     checked_entry(entry, list_name)
                 except ValueError as e:
                     found.append(Problem(key, f"{key}: {e}"))
-    return found
+    fetch = directions.get("l3", {}).get("fetch", [])
+    return found + fetch_problems(fetch, ownership)
+
+
+def fetch_problems(entries: list[Any], ownership: Ownership | None) -> list[Problem]:
+    """A fetch that reads must agree on hits after its read, and (deduplicated) on its plan
+    before it."""
+    targets = [e.get("_target_") if isinstance(e, Mapping) else None for e in entries]
+    if FETCH_ORDER["read"] not in targets:
+        return []
+    read = targets.index(FETCH_ORDER["read"])
+    needed = [("hits", read + 1, len(targets), "after")]
+    if ownership in (Ownership.single_source, Ownership.rotating):
+        needed.append(("plan", 0, read, "before"))
+    return [
+        Problem(
+            "strategy.l3.fetch",
+            f"strategy.l3.fetch: {FETCH_ORDER[name]} must come {where} {FETCH_ORDER['read']} "
+            "(a deduplicated fetch, or any that reads): ranks would otherwise load different pages",
+        )
+        for name, first, end, where in needed
+        if FETCH_ORDER[name] not in targets[first:end]
+    ]
 
 
 def stage_name(stage: object) -> str:

@@ -28,7 +28,7 @@ from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import Topology
 
 GROUP_CHOICE_PREFIXES = ("strategy=", "+strategy=", "++strategy=")
-DIRECTIONS = ("backup", "load")
+DIRECTIONS = ("backup", "load", "l3")
 
 
 def register_schemas() -> None:
@@ -143,8 +143,7 @@ class Session:
         normalized topology (ConfigError listing every problem otherwise)."""
         verdict = self.verdict()
         cfg = self.cfg if verdict.active else self.with_strategy(verdict.effective_strategy)
-        plain = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
-        raise_problems(stage_problems(plain))  # type: ignore[arg-type]
+        raise_problems(strategy_stage_problems(cfg))
         groups = typed_groups(cfg)
         topology, _ = normalize(groups["topology"])
         job = Job(
@@ -162,6 +161,12 @@ class Session:
         )
         raise_problems(job_problems(job))
         return job
+
+
+def strategy_stage_problems(cfg: DictConfig) -> list[Problem]:
+    """Every problem of the stage lists of the config's strategy."""
+    plain: Any = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
+    return stage_problems(plain, OmegaConf.select(cfg, "strategy.ownership", default=None))
 
 
 def unknown_keys(node: DictConfig, path: str = "") -> list[Problem]:

@@ -9,10 +9,7 @@ Nothing beyond the typed config is built: no stage runs, no device is touched.
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
-from pipeline.config.assemble import stage_problems
-from pipeline.config.compose import DIRECTIONS, Session, typed_groups, unknown_keys
+from pipeline.config.compose import Session, strategy_stage_problems, typed_groups, unknown_keys
 from pipeline.config.eligibility import RULES
 from pipeline.config.sources import ConfigSources
 from pipeline.config.untrusted import override_problems
@@ -28,8 +25,7 @@ def config_problems(session: Session, strategies: set[str]) -> list[Problem]:
     except ConfigError as e:
         found += e.problems
     # the requested strategy's own stages, active or not (job() checks the effective one's)
-    plain = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
-    found += stage_problems(plain)  # type: ignore[arg-type]
+    found += strategy_stage_problems(cfg)
     unknown = [r for r in cfg.strategy.requires if r not in RULES]
     if unknown:
         found.append(

@@ -33,7 +33,7 @@ class Ack:
 
     seq: int
     kind: str
-    """'backup' or 'load'."""
+    """'backup', 'load' or 'write_back'."""
     event: Event
     payload: Any = None
     """What the caller releases when the ack pops (pages, a request)."""

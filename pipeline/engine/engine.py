@@ -1,29 +1,33 @@
-"""The engine API of one rank: `backup`, `load` (with per-layer waits) and the forward gate.
-
-This is what a serving engine calls. `Engine.create` allocates the pools (after `Runtime.start`
-made the process groups); the constructor only stores what it is given.
+"""What a serving engine calls on one rank: `backup`, `load` (per-layer waits), the forward
+gate, and with an L3 store `write_back`, `lookup` and `load_from_l3`. `Engine.create` allocates
+the pools (after `Runtime.start` made the process groups); the constructor only stores them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from pipeline.engine.acks import Ack, AckLedger, digest_of
+from pipeline.engine.allocate import allocate
 from pipeline.engine.batches import BatchRing
-from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
+from pipeline.engine.executor import L3Load, LoadHandle, issue_copies, issue_transfer, prepare
 from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.pools import DevicePool, HostPool, uva_alias
+from pipeline.engine.l3 import L3Tier, objects_job, open_tier
+from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
-from pipeline.engine.streams import Event, Stream
+from pipeline.engine.streams import Event, Stream, follow
 from pipeline.engine.transfer import Resources, Trace, Transfer
+from pipeline.spec.l3 import prefix_keys
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
-from pipeline.spec.sizing import Sizing, batch_buffer_bytes, exchange_staging_bytes, size_pools
+from pipeline.spec.sizing import Sizing, size_pools
 from pipeline.spec.slots import PageAllocator
 from pipeline.spec.storage import StorageConfig
-from pipeline.spec.strategy import Ordering, StrategyConfig
+from pipeline.spec.strategy import Ordering
 from pipeline.spec.topology import IoBackend, Topology
 
 
@@ -42,6 +46,7 @@ class Engine:
         resources: Resources,
         acks: AckLedger,
         graphs: TransferGraphs | None = None,
+        l3: L3Tier | None = None,
     ) -> None:
         self.strategy = strategy
         self.runtime = runtime
@@ -54,6 +59,8 @@ class Engine:
         """Submitted transfers in order, released by `poll`."""
         self.graphs = graphs
         """CUDA graphs of gated transfers, per shape (cuda with io_backend=kernel only)."""
+        self.l3 = l3
+        """The L3 store's tier (None with storage=none)."""
         self.spec = PlanSpec.of(model, topology, strategy.config, owners, sizing, runtime.rank)
         """What every transfer plan of this rank shares (its knobs included)."""
         self.host_allocator = PageAllocator(sizing.host.num_pages)
@@ -61,6 +68,8 @@ class Engine:
         self._gate: list[Event] = []
         self._known_steps = StepsCache()
         self._loads = 0
+        self._last_backup: Event | None = None
+        """A write-back starts after it (backups complete in order)."""
         self._broken: str | None = None
         """Why the engine refuses every call: a failed transfer left its state unknown."""
         self._closed = False
@@ -79,8 +88,8 @@ class Engine:
         keep_trace: bool = False,
         storage: StorageConfig | None = None,
     ) -> Engine:
-        """Allocate the pools and buffers of this rank (topology already normalized;
-        `keep_trace`: keep every op in order, not only counts and bytes)."""
+        """This rank's pools, buffers and L3 tier (topology normalized; `keep_trace`: keep
+        every op in order, not only counts and bytes)."""
         config = strategy.config
         owners = owner_map(config.ownership, runtime.replica_group, model.units)
         sizing = size_pools(
@@ -93,16 +102,10 @@ class Engine:
             keep_capacity=config.keep_capacity,
         )
         uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
-        skip = config.idle_sync_skip
-        acks = AckLedger(
-            runtime.cpu_group,
-            skip_enabled=skip.enabled,
-            max_skips=skip.max_skips,
-            storage_attached=storage is not None and storage.attached,
-            debug_consensus=debug_consensus,
-            poll_timer_every=config.poll_timer_every,
+        graphs = config.cuda_graph_cache if uva else 0  # kernels reach the host pool by UVA
+        res = allocate(
+            runtime, model, topology, config, owners, sizing, uva=uva, keep_trace=keep_trace
         )
-        graphs = config.cuda_graph_cache
         return cls(
             strategy=strategy,
             runtime=runtime,
@@ -110,11 +113,17 @@ class Engine:
             topology=topology,
             owners=owners,
             sizing=sizing,
-            resources=allocate(
-                runtime, model, topology, config, owners, sizing, uva=uva, keep_trace=keep_trace
+            resources=res,
+            acks=AckLedger(
+                runtime.cpu_group,
+                skip_enabled=config.idle_sync_skip.enabled,
+                max_skips=config.idle_sync_skip.max_skips,
+                storage_attached=storage is not None and storage.attached,
+                debug_consensus=debug_consensus,
+                poll_timer_every=config.poll_timer_every,
             ),
-            acks=acks,
-            graphs=TransferGraphs(graphs) if uva and graphs > 0 else None,
+            graphs=TransferGraphs(graphs) if graphs else None,
+            l3=open_tier(storage, runtime, model, topology, config.ownership, owners, res),
         )
 
     @property
@@ -138,6 +147,7 @@ class Engine:
         self.host_allocator.hold_data(t.plan.host_pages.numpy())
         issue_transfer(self.strategy.backup, t, stream, stream, graphs)
         self.acks.submit("backup", t.done)
+        self._last_backup = t.done
         return t.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
@@ -157,14 +167,51 @@ class Engine:
         self.acks.submit("load", t.done)
         return LoadHandle(t, pipeline, lazy=lazy)
 
+    def l3_keys(self, tokens: Sequence[int]) -> list[str]:
+        """One L3 key per page of a prefix's token ids (whole pages, from its first token)."""
+        return prefix_keys(tokens, self.sizing.slots_per_page, self._l3().space)
+
+    def write_back(self, keys: list[str], host_indices: torch.Tensor) -> Event:
+        """Store backed-up host slots in L3 under their page keys, on the write-back thread
+        after every backup so far; the ack: this rank's objects are stored (free after it)."""
+        job = objects_job(keys, host_indices, None, self.spec, self.host_allocator)
+        done = self._l3().write_back(self.strategy.l3.write_back, job, self._last_backup)
+        self.acks.submit("write_back", done)
+        return done
+
+    def lookup(self, keys: list[str]) -> int:
+        """Pages at the front of `keys` the replica group can load from L3 (a collective)."""
+        return self._l3().lookup(keys)
+
+    def load_from_l3(
+        self, keys: list[str], host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> L3Load:
+        """Read the pages of `keys` from L3 into free host slots, then load the leading pages
+        every reader found intact into device slots (a collective; see `L3Load`)."""
+        job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
+        job = self._l3().fetch(self.strategy.l3.fetch, job)
+        if job.hits == 0 or job.fallback:
+            return L3Load(job.hits, job.fallback, None)
+        self.host_allocator.hold_data(job.host_pages[: job.hits])
+        slots = job.hits * self.sizing.slots_per_page
+        return L3Load(job.hits, False, self.load(host_indices[:slots], device_indices[:slots]))
+
+    def _l3(self) -> L3Tier:
+        self._usable()
+        if self.l3 is None:
+            raise RuntimeError("no L3 store is attached: pick storage=file or mooncake")
+        return self.l3
+
     def close(self) -> None:
-        """Release the graphs, then the runtime (graphs hold the transfer group's NCCL work);
-        every later call raises."""
+        """Release the graphs, the L3 tier, then the runtime (graphs hold the transfer
+        group's NCCL work); every later call raises."""
         if self._closed:
             return
         self._closed = True
         if self.graphs is not None:
             self.graphs.clear()
+        if self.l3 is not None:
+            self.l3.close()
         self.runtime.close()
 
     def poll(self) -> list[Ack]:
@@ -214,10 +261,7 @@ class Engine:
             )
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
-        forward = self.runtime.forward_stream
-        ready = forward.new_event()
-        forward.record(ready)
-        stream.wait_event(ready)
+        follow(stream, self.runtime.forward_stream)
         # a graph's layer events are its own (recorded inside it); else one per layer of a load
         layers = plan.layout.layers if load and graphs is None else ()
         gathers = not load and self.spec.batch_buffer_bytes > 0
@@ -236,9 +280,7 @@ class Engine:
         if self._closed:
             raise RuntimeError("the engine is closed: create a new one")
         if self._broken is not None:
-            raise RuntimeError(
-                f"the engine is broken because {self._broken}: close it and create a new one"
-            )
+            raise RuntimeError(f"the engine is broken because {self._broken}: make a new one")
 
     def _failed(self, t: Transfer, error: BaseException) -> None:
         """A transfer failed (its own events carry the error). Its host pages hold no data
@@ -253,43 +295,3 @@ class Engine:
             self._broken = (
                 f"a {plan.direction.value} failed ({error}) and {where} may be out of step"
             )
-
-
-def allocate(
-    runtime: Runtime,
-    model: ModelGeometry,
-    topology: Topology,
-    config: StrategyConfig,
-    owners: OwnerMap,
-    sizing: Sizing,
-    *,
-    uva: bool,
-    keep_trace: bool,
-) -> Resources:
-    """The pools and buffers of one rank's engine (`uva`: kernels reach the host pool through
-    its UVA alias)."""
-    rank, device = runtime.rank, runtime.device
-    owned = owners.owned(rank, model.units)
-    host_pool = HostPool.allocate(
-        model, owned, sizing.host.num_pages, topology.mem_layout, pin_memory=device.type == "cuda"
-    )
-    host_view = (
-        host_pool.alias([uva_alias(b, device) for b in host_pool.storage]) if uva else host_pool
-    )
-
-    def device_bytes(n: int, *shape: int) -> torch.Tensor:
-        return torch.empty((*shape, n), dtype=torch.uint8, device=device)
-
-    return Resources(
-        device=device,
-        device_pool=DevicePool.allocate(model, sizing.device_pages, device),
-        host_pool=host_pool,
-        host_view=host_view,
-        collectives=runtime.collectives,
-        copy_pages=runtime.copy_pages,
-        staging=device_bytes(exchange_staging_bytes(config, model, owners)),
-        batch_buffers=device_bytes(batch_buffer_bytes(config, model, owners, rank), 2),
-        gather_stream=runtime.gather_stream,
-        trace=Trace(keep_ops=keep_trace),
-        timings_s={},
-    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.engine.l3 import ObjectStage
 from pipeline.engine.transfer import StepStage, TransferStage
 from pipeline.spec.strategy import StrategyConfig
 
@@ -19,9 +20,18 @@ class Pipeline:
 
 
 @dataclass(frozen=True)
+class L3Pipeline:
+    """The L3 tier's stages (see `L3PipelineConfig`)."""
+
+    write_back: tuple[ObjectStage, ...] = ()
+    fetch: tuple[ObjectStage, ...] = ()
+
+
+@dataclass(frozen=True)
 class Strategy:
-    """What an engine runs: the strategy's config and its two pipelines."""
+    """What an engine runs: the strategy's config, its two pipelines and its L3 stages."""
 
     config: StrategyConfig
     backup: Pipeline
     load: Pipeline
+    l3: L3Pipeline = L3Pipeline()

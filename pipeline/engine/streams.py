@@ -54,6 +54,13 @@ class Stream(Protocol):
         """Stop the stream's worker, if it has one."""
 
 
+def follow(stream: Stream, other: Stream) -> None:
+    """Make later work on `stream` wait for everything submitted to `other` so far."""
+    event = other.new_event()
+    other.record(event)
+    stream.wait_event(event)
+
+
 class CpuEvent:
     """A threading.Event that carries the error of the transfer that should have set it, and
     gives up waiting after the collective timeout."""

@@ -1,14 +1,13 @@
-"""The `run` job on one rank: fill, back up, evict, load back into other slots, prove bit-exact.
-
-Every rank of a replica group fills its device pool with the same random bytes (MLA: they hold
-the same latent KV), so a dedup strategy must reproduce on each rank exactly what that rank
-backed up. Evicted and fresh slots are poisoned, so stale bytes can never pass the check.
+"""The `run` job on one rank: fill, back up, evict, load back into other slots, prove bit-exact
+(with an L3 store: fill, back up, write back, evict from device and host, load back from L3).
+What goes into the pools, and how it is checked, is `pipeline.jobs.contents`.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,12 +16,17 @@ import torch.distributed as dist
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement, WorkloadConfig
 from pipeline.engine.engine import Engine
-from pipeline.engine.executor import LoadHandle
+from pipeline.engine.executor import L3Load, LoadHandle
 from pipeline.engine.runtime import Runtime, pick_backend, pick_device
+from pipeline.jobs.contents import (
+    fill_random,
+    first_mismatch,
+    poison,
+    poison_host,
+    prompt,
+    snapshot,
+)
 from pipeline.spec.slots import PageAllocator, page_tokens
-
-POISON = 0xA5
-"""Byte written into evicted and freshly allocated slots before a load-back."""
 
 
 def backend_of(job: Job, local_rank: int = 0) -> str:
@@ -84,47 +88,6 @@ def run_report(
     return report
 
 
-def fill_random(engine: Engine, pages: list[int], seed: int) -> None:
-    """Random bytes into device pages, drawn on the pool's device from `seed` (seeded per
-    replica group, so peers draw the same bytes)."""
-    device = engine.runtime.device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    index = torch.tensor(pages, dtype=torch.int64, device=device)
-    for unit in engine.model.units:
-        layer = engine.device_pool.layer(unit).view(torch.uint8)
-        shape = (len(pages), *layer.shape[1:])
-        data = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator, device=device)
-        layer.index_copy_(0, index, data)
-
-
-def poison(engine: Engine, pages: list[int]) -> None:
-    index = torch.tensor(pages, dtype=torch.int64, device=engine.runtime.device)
-    for unit in engine.model.units:
-        engine.device_pool.layer(unit).view(torch.uint8).index_fill_(0, index, POISON)
-
-
-def snapshot(engine: Engine, pages: list[int]) -> dict[int, torch.Tensor]:
-    index = torch.tensor(pages, dtype=torch.int64, device=engine.runtime.device)
-    return {
-        u.ordinal: engine.device_pool.layer(u).view(torch.uint8).index_select(0, index)
-        for u in engine.model.units
-    }
-
-
-def first_mismatch(engine: Engine, pages: list[int], expected: dict[int, torch.Tensor]) -> str:
-    """'' when every unit's pages equal the expected bytes, else where they first differ."""
-    got = snapshot(engine, pages)
-    for unit in engine.model.units:
-        bad = (got[unit.ordinal] != expected[unit.ordinal]).flatten(1).any(1).nonzero()
-        if len(bad):
-            page = int(bad[0])
-            return (
-                f"rank {engine.runtime.rank}: {unit.pool} layer {unit.layer} differs at "
-                f"transfer page {page} (device page {pages[page]}); {len(bad)} pages differ"
-            )
-    return ""
-
-
 def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
     slots_per_page = engine.sizing.slots_per_page
     if workload.num_tokens % slots_per_page:
@@ -148,7 +111,8 @@ def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
 
 class Cycles:
     """Rounds of backup -> evict -> load-back on one rank, each checked bit-exact (the same
-    slot choices on every rank: the draws come from a shared seed)."""
+    slot choices on every rank: the draws come from a shared seed). With an L3 store the
+    load-back comes from L3: backup -> write-back -> evict device and host -> lookup -> load."""
 
     def __init__(self, engine: Engine, workload: WorkloadConfig) -> None:
         self.engine, self.workload = engine, workload
@@ -156,7 +120,8 @@ class Cycles:
         rng = random.Random(workload.seed)
         self.pick = None if workload.placement is Placement.contiguous else rng
         self.device_alloc = PageAllocator(engine.sizing.device_pages)
-        self.seconds = {"backup": 0.0, "load": 0.0}
+        self.seconds = {"backup": 0.0, "write_back": 0.0, "load": 0.0}
+        self.l3 = L3Counts()
         self.mismatch = ""
         """Where the first round that was not bit-exact differed ('' while all were)."""
 
@@ -172,22 +137,83 @@ class Cycles:
         start = time.perf_counter()
         engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
         self.seconds["backup"] += time.perf_counter() - start
+        keys = engine.l3_keys(prompt(engine, self.workload, cycle)) if engine.l3 else []
+        if keys:
+            host = self.write_back_and_evict(keys, host)
         target = self.device_alloc.alloc(n, pick)  # other slots than the source
         self.device_alloc.free(source)
         poison(engine, source + target)
         start = time.perf_counter()
-        handle = engine.load(page_tokens(host, size), page_tokens(target, size))
-        forward(engine, handle)
-        handle.done(rt.forward_stream).wait()
+        handle, missing = self.load_back(keys, page_tokens(host, size), page_tokens(target, size))
+        if handle is not None:
+            forward(engine, handle)
+            handle.done(rt.forward_stream).wait()
         self.seconds["load"] += time.perf_counter() - start
-        self.mismatch = self.mismatch or first_mismatch(engine, target, expected)
-        while engine.acks.pending:  # release both acks; the ledger is the same on every rank
+        self.mismatch = self.mismatch or missing or first_mismatch(engine, target, expected)
+        while engine.acks.pending:  # release every ack; the ledger is the same on every rank
             engine.poll()
         self.device_alloc.free(target)
         engine.host_allocator.free(host)
 
+    def write_back_and_evict(self, keys: list[str], host: list[int]) -> list[int]:
+        """Store the backed-up pages in L3, then drop them from the host tier (poisoned and
+        freed): the free host pages the load-back from L3 reads into."""
+        engine, size = self.engine, self.engine.sizing.slots_per_page
+        start = time.perf_counter()
+        engine.write_back(keys, page_tokens(host, size)).wait()
+        self.seconds["write_back"] = (
+            self.seconds.get("write_back", 0.0) + time.perf_counter() - start
+        )
+        while engine.acks.pending:
+            engine.poll()
+        poison_host(engine, host)
+        engine.host_allocator.free(host)
+        return engine.host_allocator.alloc(len(host), self.pick)
+
+    def load_back(
+        self, keys: list[str], host: torch.Tensor, target: torch.Tensor
+    ) -> tuple[LoadHandle | None, str]:
+        """Load the pages back (from L3 when there are keys): (the load's handle, where it
+        fell short of the whole prefix, or '')."""
+        engine = self.engine
+        if not keys:
+            return engine.load(host, target), ""
+        found = engine.lookup(keys)
+        loaded = engine.load_from_l3(keys, host, target)
+        self.l3.add(loaded)
+        if found < len(keys) or loaded.hits < len(keys):
+            return loaded.handle, (
+                f"rank {engine.runtime.rank}: L3 lookup found {found} and the load read "
+                f"{loaded.hits} of {len(keys)} pages"
+            )
+        return loaded.handle, ""
+
     def report(self) -> dict[str, Any]:
-        return rank_report(self.engine, self.seconds, self.mismatch)
+        return {
+            **rank_report(self.engine, self.seconds, self.mismatch),
+            **self.l3.report(self.engine),
+        }
+
+
+@dataclass
+class L3Counts:
+    """What the L3 load-backs of one rank did."""
+
+    hit_pages: int = 0
+    fallbacks: int = 0
+
+    def add(self, loaded: L3Load) -> None:
+        self.hit_pages += loaded.hits
+        self.fallbacks += loaded.fallback
+
+    def report(self, engine: Engine) -> dict[str, Any]:
+        moved = engine.trace.bytes
+        return {
+            "l3_write_bytes": moved.get(("l3_write", ""), 0),
+            "l3_read_bytes": moved.get(("l3_read", ""), 0),
+            "l3_hit_pages": self.hit_pages,
+            "l3_fallbacks": self.fallbacks,
+        }
 
 
 def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from pipeline.config.schema import SimulateConfig
 from pipeline.engine.acks import AckLedger, IdleCheck, digest_of, replicated_idle
 from pipeline.engine.engine import Engine
 from pipeline.engine.streams import Event
-from pipeline.jobs.run import fill_random, open_engine
+from pipeline.jobs.contents import fill_random
+from pipeline.jobs.run import open_engine
 from pipeline.spec.slots import PageAllocator, page_tokens
 
 

@@ -38,6 +38,16 @@ class PipelineConfig:
 
 
 @dataclass(kw_only=True)
+class L3PipelineConfig:
+    """The L3 tier's stage entries (used only with a store: `storage.kind` file or mooncake)."""
+
+    write_back: list[Any] = field(default_factory=list)
+    """Stages that store backed-up host pages in L3, on the write-back thread."""
+    fetch: list[Any] = field(default_factory=list)
+    """Stages that read L3 objects into host pages (or device pages) before a load."""
+
+
+@dataclass(kw_only=True)
 class IdleSyncSkipConfig:
     """Leaving out the ack poll's collective while nothing is in flight."""
 
@@ -63,6 +73,8 @@ class StrategyConfig:
     """Stages of a backup (device -> host)."""
     load: PipelineConfig = field(default_factory=PipelineConfig)
     """Stages of a load-back (host -> device)."""
+    l3: L3PipelineConfig = field(default_factory=L3PipelineConfig)
+    """Stages of a write-back (host -> L3) and a fetch (L3 -> host, before a load-back)."""
     chunk_pages: int = 0
     """Plan each backup in batches of this many pages (every copied layer per batch); 0 plans
     one batch."""

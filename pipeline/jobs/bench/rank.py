@@ -27,7 +27,8 @@ from pipeline.engine.pools import HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.jobs.bench.reference import Reference
-from pipeline.jobs.run import fill_random, first_mismatch, poison, snapshot, start_runtime
+from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
+from pipeline.jobs.run import start_runtime
 from pipeline.spec.slots import PageAllocator, page_tokens
 
 

@@ -1,0 +1,130 @@
+"""The job's L3 store made concrete before any rank starts, and put away after the last.
+
+file with no path: a temporary folder, removed at the end. mooncake with master=auto: a
+`mooncake_master` on loopback (HTTP metadata server included, explicit free ports), killed
+with its parent and stopped at the end. A given master must answer before a rank starts:
+an unreachable one is a clear error naming `storage.master`, not a hang in every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import importlib.util
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.jobs.launch import under_torchrun
+from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
+from pipeline.spec.checks import ConfigError, Problem
+from pipeline.spec.storage import StorageConfig, StorageKind
+
+MASTER_START_S = 20.0
+"""How long a master gets to listen."""
+
+
+@contextlib.contextmanager
+def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
+    """The store with its folder or master in place, for the length of the block."""
+    temporary = storage.kind is StorageKind.file and storage.path is None
+    auto_master = storage.kind is StorageKind.mooncake and storage.master == "auto"
+    if under_torchrun() and (temporary or auto_master):
+        key = "storage.path" if temporary else "storage.master"
+        message = (
+            f"{key}: under torchrun each rank is started on its own, so none can make the "
+            "store for the others: give a folder every rank of a node reaches (file) or a "
+            "running master (mooncake, with storage.metadata_server)"
+        )
+        raise ConfigError([Problem(key, message)])
+    if temporary:
+        folder = tempfile.mkdtemp(prefix="hicache-l3-")
+        try:
+            yield dataclasses.replace(storage, path=folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    elif auto_master:
+        with master_on_loopback() as (master, metadata):
+            yield dataclasses.replace(storage, master=master, metadata_server=metadata)
+    else:
+        if storage.kind is StorageKind.mooncake:
+            host, _, port = storage.master.rpartition(":")
+            if not answers(host, int(port)):
+                message = f"storage.master={storage.master}: nothing answers at that address"
+                raise ConfigError([Problem("storage.master", message)])
+        yield storage
+
+
+def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Does something accept TCP connections at host:port?"""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def master_binary() -> str:
+    """The `mooncake_master` that ships with the mooncake package."""
+    spec = importlib.util.find_spec("mooncake")
+    found = Path(spec.origin).parent / "mooncake_master" if spec and spec.origin else None
+    if found is None or not found.is_file():
+        raise ConfigError(
+            [
+                Problem(
+                    "storage.kind",
+                    "storage.kind=mooncake needs the mooncake-transfer-engine package (its "
+                    "mooncake_master) and the libibverbs1 system library: see README, L3 tier",
+                )
+            ]
+        )
+    return str(found)
+
+
+def _die_with_parent() -> None:  # runs in the master's process before exec
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def master_on_loopback() -> Iterator[tuple[str, str]]:
+    """(master host:port, metadata URL) of a fresh master on loopback, for the block."""
+    rpc, http, metrics = free_port(), free_port(), free_port()
+    process = subprocess.Popen(
+        [
+            master_binary(),
+            "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={http}",
+            "--rpc_address=127.0.0.1",
+            f"--rpc_port={rpc}",
+            f"--metrics_port={metrics}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
+    )
+    try:
+        deadline = time.monotonic() + MASTER_START_S
+        while not (answers("127.0.0.1", rpc, 0.2) and answers("127.0.0.1", http, 0.2)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the Mooncake master did not start (exit code {process.poll()}): "
+                    "is libibverbs1 installed?"
+                )
+            time.sleep(0.1)
+        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+    finally:
+        process.terminate()
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
