@@ -24,6 +24,7 @@ from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
+from pipeline.jobs.bench.l3 import l3_markdown, run_l3_bench
 from pipeline.jobs.bench.output import markdown
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
@@ -177,18 +178,18 @@ def check_ordering(inv: Invocation) -> int:
 
 
 def bench(inv: Invocation) -> int:
-    """Strategies side by side with a hand-written loop and the measured link floors."""
+    """Strategies side by side with a hand-written loop and the measured link floors; with
+    `bench.stores`, their load-backs from L3 side by side instead."""
     session = inv.session()
-    base = session.job()
-    result = run_bench(session)  # checks every case, and what the machine holds, first
+    out_dir, l3 = session.job().bench.out_dir, bool(session.job().bench.stores)
+    result = (run_l3_bench if l3 else run_bench)(session)  # checks every case first
     if not result:  # a torchrun rank other than 0
         return 0
-    if inv.line.as_json:
-        print(json.dumps({k: v for k, v in result.items() if k != "raw"}, indent=2))
-    else:
-        print(markdown(result) + f"written to {base.bench.out_dir}/ ({result['png']})")
-    ok = all(r["bit_exact"] and r["reference_bit_exact"] for r in result["rows"])
-    return 0 if ok else 1
+    shown = {k: v for k, v in result.items() if k != "raw"}
+    where = f"written to {out_dir}/" + ("" if l3 else f" ({result['png']})")
+    emit(inv, shown, lambda r: (l3_markdown(r) if l3 else markdown(r)) + where)
+    exact = [r["bit_exact"] and r.get("reference_bit_exact", True) for r in result["rows"]]
+    return 0 if all(exact) else 1
 
 
 def simulate(inv: Invocation) -> int:

@@ -103,12 +103,15 @@ def _mem_layout_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tu
     )
 
 
-def _storage_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
-    if s.kind is StorageKind.none:
-        return True, "no L3 store"
-    return True, (
-        f"storage={s.kind.value}: each page's objects are written once per replica group, by "
-        "the ranks that hold them, and read by the ranks the strategy names"
+def _readers_reach_store(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
+    if s.kind is not StorageKind.file:
+        return True, f"storage={s.kind.value}: every rank reaches the same store"
+    if t.nnodes == 1:
+        return True, "storage=file on one node: every rank reads the folder the writer wrote"
+    return False, (
+        f"storage=file is a folder on one machine's disk, but the ranks span {t.nnodes} nodes: "
+        "a rank would look for objects that a rank of another node wrote, and never find them; "
+        "use storage=mooncake, or single_source (whose one reader is also the writer)"
     )
 
 
@@ -151,7 +154,7 @@ RULES: Mapping[str, Check] = MappingProxyType(
         "single_node": _single_node,
         "io_backend_supported": _io_backend_supported,
         "mem_layout_supported": _mem_layout_supported,
-        "storage_supported": _storage_supported,
+        "readers_reach_store": _readers_reach_store,
         "not_pd_decode": _not_pd_decode,
         "mla_pool": _mla_pool,
         "mla_not_fp4": _mla_not_fp4,
@@ -207,7 +210,11 @@ def decide(
     while not passes(chain[-1]):
         fallback = lookup(chain[-1])[1]
         if fallback is None:
-            raise ValueError(f"strategy {chain[-1]!r} is inactive and names no fallback")
+            why = evaluate(lookup(chain[-1])[0], normalized, model, storage)
+            reasons = "; ".join(f"{r.name}: {r.message}" for r in why if not r.passed)
+            raise ValueError(
+                f"strategy {chain[-1]!r} is inactive and names no fallback ({reasons})"
+            )
         if fallback in chain:
             raise ValueError(f"fallback cycle: {' -> '.join([*chain, fallback])}")
         notes += (f"{chain[-1]} is inactive: falling back to {fallback}",)

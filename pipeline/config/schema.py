@@ -15,7 +15,7 @@ from enum import Enum
 from pipeline.engine.runtime import Backend
 from pipeline.spec.checks import Problem, at_least, non_empty, raise_problems
 from pipeline.spec.model import ModelGeometry
-from pipeline.spec.storage import StorageConfig
+from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, Topology
 
@@ -113,6 +113,9 @@ class BenchConfig:
     """Bytes per copy/broadcast when measuring the link floors."""
     out_dir: str = "bench_out"
     """Where bench.json, bench.md and bench.png go."""
+    stores: list[StorageKind] = field(default_factory=list)
+    """Non-empty: the L3 bench instead (per store and size, load-back from L3 of each strategy
+    side by side; writes bench_l3.json and bench_l3.md)."""
 
     def __post_init__(self) -> None:
         found = at_least("bench", self, repeats=1, warmup=0, floor_bytes=1)

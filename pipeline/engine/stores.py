@@ -28,6 +28,9 @@ class ObjectStore(Protocol):
     def exists(self, names: list[str]) -> list[bool]:
         """Whether each name holds a blob."""
 
+    def remove(self, names: list[str]) -> None:
+        """Drop these blobs (absent ones are fine)."""
+
     def close(self) -> None:
         """Let go of the store's resources."""
 
@@ -64,6 +67,10 @@ class FileStore:
 
     def exists(self, names: list[str]) -> list[bool]:
         return [self._path(n).is_file() for n in names]
+
+    def remove(self, names: list[str]) -> None:
+        for name in names:
+            self._path(name).unlink(missing_ok=True)
 
     def close(self) -> None:
         pass
@@ -108,6 +115,10 @@ class MooncakeStore:
             return [flag == 1 for flag in self.client.batch_is_exist(names)]
         except Exception:
             return [False] * len(names)
+
+    def remove(self, names: list[str]) -> None:
+        for name in names:
+            self.client.remove(name)
 
     def close(self) -> None:
         self.client.close()

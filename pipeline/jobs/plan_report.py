@@ -13,8 +13,9 @@ from typing import Any
 from pipeline.config.assemble import stage_name
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement
-from pipeline.engine.strategy import Pipeline, Strategy
-from pipeline.spec.ownership import owner_map
+from pipeline.engine.strategy import Strategy
+from pipeline.spec.l3 import object_specs, share_of
+from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
 from pipeline.spec.sizing import device_staging_bytes, size_pools
 from pipeline.spec.slots import PageAllocator, page_tokens
@@ -23,13 +24,17 @@ from pipeline.spec.topology import IoBackend
 
 
 def stage_lists(strategy: Strategy) -> dict[str, dict[str, list[str]]]:
-    """Stage names per direction and list."""
+    """Stage names per direction (and the L3 tier's) and list."""
     return {
         direction: {
             f.name: [stage_name(s) for s in getattr(pipeline, f.name)]
-            for f in dataclasses.fields(Pipeline)
+            for f in dataclasses.fields(pipeline)
         }
-        for direction, pipeline in (("backup", strategy.backup), ("load", strategy.load))
+        for direction, pipeline in (
+            ("backup", strategy.backup),
+            ("load", strategy.load),
+            ("l3", strategy.l3),
+        )
     }
 
 
@@ -90,10 +95,24 @@ def rank_row(job: Job, rank: int) -> dict[str, Any]:
         sum(1 for s in plan.layer_steps(layer) if plan.exchanged(s.unit))
         for layer in range(model.num_layers)
     ]
+    if job.storage.attached:
+        row.update(l3_row(job, rank, owners, num_pages))
     row["host_capacity_tokens"] = sizing.host_slots
     row["host_pool_bytes"] = sizing.host.pool_bytes
     row["device_staging_bytes"] = device_staging_bytes(strategy, model, owners, rank)
     return row
+
+
+def l3_row(job: Job, rank: int, owners: OwnerMap, num_pages: int) -> dict[str, int]:
+    """A write-back and a load from L3 of the workload on `rank`, every page a hit."""
+    model, topology = job.model, job.topology
+    share = share_of(topology, model, rank)
+    specs = object_specs(job.strategy.config.ownership, owners, model.units, share)
+    return {
+        "l3_write_bytes": num_pages * sum(o.page_bytes for o in specs if o.writer == rank),
+        "l3_read_bytes": num_pages * sum(o.page_bytes for o in specs if rank in o.readers),
+        "l3_hit_pages": num_pages,
+    }
 
 
 def plan_report(job: Job, ranks: list[int] | None = None) -> dict[str, Any]:

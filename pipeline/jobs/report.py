@@ -69,6 +69,11 @@ def plan_text(result: dict[str, Any]) -> str:
         f"{result['placement']}",
         f"backup stages  {_stages(result['stages']['backup'])}",
         f"load stages    {_stages(result['stages']['load'])}",
+        *(
+            [f"L3 stages      {_stages(result['stages']['l3'])}"]
+            if any("l3_hit_pages" in r for r in result["ranks"])
+            else []
+        ),
         "",
         f"{'rank':>4} {'backup D2H':>11} {'load H2D':>11} {'bcast send':>11} {'bcast recv':>11}"
         f" {'backup ops':>10} {'load ops':>9} {'host tokens':>12} {'host pool':>11}"
@@ -83,8 +88,17 @@ def plan_text(result: dict[str, Any]) -> str:
             f" {r['host_capacity_tokens']:>12} {human_bytes(r['host_pool_bytes']):>11}"
             f" {human_bytes(r['device_staging_bytes']):>11}"
         )
+    lines += [f"rank {r['rank']} {l3_text(r)}" for r in result["ranks"] if "l3_hit_pages" in r]
     lines += [f"note: {printable(n)}" for n in result["notes"]]
     return "\n".join(lines)
+
+
+def l3_text(r: dict[str, Any]) -> str:
+    """A rank's L3 bytes and hit pages (its row has them where a store is attached)."""
+    return (
+        f"L3: wrote {human_bytes(r['l3_write_bytes'])}, read {human_bytes(r['l3_read_bytes'])}, "
+        f"{r['l3_hit_pages']} pages hit"
+    )
 
 
 def run_text(result: dict[str, Any]) -> str:
@@ -105,6 +119,7 @@ def run_text(result: dict[str, Any]) -> str:
             f"{human_bytes(r['host_pool_bytes'])}; {r['ops']} ops {r['ops_by_kind']}",
             f"  backup {r['gbps']['backup']:.2f} GB/s, load {r['gbps']['load']:.2f} GB/s; "
             f"stages: {stages}",
+            *([f"  {l3_text(r)}, {r['l3_fallbacks']} fallbacks"] if "l3_hit_pages" in r else []),
             f"  verified: {'bit-exact' if r['verified'] else 'MISMATCH ' + r['mismatch']}",
         ]
     lines.append(

@@ -207,6 +207,9 @@ class L3Counts:
         self.fallbacks += loaded.fallback
 
     def report(self, engine: Engine) -> dict[str, Any]:
+        """The rank's L3 numbers (none without a store)."""
+        if engine.l3 is None:
+            return {}
         moved = engine.trace.bytes
         return {
             "l3_write_bytes": moved.get(("l3_write", ""), 0),

@@ -59,3 +59,50 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
         assert r["ops"] == [{"batch_gather": gathers, "copy": 128}] * 2
     assert "chunked / unchunked" in (out / "bench.md").read_text()
     assert json.loads((out / "bench.json").read_text())["rows"] == rows
+
+
+def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> None:
+    """Each side reads what it claims: replicated on every rank, single_source on the first,
+    rotating each owner's share; every load bit-exact; the stores put away after."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "bench",
+            "bench=l3",
+            "model=tiny_dsa",
+            "bench.sizes=[256]",
+            "bench.repeats=2",
+            f"bench.out_dir={out}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert [(r["store"], r["strategy"]) for r in rows] == [
+        (store, strategy)
+        for store in ("file", "mooncake")
+        for strategy in ("replicated", "single_source", "rotating")
+    ]
+    unique = 256 * 272  # tiny_dsa bytes per token
+    for r in rows:
+        assert r["bit_exact"] and r["unique_bytes"] == unique and r["fallbacks"] == 0
+        reads = r["l3_read_bytes_per_rank"]
+        expected = {
+            "replicated": [unique, unique],
+            "single_source": [unique, 0],
+            "rotating": reads if sum(reads) == unique and all(reads) else None,
+        }[r["strategy"]]
+        assert reads == expected
+        assert r["x_replicated"] == pytest.approx(
+            next(q["ms"] for q in rows if (q["store"], q["strategy"]) == (r["store"], "replicated"))
+            / r["ms"]
+        )
+    assert "| mooncake | 256 | rotating |" in (out / "bench_l3.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -36,7 +36,7 @@ def test_explain_json_lists_every_rule_and_the_fallback(tmp_path: Path) -> None:
     failed = {r["name"]: r["message"] for r in verdict["rules"] if not r["passed"]}
     assert set(failed) == {"attn_tp_gt_1", "single_node"}  # both reported, not just the first
     assert "raise topology.tp_size" in failed["attn_tp_gt_1"]
-    assert len(verdict["rules"]) == 12
+    assert len(verdict["rules"]) == 11
     assert list(tmp_path.iterdir()) == []  # no outputs/ or .hydra folders left behind
 
 
@@ -99,6 +99,33 @@ def test_run_reports_json_and_bit_exact(tmp_path: Path) -> None:
         "host_pool_bytes",
         "ops",
     } <= set(result["ranks"][0])
+
+
+@pytest.mark.parametrize("kind", ["file", "mooncake"])
+def test_run_with_a_store_makes_it_and_puts_it_away(kind: str, tmp_path: Path) -> None:
+    """A temporary folder, or a master on loopback, for the length of the job (mooncake:
+    storage.master=auto); `--json` carries each rank's L3 numbers; nothing is left behind."""
+    done = cli("run", f"storage={kind}", "strategy=single_source", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    ranks = json.loads(done.stdout)["ranks"]
+    assert [r["l3_read_bytes"] > 0 for r in ranks] == [True, False]  # the first rank reads
+    assert all(r["l3_hit_pages"] > 0 and r["verified"] for r in ranks)
+    assert list(tmp_path.iterdir()) == []
+    masters = subprocess.run(["pgrep", "-f", "mooncake_master"], capture_output=True)
+    assert masters.stdout == b""  # (no other test leaves one running)
+
+
+def test_a_given_master_that_does_not_answer_exits_2_naming_the_key(tmp_path: Path) -> None:
+    done = cli(
+        "run",
+        "storage=mooncake",
+        "storage.master=127.0.0.1:9",
+        "storage.metadata_server=http://127.0.0.1:9/metadata",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "storage.master=127.0.0.1:9: nothing answers" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_validate_accepts_every_shipped_config(tmp_path: Path) -> None:

@@ -20,13 +20,12 @@ ROTATING = [
     "single_node",
     "io_backend_supported",
     "mem_layout_supported",
-    "storage_supported",
     "not_pd_decode",
     "mla_pool",
     "mla_not_fp4",
     "layers_ge_group",
 ]
-SINGLE_SOURCE = ["mla_pool", "mla_not_fp4", "attn_tp_gt_1", "storage_supported"]
+SINGLE_SOURCE = ["mla_pool", "mla_not_fp4", "attn_tp_gt_1"]
 
 NO_STORE = StorageConfig()
 MLA = ModelGeometry(

@@ -1,0 +1,185 @@
+"""Rank functions for the L3 tests: a write-back and a load from L3 with the store damaged (or
+one rank's plan changed) in between, reporting what came back."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config.job import Job
+from pipeline.engine.engine import Engine
+from pipeline.engine.stores import FileStore
+from pipeline.jobs.contents import (
+    POISON,
+    fill_random,
+    first_mismatch,
+    poison,
+    poison_host,
+    snapshot,
+)
+from pipeline.jobs.run import forward, open_engine
+from pipeline.spec.slots import page_tokens
+
+PAGES = 4
+
+
+def damage(engine: Engine, keys: list[str], case: str) -> None:
+    """Spoil the store as `case` says (group rank 0 of the first group does it; the others
+    wait): 'missing' page 2, 'truncated' page 1, 'corrupted' page 2 (one payload bit),
+    'foreign' page 0 (holds page 3's intact object); anything else leaves it alone."""
+    tier = engine.l3
+    assert tier is not None
+    if engine.runtime.rank == 0:
+        names = {p: [o.name(tier.space, keys[p]) for o in tier.objects] for p in range(PAGES)}
+        for i, name in enumerate(names.get({"missing": 2, "truncated": 1}.get(case, -1), [])):
+            blob = tier.store.get(name)
+            assert blob is not None
+            if case == "missing":
+                assert isinstance(tier.store, FileStore)
+                Path(tier.store.root, name).unlink()
+            else:
+                tier.store.put(name, bytes(blob[: len(blob) // 2 + i]))
+        if case == "corrupted":
+            name = names[2][-1]
+            blob = tier.store.get(name)
+            assert blob is not None
+            blob[-1] ^= 0x01
+            tier.store.put(name, bytes(blob))
+        if case == "foreign":
+            for mine, theirs in zip(names[0], names[3], strict=True):
+                blob = tier.store.get(theirs)
+                assert blob is not None
+                tier.store.put(mine, bytes(blob))
+    dist.barrier()
+
+
+def through_l3(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> dict:
+    """Fill and back up 4 pages, write them back, evict them from the host tier, damage the
+    store (`case`), then look up and load from L3 into poisoned device pages.
+
+    'plan_differs': rank 1 loads into other device pages than its peers (its plan's SHA-256
+    differs), so a deduplicated load must fall back to per-rank reads."""
+    job, case = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        return _through_l3(engine, case)
+    finally:
+        engine.close()
+
+
+def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
+    size, rank = engine.sizing.slots_per_page, engine.runtime.rank
+    source = list(range(PAGES))
+    fill_random(engine, source, 11 + engine.runtime.replica_group[0])
+    expected = snapshot(engine, source)
+    host = engine.host_allocator.alloc(PAGES)
+    engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
+    keys = engine.l3_keys(list(range(500, 500 + PAGES * size)))
+    engine.write_back(keys, page_tokens(host, size)).wait()
+    while engine.acks.pending:  # every rank's objects are stored once all are released
+        engine.poll()
+    poison_host(engine, host)
+    engine.host_allocator.free(host)
+    damage(engine, keys, case)
+    shift = 16 if case == "plan_differs" and rank == 1 else 8
+    target = [p + shift for p in source]
+    poison(engine, target)
+    found = engine.lookup(keys)
+    fresh = engine.host_allocator.alloc(PAGES)
+    loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
+    if loaded.handle is not None:
+        forward(engine, loaded.handle)
+        loaded.handle.done(engine.runtime.forward_stream).wait()
+    hits = loaded.hits
+    rest = snapshot(engine, target[hits:]) if hits < PAGES else {}
+    while engine.acks.pending:
+        engine.poll()
+    return {
+        "found": found,
+        "hits": hits,
+        "fallback": loaded.fallback,
+        "loaded": first_mismatch(engine, target[:hits], {u: e[:hits] for u, e in expected.items()})
+        if hits
+        else "",
+        "rest_untouched": all(bool((t == POISON).all()) for t in rest.values()),
+        "device_tier_kept": first_mismatch(engine, source, expected),
+        "l3_read_bytes": engine.trace.bytes.get(("l3_read", ""), 0),
+        "fallback_ops": engine.trace.counts.get("l3_fallback", 0),
+    }
+
+
+def held_pages_refused(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
+    """What the engine says to L3 calls that would lose data or name bad pages."""
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        size = engine.sizing.slots_per_page
+        host = engine.host_allocator.alloc(2)
+        fill_random(engine, [0, 1], 3)
+        engine.backup(page_tokens(host, size), page_tokens([0, 1], size)).wait()
+        before = [engine.host_pool.layer(u).clone() for u in engine.host_pool.owned]
+        keys = engine.l3_keys(list(range(2 * size)))
+        errors = []
+        for call in (
+            lambda: engine.load_from_l3(keys, page_tokens(host, size), page_tokens([4, 5], size)),
+            lambda: engine.write_back(keys, page_tokens([7, 8], size)),
+            lambda: engine.write_back(["../../x"] * 2, page_tokens(host, size)),
+            lambda: engine.lookup([*keys[:1], "zz"]),
+        ):
+            try:
+                call()
+                errors.append("")
+            except ValueError as e:
+                errors.append(str(e))
+        after = [engine.host_pool.layer(u) for u in engine.host_pool.owned]
+        if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
+            errors.append("host pool changed")
+        return errors
+    finally:
+        engine.close()
+
+
+def master_gone(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> dict:
+    """Write 2 pages back, then rank 0 kills the Mooncake master (its RPC port given): a
+    lookup and a load find nothing, a write-back fails on its writer with a clear error, and
+    the device and host tiers keep their pages."""
+    job, rpc_port = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        size = engine.sizing.slots_per_page
+        fill_random(engine, [0, 1], 5)
+        expected = snapshot(engine, [0, 1])
+        host = engine.host_allocator.alloc(2)
+        engine.backup(page_tokens(host, size), page_tokens([0, 1], size)).wait()
+        keys = engine.l3_keys(list(range(2 * size)))
+        engine.write_back(keys, page_tokens(host, size)).wait()
+        while engine.acks.pending:
+            engine.poll()
+        if rank == 0:
+            subprocess.run(["pkill", "-9", "-f", f"rpc_port={rpc_port}"], check=True)
+        dist.barrier()
+        found = engine.lookup(keys)
+        fresh = engine.host_allocator.alloc(2)
+        loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens([4, 5], size))
+        try:
+            more = engine.l3_keys(list(range(7, 7 + 2 * size)))
+            engine.write_back(more, page_tokens(host, size)).wait()
+            write_error = ""
+        except RuntimeError as e:
+            write_error = str(e)
+        kept = first_mismatch(engine, [0, 1], expected)
+        handle = engine.load(page_tokens(host, size), page_tokens([2, 3], size))
+        forward(engine, handle)
+        handle.done(engine.runtime.forward_stream).wait()
+        return {
+            "found": found,
+            "hits": loaded.hits,
+            "write_error": write_error,
+            "device_kept": kept,
+            "host_kept": first_mismatch(engine, [2, 3], expected),
+        }
+    finally:
+        engine.close()

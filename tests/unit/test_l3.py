@@ -1,0 +1,212 @@
+"""The L3 tier's parts on their own: keys, object names and their format, who writes and reads
+which object, the file store, the stage-order check, the store rule and the job's store."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+
+import pytest
+from hydra import initialize_config_module
+
+from pipeline.config.assemble import fetch_problems
+from pipeline.config.compose import Session
+from pipeline.config.eligibility import RULES
+from pipeline.engine.stores import FileStore
+from pipeline.jobs.l3_store import concrete
+from pipeline.spec.checks import ConfigError
+from pipeline.spec.l3 import (
+    HEADER,
+    check_keys,
+    namespace,
+    object_specs,
+    pack,
+    prefix_keys,
+    share_of,
+    unpack,
+)
+from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.spec.ownership import Ownership, owner_map
+from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.spec.topology import Topology
+
+DSA = ModelGeometry(
+    name="dsa",
+    kind=ModelKind.mla,
+    num_layers=5,
+    kv_row_bytes=32,
+    kv_dtype=KvDtype.bf16,
+    page_size=4,
+    indexer=IndexerConfig(row_bytes=8, layers=[0, 2, 4]),
+)
+SPACE = namespace(DSA)
+READ, HITS, PLAN = (
+    {"_target_": "stages.read_objects.ReadObjects"},
+    {"_target_": "stages.agree_on_hits.AgreeOnHits"},
+    {"_target_": "stages.agree_on_plan.AgreeOnPlan"},
+)
+
+
+def test_a_key_names_the_whole_prefix_up_to_its_page() -> None:
+    tokens = list(range(16))
+    keys = prefix_keys(tokens, 4, SPACE)
+    assert len(keys) == 4 and len(set(keys)) == 4
+    assert prefix_keys(tokens[:8], 4, SPACE) == keys[:2]  # a prefix keeps its keys
+    changed = prefix_keys([*tokens[:5], 99, *tokens[6:]], 4, SPACE)
+    assert changed[0] == keys[0] and all(a != b for a, b in zip(changed[1:], keys[1:], strict=True))
+    check_keys(keys, 4)
+    with pytest.raises(ValueError, match="whole pages"):
+        prefix_keys(tokens[:6], 4, SPACE)
+
+
+def test_incompatible_caches_never_share_a_key() -> None:
+    others = [
+        dataclasses.replace(DSA, kv_dtype=KvDtype.fp8),
+        dataclasses.replace(DSA, page_size=8),
+        dataclasses.replace(DSA, kv_row_bytes=64),
+        dataclasses.replace(DSA, indexer=None),
+        dataclasses.replace(DSA, name="other"),
+    ]
+    spaces = {namespace(m) for m in [DSA, *others]}
+    assert len(spaces) == 6
+    tokens = list(range(8))
+    assert len({prefix_keys(tokens, 4, s)[0] for s in spaces}) == 6
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", "ABCDEF" * 6, "0" * 31, 7])
+def test_keys_that_could_name_other_files_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="not page keys"):
+        check_keys(["0" * 32, bad], 2)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="one key per page"):
+        check_keys(["0" * 32], 2)
+
+
+def test_an_object_is_read_only_when_it_is_exactly_what_was_asked_for() -> None:
+    payload = bytes(range(256)) * 3
+    blob = bytearray(pack(SPACE, "n", payload))
+    body = unpack(blob, SPACE, "n", len(payload))
+    assert body is not None and bytes(body) == payload
+    flipped = bytearray(blob)
+    flipped[-7] ^= 0x01
+    assert unpack(flipped, SPACE, "n", len(payload)) is None  # corrupted: checksum
+    assert unpack(blob[:-1], SPACE, "n", len(payload)) is None  # truncated
+    assert unpack(blob[: HEADER.size - 1], SPACE, "n", len(payload)) is None
+    assert unpack(blob, SPACE, "m", len(payload)) is None  # another object's
+    assert unpack(blob, namespace(dataclasses.replace(DSA, page_size=8)), "n", 768) is None
+    assert unpack(blob, SPACE, "n", len(payload) + 1) is None  # another geometry's length
+    assert unpack(None, SPACE, "n", len(payload)) is None  # missing
+    assert unpack(bytearray(b"HCPL3" + bytes(40)), SPACE, "n", 0) is None  # garbage
+
+
+def test_who_writes_and_reads_each_object_of_a_page() -> None:
+    group, units = (4, 5, 6), DSA.units
+    total = sum(u.page_bytes for u in units)
+    for ownership, readers in (
+        (Ownership.replicated, group),
+        (Ownership.single_source, (4,)),
+    ):
+        (spec,) = object_specs(ownership, owner_map(ownership, group, units), units, "")
+        assert (spec.suffix, spec.writer, spec.readers) == ("all", 4, readers)
+        assert spec.page_bytes == total
+    owners = owner_map(Ownership.rotating, group, units)
+    specs = object_specs(Ownership.rotating, owners, units, "-s1of2")
+    assert [s.suffix for s in specs] == ["g0of3-s1of2", "g1of3-s1of2", "g2of3-s1of2"]
+    assert [(s.writer, s.readers) for s in specs] == [(r, (r,)) for r in group]
+    assert [s.units for s in specs] == [owners.owned(r, units) for r in group]
+    assert sum(s.page_bytes for s in specs) == total  # written once per replica group
+
+
+def test_a_share_names_which_bytes_of_the_attention_group_an_object_holds() -> None:
+    mla, mha = DSA, dataclasses.replace(DSA, kind=ModelKind.mha, indexer=None)
+    assert share_of(Topology(name="t", tp_size=4), mla, 3) == ""
+    dcp = Topology(name="t", tp_size=8, dcp_size=4)
+    assert [share_of(dcp, mla, r) for r in (0, 1, 5)] == ["-s0of4", "-s1of4", "-s1of4"]
+    assert [share_of(Topology(name="t", tp_size=2), mha, r) for r in (0, 1)] == [
+        "-s0of2",
+        "-s1of2",
+    ]
+
+
+def test_the_file_store_writes_whole_objects_or_none(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    assert store.get("ns/ab/key/all") is None
+    store.put("ns/ab/key/all", b"first")
+    store.put("ns/ab/key/all", b"second")
+    blob = store.get("ns/ab/key/all")
+    assert blob == bytearray(b"second") and isinstance(blob, bytearray)
+    assert store.exists(["ns/ab/key/all", "ns/ab/key/g0of2"]) == [True, False]
+    assert [p.name for p in (tmp_path / "ns/ab/key").iterdir()] == ["all"]  # no temp files
+
+
+def test_a_fetch_must_agree_on_hits_and_dedup_on_its_plan() -> None:
+    assert fetch_problems([PLAN, READ, HITS], Ownership.rotating) == []
+    assert fetch_problems([READ, HITS], Ownership.replicated) == []
+    assert fetch_problems([], Ownership.single_source) == []  # reads nothing, loads nothing
+    (missing_plan,) = fetch_problems([READ, HITS], Ownership.single_source)
+    assert "AgreeOnPlan must come before" in missing_plan.message
+    (hits_first,) = fetch_problems([HITS, READ], Ownership.replicated)
+    assert missing_plan.key == "strategy.l3.fetch" and "AgreeOnHits must come after" in (
+        hits_first.message
+    )
+
+
+def test_a_strategy_whose_fetch_cannot_agree_is_refused_before_a_rank_starts() -> None:
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        session = Session.compose(
+            [
+                "strategy=single_source",
+                "storage=file",
+                "strategy.l3.fetch=[{_target_: stages.read_objects.ReadObjects}]",
+            ]
+        )
+        with pytest.raises(ConfigError) as e:
+            session.job()
+    assert {p.key for p in e.value.problems} == {"strategy.l3.fetch"}
+
+
+def test_a_file_store_on_several_nodes_leaves_replicated_readers_without_objects() -> None:
+    rule = RULES["readers_reach_store"]
+    one, two = Topology(name="t", tp_size=2), Topology(name="t", tp_size=4, nnodes=2)
+    file, mooncake = StorageConfig(kind=StorageKind.file), StorageConfig(kind=StorageKind.mooncake)
+    assert rule(one, DSA, file)[0] and rule(two, DSA, mooncake)[0]
+    passed, message = rule(two, DSA, file)
+    assert not passed and "storage=mooncake" in message
+
+
+def test_a_job_without_a_folder_gets_a_temporary_one_removed_after() -> None:
+    with concrete(StorageConfig(kind=StorageKind.file)) as storage:
+        assert storage.path is not None and Path(storage.path).is_dir()
+        (Path(storage.path) / "object").write_bytes(b"x")
+    assert not Path(storage.path).exists()
+    given = StorageConfig(kind=StorageKind.none)
+    with concrete(given) as same:
+        assert same == given
+
+
+def test_a_master_that_does_not_answer_is_an_error_before_any_rank_starts() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    storage = StorageConfig(
+        kind=StorageKind.mooncake,
+        master=f"127.0.0.1:{port}",
+        metadata_server="http://127.0.0.1:1/metadata",
+    )
+    with pytest.raises(ConfigError) as e, concrete(storage):
+        pass
+    assert e.value.problems[0].key == "storage.master"
+
+
+def test_under_torchrun_a_store_must_be_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in dict(
+        RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="h", MASTER_PORT="1"
+    ).items():
+        monkeypatch.setenv(name, value)
+    for storage, key in (
+        (StorageConfig(kind=StorageKind.file), "storage.path"),
+        (StorageConfig(kind=StorageKind.mooncake), "storage.master"),
+    ):
+        with pytest.raises(ConfigError) as e, concrete(storage):
+            pass
+        assert e.value.problems[0].key == key
