@@ -42,18 +42,17 @@ def damage(engine: Engine, keys: list[str], case: str) -> None:
                 assert isinstance(tier.store, FileStore)
                 Path(tier.store.root, name).unlink()
             else:
-                tier.store.put(name, bytes(blob[: len(blob) // 2 + i]))
+                tier.store.put(name, [blob[: len(blob) // 2 + i]])
         if case == "corrupted":
             name = names[2][-1]
-            blob = tier.store.get(name)
-            assert blob is not None
+            blob = bytearray(tier.store.get(name) or b"")
             blob[-1] ^= 0x01
-            tier.store.put(name, bytes(blob))
+            tier.store.put(name, [blob])
         if case == "foreign":
             for mine, theirs in zip(names[0], names[3], strict=True):
                 blob = tier.store.get(theirs)
                 assert blob is not None
-                tier.store.put(mine, bytes(blob))
+                tier.store.put(mine, [blob])
     dist.barrier()
 
 

@@ -10,6 +10,7 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,13 +23,26 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
-from pipeline.spec.l3 import ObjectSpec, check_keys, namespace, object_specs, share_of
-from pipeline.spec.model import ModelGeometry
+from pipeline.spec.l3 import (
+    ObjectSpec,
+    check_keys,
+    checksum,
+    header,
+    header_size,
+    intact,
+    namespace,
+    object_specs,
+    share_of,
+)
+from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap, Ownership
 from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
+
+HEADER_ROOM = 4096
+"""More than any object's header takes (its namespace and name are short)."""
 
 
 @dataclass
@@ -82,6 +96,8 @@ class L3Tier:
     trace: Trace
     stream: WorkerStream
     """The write-back thread."""
+    io: ThreadPoolExecutor
+    """The threads that read and write objects (`storage.io_threads`)."""
 
     @classmethod
     def open(
@@ -99,7 +115,7 @@ class L3Tier:
             ownership, owners, model.units, share_of(topology, model, runtime.rank)
         )
         return cls(
-            store=open_store(storage),
+            store=open_store(storage, HEADER_ROOM + max(o.page_bytes for o in objects)),
             space=namespace(model),
             objects=objects,
             rank=runtime.rank,
@@ -109,6 +125,7 @@ class L3Tier:
             device_pool=res.device_pool,
             trace=res.trace,
             stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
+            io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
         )
 
     def writes(self) -> tuple[ObjectSpec, ...]:
@@ -126,21 +143,67 @@ class L3Tier:
         dist.all_gather_object(gathered, (self.group[0], value), group=self.cpu_group)
         return [v for first, v in gathered if first == self.group[0]]
 
-    def payload(self, spec: ObjectSpec, host_page: int) -> bytes:
-        """One object's bytes from a host page: its units' page bytes, in unit order."""
-        parts = [
-            self.host_pool.layer(u)[host_page].reshape(-1).view(torch.uint8) for u in spec.units
-        ]
-        return torch.cat(parts).numpy().tobytes()
+    def units_of(self, spec: ObjectSpec, page: int, *, device: bool) -> list[torch.Tensor]:
+        """A page of each of `spec`'s units, in unit order, as bytes, viewing the pool."""
+        pool = self.device_pool if device else self.host_pool
+        return [pool.layer(unit)[page].view(torch.uint8) for unit in spec.units]
 
-    def place(self, spec: ObjectSpec, body: memoryview, page: int, *, device: bool) -> None:
-        """An object's bytes into a host page (or a device page) of each of its units."""
-        data, first = torch.frombuffer(body, dtype=torch.uint8), 0
+    def page_parts(self, spec: ObjectSpec, page: int, *, device: bool) -> list[memoryview] | None:
+        """Buffers over the pool's own memory of a page of each of `spec`'s units; None where
+        they are not plain host memory (CUDA device pages, or a token-major host layout whose
+        unit pages are strided): those go through a buffer of their own (`runs`)."""
+        pages = self.units_of(spec, page, device=device)
+        if pages[0].device.type != "cpu" or not all(p.is_contiguous() for p in pages):
+            return None
+        return [p.reshape(-1).numpy().data for p in pages]
+
+    def runs(self, spec: ObjectSpec, page: int, *, device: bool) -> list[torch.Tensor]:
+        """A page of `spec`'s units, in unit order, as few tensors as the pool allows: each
+        run of units of one pool kind that its buffer stacks is one (one copy moves it)."""
+        pool = self.device_pool if device else self.host_pool
+        runs: list[list[Unit]] = []
         for unit in spec.units:
-            pool = self.device_pool if device else self.host_pool
-            target = pool.layer(unit)[page].view(torch.uint8)
-            target.copy_(data[first : first + unit.page_bytes].view(target.shape))
-            first += unit.page_bytes
+            if runs and runs[-1][-1].pool == unit.pool:
+                runs[-1].append(unit)
+            else:
+                runs.append([unit])
+        found: list[torch.Tensor] = []
+        for run in runs:
+            stack = pool.stacked(tuple(run)) if len(run) > 1 else None
+            if stack is None:
+                found.extend(pool.words[u.ordinal][page] for u in run)
+            else:
+                found.append(stack[:, page])
+        return found
+
+    def write(self, spec: ObjectSpec, key: str, host_page: int) -> None:
+        """Store one object from a host page: its header, then its units' bytes."""
+        name = spec.name(self.space, key)
+        parts = self.page_parts(spec, host_page, device=False)
+        if parts is None:
+            runs = self.runs(spec, host_page, device=False)
+            parts = [torch.cat([r.reshape(-1).view(torch.uint8) for r in runs]).numpy().data]
+        self.store.put(name, [header(self.space, name, spec.page_bytes, checksum(parts)), *parts])
+
+    def read(self, spec: ObjectSpec, key: str, page: int, *, device: bool) -> bool:
+        """Read one object into a host page (or a device page) of each of its units, straight
+        into the pool where it can; False for a miss."""
+        name = spec.name(self.space, key)
+        head = bytearray(header_size(self.space, name))
+        parts = self.page_parts(spec, page, device=device)
+        staged = parts is None
+        if parts is None:
+            parts = [memoryview(bytearray(spec.page_bytes))]
+        if not self.store.get_into(name, [memoryview(head), *parts]):
+            return False
+        if not intact(head, self.space, name, parts):
+            return False
+        if staged:
+            data, first = torch.frombuffer(parts[0], dtype=torch.uint8), 0
+            for run in self.runs(spec, page, device=device):
+                run.copy_(data[first : first + run.nbytes].view(run.dtype).view(run.shape))
+                first += run.nbytes
+        return True
 
     def write_back(
         self, stages: tuple[ObjectStage, ...], job: ObjectsJob, after: Event | None
@@ -183,6 +246,7 @@ class L3Tier:
 
     def close(self) -> None:
         self.stream.close()
+        self.io.shutdown()
         self.store.close()
 
 

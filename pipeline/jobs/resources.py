@@ -85,7 +85,8 @@ def _rank_problems(job: Job) -> list[Problem]:
                 Problem(
                     "topology.tp_size",
                     f"topology.tp_size={ranks} needs {ranks} GPUs on this machine and "
-                    f"{gpus} are here: lower it, or launch with torchrun across nodes",
+                    f"{gpus} are here: lower it, launch with torchrun across nodes, or run "
+                    "on CPU ranks (topology.device=cpu)",
                 )
             ]
         return []

@@ -117,24 +117,27 @@ def object_specs(
     return tuple(specs)
 
 
-def pack(space: str, name: str, payload: bytes) -> bytes:
-    """An object: its header, then the payload."""
+def header(space: str, name: str, length: int, crc: int) -> bytes:
+    """What comes before an object's payload: magic, format version, the lengths of the
+    namespace and the name, the payload's length and CRC-32, then the namespace and name."""
     ns, nm = space.encode(), name.encode()
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, len(ns), len(nm), len(payload), zlib.crc32(payload))
-    return header + ns + nm + payload
+    return HEADER.pack(MAGIC, FORMAT_VERSION, len(ns), len(nm), length, crc) + ns + nm
 
 
-def unpack(blob: bytes | bytearray | None, space: str, name: str, length: int) -> memoryview | None:
-    """The payload of an object that is exactly what was asked for (namespace, name, length,
-    checksum); None for anything else: missing, truncated, corrupted, or someone else's."""
-    if blob is None or len(blob) < HEADER.size:
-        return None
-    magic, version, ns_len, nm_len, size, crc = HEADER.unpack_from(blob)
-    ns, nm = space.encode(), name.encode()
-    start = HEADER.size + ns_len + nm_len
-    body = memoryview(blob)[start:]
-    if (magic, version, size) != (MAGIC, FORMAT_VERSION, length) or len(body) != length:
-        return None
-    if bytes(blob[HEADER.size : start]) != ns + nm or zlib.crc32(body) != crc:
-        return None
-    return body
+def header_size(space: str, name: str) -> int:
+    return HEADER.size + len(space.encode()) + len(name.encode())
+
+
+def checksum(parts: Sequence[memoryview]) -> int:
+    """CRC-32 of the parts' bytes, in order, as if they were one buffer."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return crc
+
+
+def intact(head: bytes | bytearray, space: str, name: str, parts: Sequence[memoryview]) -> bool:
+    """Whether `head` is exactly the header of object `name` of `space` whose payload `parts`
+    hold: anything else (truncated, corrupted, someone else's) is a miss, never bytes."""
+    length = sum(part.nbytes for part in parts)
+    return bytes(head) == header(space, name, length, checksum(parts))

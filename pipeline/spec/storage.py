@@ -12,6 +12,8 @@ from enum import Enum
 
 from pipeline.spec.checks import Problem, at_least, raise_problems
 
+MAX_IO_THREADS = 64
+
 
 class StorageKind(Enum):
     """none: no L3; file: objects in a folder on local disk; mooncake: Mooncake Store."""
@@ -38,9 +40,19 @@ class StorageConfig:
     master serves it)."""
     segment_bytes: int = 256 << 20
     """mooncake: the memory each rank lends the store (objects live in the ranks' segments)."""
+    io_threads: int = 4
+    """Objects each rank reads or writes at once (a store's reads and checksums run outside
+    Python's lock, so a few threads keep a disk or a network link busy)."""
 
     def __post_init__(self) -> None:
-        found = at_least("storage", self, segment_bytes=1 << 20)
+        found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1)
+        if self.io_threads > MAX_IO_THREADS:
+            found.append(
+                Problem(
+                    "storage.io_threads",
+                    f"storage.io_threads={self.io_threads}: at most {MAX_IO_THREADS}",
+                )
+            )
         if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
             found.append(
                 Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")

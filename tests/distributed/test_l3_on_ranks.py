@@ -71,7 +71,9 @@ def check_l3_bytes(job: Job, reports: list[dict], group: list[int]) -> None:
     ("topology", "tp", "model", "groups"),
     [
         ("topology=tp2", 2, "tiny_dsa", [[0, 1]]),
-        ("topology=tp4", 4, "tiny_mla", [[0, 1, 2, 3]]),
+        # layer_first: unit pages are contiguous, so objects go straight between pool and
+        # store; page_first (token-major) goes through a buffer
+        ("topology=tp4 topology.mem_layout=layer_first", 4, "tiny_mla", [[0, 1, 2, 3]]),
         ("topology=tp4_dp2", 4, "tiny_dsa", [[0, 1], [2, 3]]),
     ],
 )
@@ -90,7 +92,7 @@ def test_run_loads_back_from_l3_bit_exact(
             job_config(
                 f"strategy={s}",
                 f"model={model}",
-                topology,
+                *topology.split(),
                 f"storage={kind}",
                 f"workload.seed={i + 10 * tp}",  # new prefixes per job: nothing stored yet
                 *SMALL,

@@ -13,18 +13,19 @@ from hydra import initialize_config_module
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
-from pipeline.engine.stores import FileStore
+from pipeline.engine.stores import FileStore, open_store
 from pipeline.jobs.l3_store import concrete
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
     HEADER,
     check_keys,
+    checksum,
+    header,
+    intact,
     namespace,
     object_specs,
-    pack,
     prefix_keys,
     share_of,
-    unpack,
 )
 from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.ownership import Ownership, owner_map
@@ -83,20 +84,19 @@ def test_keys_that_could_name_other_files_are_refused(bad: object) -> None:
 
 
 def test_an_object_is_read_only_when_it_is_exactly_what_was_asked_for() -> None:
-    payload = bytes(range(256)) * 3
-    blob = bytearray(pack(SPACE, "n", payload))
-    body = unpack(blob, SPACE, "n", len(payload))
-    assert body is not None and bytes(body) == payload
-    flipped = bytearray(blob)
-    flipped[-7] ^= 0x01
-    assert unpack(flipped, SPACE, "n", len(payload)) is None  # corrupted: checksum
-    assert unpack(blob[:-1], SPACE, "n", len(payload)) is None  # truncated
-    assert unpack(blob[: HEADER.size - 1], SPACE, "n", len(payload)) is None
-    assert unpack(blob, SPACE, "m", len(payload)) is None  # another object's
-    assert unpack(blob, namespace(dataclasses.replace(DSA, page_size=8)), "n", 768) is None
-    assert unpack(blob, SPACE, "n", len(payload) + 1) is None  # another geometry's length
-    assert unpack(None, SPACE, "n", len(payload)) is None  # missing
-    assert unpack(bytearray(b"HCPL3" + bytes(40)), SPACE, "n", 0) is None  # garbage
+    payload = [memoryview(bytes(range(256))), memoryview(bytes(range(256)) * 2)]
+    head = header(SPACE, "n", 768, checksum(payload))
+    assert intact(head, SPACE, "n", payload)
+    flipped = [payload[0], memoryview(bytearray(payload[1]))]
+    flipped[1][-7] ^= 0x01
+    assert not intact(head, SPACE, "n", flipped)  # corrupted: checksum
+    assert not intact(head, SPACE, "n", [payload[0], payload[1][:-1]])  # truncated
+    assert not intact(head[: HEADER.size - 1], SPACE, "n", payload)
+    assert not intact(head, SPACE, "m", payload)  # another object's
+    assert not intact(head, namespace(dataclasses.replace(DSA, page_size=8)), "n", payload)
+    assert not intact(b"HCPL3" + bytes(len(head) - 5), SPACE, "n", payload)  # garbage
+    joined = b"".join(payload)
+    assert checksum(payload) == checksum([memoryview(joined)])  # parts chain as one buffer
 
 
 def test_who_writes_and_reads_each_object_of_a_page() -> None:
@@ -131,12 +131,44 @@ def test_a_share_names_which_bytes_of_the_attention_group_an_object_holds() -> N
 def test_the_file_store_writes_whole_objects_or_none(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
     assert store.get("ns/ab/key/all") is None
-    store.put("ns/ab/key/all", b"first")
-    store.put("ns/ab/key/all", b"second")
-    blob = store.get("ns/ab/key/all")
-    assert blob == bytearray(b"second") and isinstance(blob, bytearray)
+    store.put("ns/ab/key/all", [b"first"])
+    store.put("ns/ab/key/all", [b"sec", memoryview(b"ond")])
+    assert store.get("ns/ab/key/all") == b"second"
     assert store.exists(["ns/ab/key/all", "ns/ab/key/g0of2"]) == [True, False]
     assert [p.name for p in (tmp_path / "ns/ab/key").iterdir()] == ["all"]  # no temp files
+
+
+def test_the_file_store_reads_into_parts_only_an_object_of_their_length(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    parts = [memoryview(bytes([i % 256]) * 100) for i in range(1500)]  # more than one readv
+    store.put("big", parts)
+    into = [memoryview(bytearray(100)) for _ in range(1500)]
+    assert store.get_into("big", into)
+    assert [bytes(v) for v in into] == [bytes(v) for v in parts]
+    assert not store.get_into("big", into[:-1])  # the object is longer
+    assert not store.get_into("big", [*into, memoryview(bytearray(1))])  # shorter
+    assert not store.get_into("absent", into)
+
+
+@pytest.mark.parametrize("kind", [StorageKind.file, StorageKind.mooncake])
+def test_each_store_writes_parts_reads_them_into_parts_and_removes(kind: StorageKind) -> None:
+    """The same contract on both stores; Mooncake's master runs on loopback for the test."""
+    with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
+        store = open_store(storage)
+        try:
+            parts = [memoryview(bytes([i]) * 4096) for i in range(40)]
+            store.put("ns/ab/key/all", parts)
+            into = [memoryview(bytearray(4096)) for _ in range(40)]
+            assert store.get_into("ns/ab/key/all", into)
+            assert b"".join(into) == b"".join(parts) == store.get("ns/ab/key/all")
+            assert not store.get_into("ns/ab/key/all", into[1:])  # a length that differs
+            assert (
+                not store.get_into("ns/ab/key/none", into) and store.get("ns/ab/key/none") is None
+            )
+            store.remove(["ns/ab/key/all", "ns/ab/key/none"])  # just read, and absent: both fine
+            assert store.exists(["ns/ab/key/all"]) == [False]
+        finally:
+            store.close()
 
 
 def test_a_fetch_must_agree_on_hits_and_dedup_on_its_plan() -> None:
