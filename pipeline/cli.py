@@ -24,7 +24,8 @@ from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
-from pipeline.jobs.bench.l3 import l3_markdown, run_l3_bench
+from pipeline.jobs.bench.l3 import run_l3_bench
+from pipeline.jobs.bench.l3_report import l3_markdown
 from pipeline.jobs.bench.output import markdown
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch

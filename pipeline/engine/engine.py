@@ -17,6 +17,7 @@ from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.l3 import L3Tier, objects_job, open_tier
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
+from pipeline.engine.stores import ObjectStore
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
 from pipeline.engine.transfer import Resources, Trace, Transfer
@@ -87,9 +88,9 @@ class Engine:
         debug_consensus: bool = False,
         keep_trace: bool = False,
         storage: StorageConfig | None = None,
+        store: ObjectStore | None = None,
     ) -> Engine:
-        """This rank's pools, buffers and L3 tier (topology normalized; `keep_trace`: keep
-        every op in order, not only counts and bytes)."""
+        """This rank's pools, buffers and L3 tier (`store`: one the caller opened and closes)."""
         config = strategy.config
         owners = owner_map(config.ownership, runtime.replica_group, model.units)
         sizing = size_pools(
@@ -123,7 +124,7 @@ class Engine:
                 poll_timer_every=config.poll_timer_every,
             ),
             graphs=TransferGraphs(graphs) if graphs else None,
-            l3=open_tier(storage, runtime, model, topology, config.ownership, owners, res),
+            l3=open_tier(storage, runtime, model, topology, config.ownership, owners, res, store),
         )
 
     @property

@@ -30,6 +30,7 @@ from pipeline.spec.l3 import (
     header,
     header_size,
     intact,
+    largest_object,
     namespace,
     object_specs,
     share_of,
@@ -40,9 +41,6 @@ from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
-
-HEADER_ROOM = 4096
-"""More than any object's header takes (its namespace and name are short)."""
 
 
 @dataclass
@@ -98,6 +96,8 @@ class L3Tier:
     """The write-back thread."""
     io: ThreadPoolExecutor
     """The threads that read and write objects (`storage.io_threads`)."""
+    owns_store: bool = True
+    """False for a store the caller opened (and closes)."""
 
     @classmethod
     def open(
@@ -109,13 +109,16 @@ class L3Tier:
         ownership: Ownership,
         owners: OwnerMap,
         res: Resources,
+        store: ObjectStore | None = None,
     ) -> L3Tier:
-        """Join the store (its folder or master resolved by the job) for one rank."""
+        """Join the store (its folder or master resolved by the job) for one rank, or use
+        `store`, opened by the caller for objects of up to `largest_object(model)` bytes."""
         objects = object_specs(
             ownership, owners, model.units, share_of(topology, model, runtime.rank)
         )
         return cls(
-            store=open_store(storage, HEADER_ROOM + max(o.page_bytes for o in objects)),
+            store=store or open_store(storage, largest_object(model)),
+            owns_store=store is None,
             space=namespace(model),
             objects=objects,
             rank=runtime.rank,
@@ -247,7 +250,8 @@ class L3Tier:
     def close(self) -> None:
         self.stream.close()
         self.io.shutdown()
-        self.store.close()
+        if self.owns_store:
+            self.store.close()
 
 
 def objects_job(
@@ -284,8 +288,9 @@ def open_tier(
     ownership: Ownership,
     owners: OwnerMap,
     res: Resources,
+    store: ObjectStore | None = None,
 ) -> L3Tier | None:
     """The rank's L3 tier, or None without a store."""
     if storage is None or not storage.attached:
         return None
-    return L3Tier.open(storage, runtime, model, topology, ownership, owners, res)
+    return L3Tier.open(storage, runtime, model, topology, ownership, owners, res, store)

@@ -124,6 +124,12 @@ def header(space: str, name: str, length: int, crc: int) -> bytes:
     return HEADER.pack(MAGIC, FORMAT_VERSION, len(ns), len(nm), length, crc) + ns + nm
 
 
+def largest_object(model: ModelGeometry) -> int:
+    """At least the bytes of any object of `model`'s pages, header included (a namespace and
+    a name take far less than the room left for them)."""
+    return 4096 + sum(u.page_bytes for u in model.units)
+
+
 def header_size(space: str, name: str) -> int:
     return HEADER.size + len(space.encode()) + len(name.encode())
 

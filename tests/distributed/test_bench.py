@@ -93,6 +93,7 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
     unique = 256 * 272  # tiny_dsa bytes per token
     for r in rows:
         assert r["bit_exact"] and r["unique_bytes"] == unique and r["fallbacks"] == 0
+        assert 0 < r["fetch_ms"] <= r["ms"]  # the L3 part of the load, timed within it
         reads = r["l3_read_bytes_per_rank"]
         expected = {
             "replicated": [unique, unique],

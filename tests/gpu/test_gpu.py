@@ -7,6 +7,7 @@ machine with `python -m pytest tests/gpu`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import job_config
 
 from pipeline.config.job import Job
 from pipeline.engine.pools import host_buffer, uva_alias
+from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
 
 pytestmark = [
@@ -181,3 +183,33 @@ def test_a_failed_transfer_leaves_the_next_one_working(ranks: int) -> None:
     assert said is not None
     assert "injected fault on rank 0" in said[0]["first"]
     assert [s["second"] for s in said] == [""] * ranks
+
+
+@pytest.mark.parametrize("kind", ["file", "mooncake"])
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=TWO_GPUS, id="tp2"), 1])
+def test_loads_back_from_l3_bit_exact_into_gpu_pages(ranks: int, kind: str) -> None:
+    """Backup, write-back to L3, evict from device and host, load back from L3: pinned host
+    pages filled straight from the store (layer_first) or through a buffer (page_first)."""
+    strategies = ("replicated", "single_source", "rotating") if ranks > 1 else ("replicated",)
+    configs = [
+        job_config(
+            *on_gpus(ranks, strategy),
+            "model=deepseek_v32",
+            f"storage={kind}",
+            f"topology.mem_layout={layout}",
+            "workload.num_tokens=1024",
+            "workload.device_tokens=4096",
+            f"workload.seed={i}",
+        )
+        for i, (strategy, layout) in enumerate(
+            itertools.product(strategies, ("page_first", "layer_first"))
+        )
+    ]
+    with concrete(configs[0].storage) as storage:
+        jobs = [dataclasses.replace(job, storage=storage) for job in configs]
+        found = launch(rankfns.run_jobs, jobs, ranks, backend="nccl", timeout_s=300)
+    assert found is not None
+    for i, job in enumerate(jobs):
+        reports = [found[r][i] for r in range(ranks)]
+        assert all(r["verified"] for r in reports), (job.topology, reports[0]["mismatch"])
+        assert all(r["l3_hit_pages"] > 0 for r in reports)

@@ -14,6 +14,7 @@ from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
 from pipeline.engine.stores import FileStore, open_store
+from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import concrete
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
@@ -242,3 +243,25 @@ def test_under_torchrun_a_store_must_be_given(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(ConfigError) as e, concrete(storage):
             pass
         assert e.value.problems[0].key == key
+
+
+def test_each_l3_bench_case_keeps_its_own_segment_on_the_store_made_for_the_run() -> None:
+    """A segment sized for the smallest case made Mooncake evict the larger case's first
+    pages (every later load missed): each case keeps its size, on the shared master."""
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        session = Session.compose(["bench=l3", "model=deepseek_v3", "topology=tp2"])
+        cases = l3_cases(session)
+    made = {
+        "file": StorageConfig(kind=StorageKind.file, path="/tmp/x"),
+        "mooncake": StorageConfig(
+            kind=StorageKind.mooncake, master="127.0.0.1:1", metadata_server="http://h:1/m"
+        ),
+    }
+    assert [kind for kind, _ in kinds(cases)] == ["file", "mooncake"]
+    placed = with_stores(cases, made)
+    for (job, case), (placed_job, placed_case) in zip(cases, placed, strict=True):
+        assert placed_case == case
+        assert placed_job.storage.segment_bytes == job.storage.segment_bytes
+        assert placed_job.storage.master == made[case["store"]].master
+    sizes = {c["tokens"]: j.storage.segment_bytes for j, c in placed if c["store"] == "mooncake"}
+    assert sizes[65536] >= 65536 * 70272 // 2 > sizes[16384] >= 16384 * 70272 // 2  # per rank

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import torch
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
+from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison_host, snapshot
 from pipeline.jobs.l3_store import concrete
@@ -31,6 +33,8 @@ from pipeline.jobs.launch import launch
 from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.run import backend_of, start_runtime
 from pipeline.spec.checks import raise_problems
+from pipeline.spec.l3 import largest_object
+from pipeline.spec.model import ModelGeometry
 from pipeline.spec.slots import page_tokens
 from pipeline.spec.storage import StorageConfig
 
@@ -78,13 +82,8 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
             )
         )
     with contextlib.ExitStack() as stack:
-        stores: dict[str, StorageConfig] = {}
-        for job, case in cases:
-            if case["store"] not in stores:
-                stores[case["store"]] = stack.enter_context(concrete(job.storage))
-        concrete_cases = [
-            (dataclasses.replace(job, storage=stores[case["store"]]), case) for job, case in cases
-        ]
+        made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in kinds(cases)}
+        concrete_cases = with_stores(cases, made)
         timeout_s = base.runtime.timeout_s
         ranks = launch(
             bench_l3_rank,
@@ -107,11 +106,18 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
 def bench_l3_rank(
     payload: tuple[Job, list[tuple[Job, dict]]], rank: int, world_size: int, local_rank: int
 ) -> dict[str, Any]:
-    """Entry point of one rank: every (job, case) in order on one runtime."""
+    """Entry point of one rank: every (job, case) in order on one runtime, each store opened
+    once for all of its cases (a Mooncake client that left could still be handed new objects
+    by the master for a while)."""
     base, cases = payload
     runtime = start_runtime(base, rank, world_size, local_rank)
     timer = Timer(runtime, base.bench)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(runtime.close)
+        stores = {
+            kind: stack.enter_context(_opened(storage, base.model))
+            for kind, storage in _stores(cases)
+        }
         result: dict[str, Any] = {"rank": rank, "cases": []}
         for job, case in cases:
             engine = Engine.create(
@@ -122,19 +128,64 @@ def bench_l3_rank(
                 device_tokens=job.workload.device_tokens,
                 host_ratio=job.workload.host_ratio,
                 storage=job.storage,
+                store=stores[case["store"]],
             )
             try:
                 result["cases"].append(measure_l3_case(timer, engine, case))
             finally:
                 assert engine.l3 is not None
-                engine.l3.close()  # not the runtime: it serves every case
+                engine.l3.close()  # not the runtime, nor the store: they serve every case
             if timer.cuda:
                 torch.cuda.empty_cache()
         if timer.cuda:
             result["device_name"] = torch.cuda.get_device_name(runtime.device)
         return result
+
+
+def kinds(cases: list[tuple[Job, dict]]) -> list[tuple[str, Job]]:
+    """Each store kind once, with its first case's job."""
+    first: dict[str, Job] = {}
+    for job, case in cases:
+        first.setdefault(case["store"], job)
+    return list(first.items())
+
+
+def with_stores(
+    cases: list[tuple[Job, dict]], made: dict[str, StorageConfig]
+) -> list[tuple[Job, dict]]:
+    """Each case on the store made for its kind (its folder or master), keeping the case's
+    own segment size: a segment sized for a smaller case would make Mooncake evict."""
+    return [
+        (
+            dataclasses.replace(
+                job,
+                storage=dataclasses.replace(
+                    made[case["store"]], segment_bytes=job.storage.segment_bytes
+                ),
+            ),
+            case,
+        )
+        for job, case in cases
+    ]
+
+
+def _stores(cases: list[tuple[Job, dict]]) -> list[tuple[str, StorageConfig]]:
+    """Per store kind, its storage with the largest case's segment."""
+    found: dict[str, StorageConfig] = {}
+    for job, case in cases:
+        held = found.get(case["store"])
+        if held is None or held.segment_bytes < job.storage.segment_bytes:
+            found[case["store"]] = job.storage
+    return list(found.items())
+
+
+@contextlib.contextmanager
+def _opened(storage: StorageConfig, model: ModelGeometry) -> Iterator[ObjectStore]:
+    store = open_store(storage, largest_object(model))
+    try:
+        yield store
     finally:
-        runtime.close()
+        store.close()
 
 
 def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
@@ -154,7 +205,7 @@ def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
     poison_host(engine, host)
     engine.host_allocator.free(host)
     read_before = engine.trace.bytes.get(("l3_read", ""), 0)
-    outcome: dict[str, Any] = {"hits": [], "fallbacks": 0, "load_s": []}
+    outcome: dict[str, Any] = {"hits": [], "fallbacks": 0, "load_s": [], "fetch_s": []}
 
     def load() -> None:
         fresh = engine.host_allocator.alloc(n)
@@ -162,6 +213,7 @@ def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
         began = time.perf_counter()
         engine.lookup(keys)
         loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
+        outcome["fetch_s"].append(time.perf_counter() - began)  # lookup, reads, load issued
         if loaded.handle is not None:
             loaded.handle.done(engine.runtime.forward_stream).wait()
         outcome["load_s"].append(time.perf_counter() - began)
@@ -179,6 +231,7 @@ def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
     return {
         "write_back_s": write_back_s,
         "load_s": outcome["load_s"][timer.bench.warmup :],
+        "fetch_s": outcome["fetch_s"][timer.bench.warmup :],
         "hits": min(outcome["hits"]),
         "fallbacks": outcome["fallbacks"],
         "l3_read_bytes_per_load": (engine.trace.bytes.get(("l3_read", ""), 0) - read_before)
@@ -196,60 +249,3 @@ def _remove_written(engine: Engine, keys: list[str]) -> None:
 def _drain(engine: Engine) -> None:
     while engine.acks.pending:
         engine.poll()
-
-
-def summarize_l3(ranks: list[dict], cases: list[tuple[Job, dict]], base: Job) -> dict[str, Any]:
-    """One row per case: the slowest rank's median load, and its ratio to replicated's."""
-    rows = []
-    for i, (job, case) in enumerate(cases):
-        per_rank = [r["cases"][i] for r in ranks]
-        unique = case["tokens"] * job.model.bytes_per_token
-        seconds = max(statistics.median(c["load_s"]) for c in per_rank)
-        rows.append(
-            {
-                **case,
-                "ms": seconds * 1e3,
-                "write_back_ms": max(c["write_back_s"] for c in per_rank) * 1e3,
-                "gbps": unique / seconds / 1e9,
-                "l3_read_bytes_per_rank": [c["l3_read_bytes_per_load"] for c in per_rank],
-                "fallbacks": sum(c["fallbacks"] for c in per_rank),
-                "bit_exact": all(c["bit_exact"] for c in per_rank),
-                "unique_bytes": unique,
-            }
-        )
-    for row in rows:
-        reference = next(
-            r
-            for r in rows
-            if (r["store"], r["tokens"], r["strategy"])
-            == (row["store"], row["tokens"], "replicated")
-        )
-        row["x_replicated"] = reference["ms"] / row["ms"]
-    return {
-        "model": base.model.name,
-        "topology": base.topology.name,
-        "ranks": len(ranks),
-        "device_name": ranks[0].get("device_name", "cpu"),
-        "page_cache": "warm: file objects are read back right after they were written",
-        "rows": rows,
-    }
-
-
-def l3_markdown(result: dict[str, Any]) -> str:
-    """bench_l3.md: one row per store, size and strategy."""
-    lines = [
-        f"{result['model']} on {result['topology']}: {result['ranks']} x {result['device_name']}"
-        f" (file store: OS page cache {result['page_cache']})",
-        "",
-        "| store | tokens | strategy | load ms | GB/s | x replicated | L3 read per rank "
-        "| write-back ms | bit-exact |",
-        "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |",
-    ]
-    for r in result["rows"]:
-        reads = " / ".join(f"{b / 1e6:.1f} MB" for b in r["l3_read_bytes_per_rank"])
-        lines.append(
-            f"| {r['store']} | {r['tokens']} | {r['strategy']} | {r['ms']:.1f} "
-            f"| {r['gbps']:.2f} | {r['x_replicated']:.3f} | {reads} "
-            f"| {r['write_back_ms']:.1f} | {'yes' if r['bit_exact'] else 'NO'} |"
-        )
-    return "\n".join(lines) + "\n"
