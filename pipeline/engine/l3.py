@@ -146,23 +146,11 @@ class L3Tier:
         dist.all_gather_object(gathered, (self.group[0], value), group=self.cpu_group)
         return [v for first, v in gathered if first == self.group[0]]
 
-    def units_of(self, spec: ObjectSpec, page: int, *, device: bool) -> list[torch.Tensor]:
-        """A page of each of `spec`'s units, in unit order, as bytes, viewing the pool."""
-        pool = self.device_pool if device else self.host_pool
-        return [pool.layer(unit)[page].view(torch.uint8) for unit in spec.units]
-
-    def page_parts(self, spec: ObjectSpec, page: int, *, device: bool) -> list[memoryview] | None:
-        """Buffers over the pool's own memory of a page of each of `spec`'s units; None where
-        they are not plain host memory (CUDA device pages, or a token-major host layout whose
-        unit pages are strided): those go through a buffer of their own (`runs`)."""
-        pages = self.units_of(spec, page, device=device)
-        if pages[0].device.type != "cpu" or not all(p.is_contiguous() for p in pages):
-            return None
-        return [p.reshape(-1).numpy().data for p in pages]
-
     def runs(self, spec: ObjectSpec, page: int, *, device: bool) -> list[torch.Tensor]:
         """A page of `spec`'s units, in unit order, as few tensors as the pool allows: each
-        run of units of one pool kind that its buffer stacks is one (one copy moves it)."""
+        run of units of one pool kind that its buffer stacks is one. An object moves through
+        a buffer of its own, one torch copy per run (parallel, outside Python's lock): on an
+        H200 host that was twice as fast as reading straight into pinned pool pages."""
         pool = self.device_pool if device else self.host_pool
         runs: list[list[Unit]] = []
         for unit in spec.units:
@@ -182,30 +170,22 @@ class L3Tier:
     def write(self, spec: ObjectSpec, key: str, host_page: int) -> None:
         """Store one object from a host page: its header, then its units' bytes."""
         name = spec.name(self.space, key)
-        parts = self.page_parts(spec, host_page, device=False)
-        if parts is None:
-            runs = self.runs(spec, host_page, device=False)
-            parts = [torch.cat([r.reshape(-1).view(torch.uint8) for r in runs]).numpy().data]
+        runs = self.runs(spec, host_page, device=False)
+        parts = [torch.cat([r.reshape(-1).view(torch.uint8) for r in runs]).numpy().data]
         self.store.put(name, [header(self.space, name, spec.page_bytes, checksum(parts)), *parts])
 
     def read(self, spec: ObjectSpec, key: str, page: int, *, device: bool) -> bool:
-        """Read one object into a host page (or a device page) of each of its units, straight
-        into the pool where it can; False for a miss."""
+        """Read one object into a host page (or a device page) of each of its units; False for
+        a miss (the pages are then left as they were)."""
         name = spec.name(self.space, key)
-        head = bytearray(header_size(self.space, name))
-        parts = self.page_parts(spec, page, device=device)
-        staged = parts is None
-        if parts is None:
-            parts = [memoryview(bytearray(spec.page_bytes))]
-        if not self.store.get_into(name, [memoryview(head), *parts]):
+        head, body = bytearray(header_size(self.space, name)), bytearray(spec.page_bytes)
+        parts = [memoryview(head), memoryview(body)]
+        if not self.store.get_into(name, parts) or not intact(head, self.space, name, parts[1:]):
             return False
-        if not intact(head, self.space, name, parts):
-            return False
-        if staged:
-            data, first = torch.frombuffer(parts[0], dtype=torch.uint8), 0
-            for run in self.runs(spec, page, device=device):
-                run.copy_(data[first : first + run.nbytes].view(run.dtype).view(run.shape))
-                first += run.nbytes
+        data, first = torch.frombuffer(body, dtype=torch.uint8), 0
+        for run in self.runs(spec, page, device=device):
+            run.copy_(data[first : first + run.nbytes].view(run.dtype).view(run.shape))
+            first += run.nbytes
         return True
 
     def write_back(

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
+import numpy as np
+
 from pipeline.spec.storage import StorageConfig, StorageKind
 
 Part: TypeAlias = bytes | bytearray | memoryview
@@ -25,7 +27,7 @@ OBJECT_NOT_FOUND = -704
 
 class ObjectStore(Protocol):
     """Blobs by name. A blob is written from, and read into, a list of buffers (a header and
-    the page bytes of each unit, where they already lie in host memory): no joining copy."""
+    a payload): no joining copy."""
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
         """Store the parts' bytes, in order, as one blob under `name` (replacing what was
@@ -158,9 +160,9 @@ class MooncakeStore:
         views = _bytes_views(parts)
         if blob is None or len(blob) != sum(v.nbytes for v in views):
             return False
-        source, first = memoryview(blob), 0
-        for view in views:
-            view[:] = source[first : first + view.nbytes]
+        first = 0
+        for view in views:  # numpy copies outside Python's lock
+            np.frombuffer(view, np.uint8)[:] = np.frombuffer(blob, np.uint8, view.nbytes, first)
             first += view.nbytes
         return True
 

@@ -71,8 +71,7 @@ def check_l3_bytes(job: Job, reports: list[dict], group: list[int]) -> None:
     ("topology", "tp", "model", "groups"),
     [
         ("topology=tp2", 2, "tiny_dsa", [[0, 1]]),
-        # layer_first: unit pages are contiguous, so objects go straight between pool and
-        # store; page_first (token-major) goes through a buffer
+        # both host layouts: a unit's page is contiguous (layer_first) or strided (page_first)
         ("topology=tp4 topology.mem_layout=layer_first", 4, "tiny_mla", [[0, 1, 2, 3]]),
         ("topology=tp4_dp2", 4, "tiny_dsa", [[0, 1], [2, 3]]),
     ],

@@ -188,8 +188,8 @@ def test_a_failed_transfer_leaves_the_next_one_working(ranks: int) -> None:
 @pytest.mark.parametrize("kind", ["file", "mooncake"])
 @pytest.mark.parametrize("ranks", [pytest.param(2, marks=TWO_GPUS, id="tp2"), 1])
 def test_loads_back_from_l3_bit_exact_into_gpu_pages(ranks: int, kind: str) -> None:
-    """Backup, write-back to L3, evict from device and host, load back from L3: pinned host
-    pages filled straight from the store (layer_first) or through a buffer (page_first)."""
+    """Backup, write-back to L3, evict from device and host, load back from L3 into pinned
+    host pages of both layouts (a unit's page contiguous, or strided)."""
     strategies = ("replicated", "single_source", "rotating") if ranks > 1 else ("replicated",)
     configs = [
         job_config(
