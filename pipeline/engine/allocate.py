@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from pipeline.engine.pools import DevicePool, HostPool, uva_alias
@@ -21,13 +23,23 @@ def allocate(
     config: StrategyConfig,
     owners: OwnerMap,
     sizing: Sizing,
-    *,
     uva: bool,
     keep_trace: bool,
+    device_kv: Mapping[tuple[str, int], torch.Tensor] | None,
 ) -> Resources:
     """The pools and buffers of one rank's engine (`uva`: kernels reach the host pool through
-    its UVA alias)."""
+    its UVA alias; `device_kv`: the caller's KV tensors, adopted as the device pool)."""
     rank, device = runtime.rank, runtime.device
+    device_pool = (
+        DevicePool.allocate(model, sizing.device_pages, device)
+        if device_kv is None
+        else DevicePool.adopt(model, device_kv, device)
+    )
+    if device_pool.num_pages != sizing.device_pages:
+        raise ValueError(
+            f"device_kv holds {device_pool.num_pages} pages but workload.device_tokens gives "
+            f"{sizing.device_pages}: set it to pages x page_size x dcp_size"
+        )
     owned = owners.owned(rank, model.units)
     host_pool = HostPool.allocate(
         model, owned, sizing.host.num_pages, topology.mem_layout, pin_memory=device.type == "cuda"
@@ -41,7 +53,7 @@ def allocate(
 
     return Resources(
         device=device,
-        device_pool=DevicePool.allocate(model, sizing.device_pages, device),
+        device_pool=device_pool,
         host_pool=host_pool,
         host_view=host_view,
         collectives=runtime.collectives,

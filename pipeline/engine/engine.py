@@ -5,7 +5,7 @@ the pools (after `Runtime.start` made the process groups); the constructor only 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -89,8 +89,10 @@ class Engine:
         keep_trace: bool = False,
         storage: StorageConfig | None = None,
         store: ObjectStore | None = None,
+        device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
     ) -> Engine:
-        """This rank's pools, buffers and L3 tier (`store`: one the caller opened and closes)."""
+        """This rank's pools, buffers and L3 tier (`store`: one the caller opened and closes;
+        `device_kv`: the caller's KV tensors as the device pool, see `DevicePool.adopt`)."""
         config = strategy.config
         owners = owner_map(config.ownership, runtime.replica_group, model.units)
         sizing = size_pools(
@@ -104,9 +106,7 @@ class Engine:
         )
         uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
         graphs = config.cuda_graph_cache if uva else 0  # kernels reach the host pool by UVA
-        res = allocate(
-            runtime, model, topology, config, owners, sizing, uva=uva, keep_trace=keep_trace
-        )
+        res = allocate(runtime, model, topology, config, owners, sizing, uva, keep_trace, device_kv)
         return cls(
             strategy=strategy,
             runtime=runtime,
@@ -166,7 +166,7 @@ class Engine:
             issue_transfer(pipeline, t, stream, self.runtime.exchange_stream, graphs)
             self._gate.append(t.done)
         self.acks.submit("load", t.done)
-        return LoadHandle(t, pipeline, lazy=lazy)
+        return LoadHandle(t, pipeline, lazy=lazy, forward=self.runtime.forward_stream)
 
     def l3_keys(self, tokens: Sequence[int]) -> list[str]:
         """One L3 key per page of a prefix's token ids (whole pages, from its first token)."""
@@ -226,10 +226,11 @@ class Engine:
         ledger = [(a.seq, a.kind) for a in self.acks.pending]
         return digest_of(self.host_allocator.free_pages(), ledger)
 
-    def begin_forward(self, forward: Stream) -> None:
-        """The forward gate: `forward` waits for every load submitted since the last forward,
-        so no broadcast can interleave with the forward's collectives."""
+    def begin_forward(self, forward: Stream | None = None) -> None:
+        """The forward gate: `forward` (default: the forward stream) waits for every load
+        submitted since the last forward, so no broadcast can interleave with its collectives."""
         self._usable()
+        forward = forward or self.runtime.forward_stream
         for event in self._gate:
             forward.wait_event(event)
         self._gate.clear()

@@ -127,8 +127,11 @@ def issue_transfer(
 class LoadHandle:
     """What `Engine.load` returns: per-layer waits for the forward, and the ack."""
 
-    def __init__(self, t: Transfer, pipeline: Pipeline, *, lazy: bool) -> None:
+    def __init__(self, t: Transfer, pipeline: Pipeline, *, lazy: bool, forward: Stream) -> None:
         self.transfer = t
+        self.forward = forward
+        """The consumer when a wait names none: the engine's forward stream (on cuda, the
+        stream that was current when the engine started)."""
         self._pipeline = pipeline
         self._lazy = lazy
         """Exchanges are issued by the consumer's waits (forward_stream ordering)."""
@@ -139,9 +142,10 @@ class LoadHandle:
     def num_layers(self) -> int:
         return len(self.transfer.layers)
 
-    def wait(self, layer: int, consumer: Stream) -> None:
-        """Make `consumer` wait until `layer` is usable on this rank (no host sync on cuda);
-        raises at once for a transfer that has failed."""
+    def wait(self, layer: int, consumer: Stream | None = None) -> None:
+        """Make `consumer` (default: the forward stream) wait until `layer` is usable on this
+        rank (no host sync on cuda); raises at once for a transfer that has failed."""
+        consumer = consumer or self.forward
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
         if self.transfer.error is not None:
@@ -153,9 +157,10 @@ class LoadHandle:
     def ready(self, layer: int) -> bool:
         return self.transfer.layer_events[layer].query()
 
-    def done(self, consumer: Stream) -> Event:
-        """The ack: completes after the whole exchange (what is left is issued on `consumer`)."""
-        t = self.transfer
+    def done(self, consumer: Stream | None = None) -> Event:
+        """The ack: completes after the whole exchange (what is left is issued on `consumer`,
+        default: the forward stream)."""
+        t, consumer = self.transfer, consumer or self.forward
         if self._lazy:
             self._exchange_through(self.num_layers - 1, consumer)
             if not self._finished:

@@ -107,6 +107,32 @@ class DevicePool:
             buffers.update({u.ordinal: buf[i] for i, u in enumerate(units)})
         return cls(buffers, num_pages)
 
+    @classmethod
+    def adopt(
+        cls,
+        model: ModelGeometry,
+        tensors: Mapping[tuple[str, int], torch.Tensor],
+        device: torch.device,
+    ) -> DevicePool:
+        """A pool over the caller's own KV tensors, one per (pool kind, layer) of the model,
+        each [pages, rows_per_page, row elements] of the unit's dtype on `device`; ValueError
+        naming the first that is missing or does not fit."""
+        units = {(u.pool, u.layer): u for u in model.units}
+        if extra := sorted(set(tensors) - set(units)):
+            raise ValueError(f"device_kv has tensors for units the model lacks: {extra[:4]}")
+        pages = {t.shape[0] for t in tensors.values() if t.dim() == 3}
+        num_pages = min(pages) if pages else 0
+        for key, unit in units.items():
+            t = tensors.get(key)
+            want = (unit_shape(model, unit, num_pages), unit_dtype(model, unit), device)
+            if t is None or (tuple(t.shape), t.dtype, t.device) != want or not t.is_contiguous():
+                got = "missing" if t is None else f"{tuple(t.shape)} {t.dtype} on {t.device}"
+                raise ValueError(
+                    f"device_kv[{key!r}]: need a contiguous {want[0]} {want[1]} tensor on "
+                    f"{device} (pages, rows per page, row elements); got {got}"
+                )
+        return cls({u.ordinal: tensors[k] for k, u in units.items()}, num_pages)
+
     def layer(self, unit: Unit) -> torch.Tensor:
         return self.buffers[unit.ordinal]
 

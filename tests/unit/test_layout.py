@@ -23,6 +23,7 @@ LAYERS = {
     "pipeline.config": 3,
     "pipeline.jobs": 4,
     "pipeline.cli": 5,
+    "pipeline.api": 5,
     "pipeline.__main__": 6,
 }
 """Each package's layer: a module imports only from its own layer or below."""

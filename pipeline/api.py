@@ -1,0 +1,84 @@
+"""Use from a serving engine: one rank's transfer engine inside the caller's own processes.
+
+The caller starts its ranks (torchrun, or its own launcher) and the default process group,
+whose ranks are the TP ranks of one pipeline stage (rank r is TP rank r). Then, on each rank:
+
+    job = pipeline.compose(["model=deepseek_v3", "topology=tp2", "strategy=rotating"])
+    engine = pipeline.create_engine(job, device_kv=kv)  # kv: your KV tensors, or None
+
+`compose` runs the checks the command line runs (every problem at once, before a byte
+moves); `create_engine` makes this rank's groups, streams and pools. Index tensors of
+`Engine.backup` / `Engine.load` hold token slots (CPU int64, whole pages: page p is slots
+p*page_size .. p*page_size+page_size-1), never KV data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config.app import CommandLine, checked_session, configs
+from pipeline.config.job import Job
+from pipeline.engine.engine import Engine
+from pipeline.jobs.run import start_runtime
+from pipeline.spec.storage import StorageKind
+
+
+def compose(overrides: Sequence[str] = (), *, config_dir: str | None = None) -> Job:
+    """The checked config for these overrides (Hydra's grammar, as on the command line) and
+    your own config folder, if any; ConfigError listing every problem otherwise."""
+    line = CommandLine(overrides=list(overrides), config_dir=config_dir)
+    with configs(config_dir) as sources:
+        return checked_session(line, sources).job()
+
+
+def create_engine(
+    job: Job,
+    *,
+    device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
+    local_rank: int | None = None,
+) -> Engine:
+    """This rank's engine in the caller's default process group (initialized first, one rank
+    per TP rank). `device_kv`: the caller's device KV tensors, one per ("kv" or "index",
+    layer), each [pages, page_size, row elements] of the KV dtype (index: uint8), adopted
+    instead of allocating (the job's `workload.device_tokens` is then taken from them).
+    `local_rank`: the GPU to use (default: rank modulo the GPUs here). `engine.close()`
+    leaves the caller's process group alone."""
+    if not dist.is_initialized():
+        raise RuntimeError("create_engine runs inside a process group: call init_process_group")
+    if _unresolved_store(job):
+        raise ValueError(
+            "storage: a library caller gives the store (storage.path=DIR, or storage.master "
+            "and storage.metadata_server of a running Mooncake master)"
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gpus = torch.cuda.device_count()
+    local = local_rank if local_rank is not None else rank % gpus if gpus else 0
+    device_tokens = job.workload.device_tokens
+    if device_kv:
+        pages = next(iter(device_kv.values())).shape[0]
+        device_tokens = pages * job.model.page_size * job.topology.dcp_size
+    runtime = start_runtime(job, rank, world, local)
+    try:
+        return Engine.create(
+            job.strategy,
+            runtime,
+            job.model,
+            job.topology,
+            device_tokens=device_tokens,
+            host_ratio=job.workload.host_ratio,
+            storage=job.storage,
+            device_kv=device_kv,
+        )
+    except BaseException:
+        runtime.close()
+        raise
+
+
+def _unresolved_store(job: Job) -> bool:
+    storage = job.storage
+    if storage.kind is StorageKind.file:
+        return storage.path is None
+    return storage.kind is StorageKind.mooncake and storage.master == "auto"

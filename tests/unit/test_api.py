@@ -1,0 +1,142 @@
+"""The public API as a serving engine uses it: the README's example runs as written, the
+example scheduler drives hits and misses (one rank, and two under torchrun), and adopted KV
+tensors that do not fit are refused naming the tensor."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Use from a serving engine") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```\n", start)]
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded back bit-exact"
+
+
+def counts(stdout: str) -> tuple[int, ...]:
+    found = re.search(r"(\d+) hits, (\d+) misses, (\d+) evictions", stdout)
+    assert found, stdout
+    return tuple(int(n) for n in found.groups())
+
+
+def test_the_example_scheduler_hits_misses_and_evicts_on_one_rank() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/scheduler.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    hits, misses, evictions = counts(done.stdout)
+    assert hits + misses == 40 and hits > 0 and misses > 0 and evictions > 0
+
+
+@pytest.mark.distributed
+def test_the_example_scheduler_runs_on_two_ranks_under_torchrun() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "examples/scheduler.py",
+            "topology=tp2",
+            "strategy=rotating",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    hits, misses, _ = counts(done.stdout)
+    assert hits + misses == 40 and hits > 0
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def tiny_job() -> pipeline.Job:
+    return pipeline.compose(["model=tiny_mla", "topology=tp1", "topology.device=cpu"])
+
+
+def kv(pages: int = 8) -> dict[tuple[str, int], torch.Tensor]:
+    return {("kv", i): torch.zeros(pages, 4, 32, dtype=torch.bfloat16) for i in range(5)}
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.pop(("kv", 3)), r"device_kv\[\('kv', 3\)\].*got missing"),
+        (lambda t: t.update({("kv", 2): torch.zeros(8, 4, 16)}), r"\('kv', 2\).*\(8, 4, 32\)"),
+        (lambda t: t.update({("kv", 9): torch.zeros(8, 4, 32)}), "units the model lacks"),
+        (
+            lambda t: t.update(
+                {("kv", 0): torch.zeros(8, 32, 4, dtype=torch.bfloat16).transpose(1, 2)}
+            ),
+            "contiguous",
+        ),
+    ],
+)
+def test_adopted_kv_that_does_not_fit_is_refused_naming_it(change, message: str) -> None:  # type: ignore[no-untyped-def]
+    tensors = kv()
+    change(tensors)
+    with pytest.raises(ValueError, match=message):
+        pipeline.create_engine(tiny_job(), device_kv=tensors)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_an_adopted_pool_is_the_callers_memory() -> None:
+    tensors = kv()
+    engine = pipeline.create_engine(tiny_job(), device_kv=tensors)
+    try:
+        unit = engine.model.units[0]
+        assert engine.device_pool.layer(unit).data_ptr() == tensors[("kv", 0)].data_ptr()
+        assert engine.sizing.device_pages == 8
+    finally:
+        engine.close()
+    assert dist.is_initialized()  # the caller's group outlives the engine
+
+
+def test_create_engine_needs_the_callers_process_group_and_store() -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        pipeline.create_engine(tiny_job())
+    job = pipeline.compose(["model=tiny_mla", "topology=tp1", "storage=file"])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"storage\.path"):
+            pipeline.create_engine(job)
+    finally:
+        dist.destroy_process_group()
