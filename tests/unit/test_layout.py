@@ -68,9 +68,7 @@ def test_the_public_names_resolve_to_their_homes() -> None:
 
     assert (pipeline.compose, pipeline.create_engine) == (api.compose, api.create_engine)
     assert (pipeline.Engine, pipeline.LoadHandle, pipeline.Job) == (Engine, LoadHandle, Job)
-    assert sorted(pipeline.__all__) == sorted(
-        ["compose", "create_engine", *"Engine LoadHandle Job".split()]
-    )
+    assert sorted(pipeline.__all__) == ["Engine", "Job", "LoadHandle", "compose", "create_engine"]
 
 
 def test_imports_go_downward_only() -> None:
