@@ -107,8 +107,15 @@ class Session:
         return self.choices["strategy"]
 
     def as_yaml(self) -> str:
-        """The composed config as YAML (`--cfg job`)."""
-        return OmegaConf.to_yaml(self.cfg)
+        """The config that runs, as YAML (`--cfg job`): the effective strategy's where the
+        requested one falls back, with a comment saying so."""
+        verdict = self.verdict()
+        if verdict.active:
+            return OmegaConf.to_yaml(self.cfg)
+        said = (
+            f"# strategy {verdict.strategy} is inactive here: {verdict.effective_strategy} runs\n"
+        )
+        return said + OmegaConf.to_yaml(self.with_strategy(verdict.effective_strategy))
 
     def with_strategy(self, option: str) -> DictConfig:
         """The same config with another strategy option (keeping strategy.* knob overrides)."""

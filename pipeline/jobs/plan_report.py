@@ -122,6 +122,7 @@ def plan_report(job: Job, ranks: list[int] | None = None) -> dict[str, Any]:
         "model": model.name,
         "bytes_per_token": model.bytes_per_token,
         "topology": topology.name,
+        "topology_label": topology.label,
         "attn_tp_size": topology.attn_tp_size,
         "num_tokens": job.workload.num_tokens,
         "placement": job.workload.placement.value,

@@ -38,7 +38,7 @@ def verdict_text(verdict: Verdict, model: ModelGeometry, topology: Topology) -> 
     state = "ACTIVE" if verdict.active else "INACTIVE"
     lines = [
         f"strategy {printable(verdict.strategy)}: {state} for {printable(model.name)} on "
-        f"{printable(topology.name)} (attention-TP {topology.attn_tp_size})",
+        f"{printable(topology.label)} (attention-TP {topology.attn_tp_size})",
         f"effective strategy: {printable(verdict.effective_strategy)}",
     ]
     if verdict.rules:
@@ -64,7 +64,7 @@ def plan_text(result: dict[str, Any]) -> str:
         f"({'active' if result['active'] else 'inactive'}), "
         f"effective: {printable(result['effective_strategy'])}",
         f"{printable(result['model'])} ({result['bytes_per_token']} B/token) on "
-        f"{printable(result['topology'])} "
+        f"{printable(result['topology_label'])} "
         f"(attention-TP {result['attn_tp_size']}), {result['num_tokens']} tokens "
         f"{result['placement']}",
         f"backup stages  {_stages(result['stages']['backup'])}",
@@ -105,7 +105,7 @@ def run_text(result: dict[str, Any]) -> str:
     lines = [
         f"strategy {printable(result['strategy'])} -> "
         f"{printable(result['effective_strategy'])}, {printable(result['model'])} "
-        f"on {printable(result['topology'])} ({result['device']})",
+        f"on {printable(result['topology_label'])} ({result['device']})",
         *(f"note: {printable(n)}" for n in result["notes"]),
     ]
     for r in result["ranks"]:

@@ -77,6 +77,23 @@ class Topology:
     device: DeviceKind = DeviceKind.auto
     """Where device pools live: auto picks cuda when available, else cpu."""
 
+    @property
+    def shape(self) -> str:
+        """What the topology is, whatever its preset was called: e.g. 'tp8 dp2'."""
+        sizes = (
+            (self.dp_size, "dp"),
+            (self.attn_cp_size, "cp"),
+            (self.dcp_size, "dcp"),
+            (self.pp_size, "pp"),
+        )
+        parts = [f"tp{self.tp_size}", *(f"{tag}{n}" for n, tag in sizes if n > 1)]
+        return " ".join(parts + ([f"on {self.nnodes} nodes"] if self.nnodes > 1 else []))
+
+    @property
+    def label(self) -> str:
+        """How reports name it: its shape, and the preset's name where that says otherwise."""
+        return self.shape if self.shape == self.name else f"{self.shape} (preset {self.name})"
+
     def __post_init__(self) -> None:
         sizes = ("tp_size", "dp_size", "attn_cp_size", "dcp_size", "pp_size", "nnodes")
         found = positive("topology", self, *sizes)  # the rules below divide by them

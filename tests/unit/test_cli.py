@@ -232,3 +232,89 @@ def test_run_joins_a_torchrun_launch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)  # rank 0 alone prints: one JSON document
     assert result["verified"] is True and [r["rank"] for r in result["ranks"]] == [0, 1]
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """A subcommand run in this process (help, list, refusals: nothing starts a rank)."""
+    from pipeline.cli import COMMANDS, run_command
+
+    code = run_command(COMMANDS[args[0]], list(args[1:]), args[0])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_each_subcommand_and_each_says_its_own(capsys: pytest.CaptureFixture) -> None:
+    from pipeline.cli import COMMANDS, main
+
+    main(["--help"])
+    usage = capsys.readouterr().out
+    listed = [
+        line.split()[0] for line in usage.split("subcommands:\n")[1].split("\n\n")[0].splitlines()
+    ]
+    assert listed == list(COMMANDS)
+    texts = set()
+    for name in COMMANDS:
+        code, out, _ = in_process(capsys, name, "--help")
+        assert code == 0 and out.startswith(f"usage: hicache-pipeline {name} ")
+        assert "example:\n  hicache-pipeline " in out and "key knobs:" in out
+        texts.add(out)
+    assert len(texts) == len(COMMANDS)
+
+
+def test_version_is_the_installed_one() -> None:
+    from importlib.metadata import version
+
+    done = cli("--version")
+    assert (
+        done.returncode == 0
+        and done.stdout.strip() == f"hicache-pipeline {version('hicache-pipeline')}"
+    )
+
+
+def test_list_shows_every_option_with_a_description_and_never_a_schema(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "mine.yaml").write_text(
+        "# My rotating variant.\ndefaults:\n  - rotating\n  - _self_\nchunk_pages: 4\n"
+    )
+    code, out, _ = in_process(capsys, "list", "--json", "--config-dir", str(tmp_path))
+    assert code == 0
+    groups = json.loads(out)["groups"]
+    assert set(groups) >= {"model", "topology", "strategy", "workload", "storage", "bench"}
+    names = {g: [o["name"] for o in options] for g, options in groups.items()}
+    assert not any(n.startswith("base_") for found in names.values() for n in found)
+    assert all(o["description"] for options in groups.values() for o in options)
+    defaults = {g: [o["name"] for o in options if o["default"]] for g, options in groups.items()}
+    assert defaults["strategy"] == ["replicated"] and defaults["topology"] == ["tp2"]
+    mine = next(o for o in groups["strategy"] if o["name"] == "mine")
+    assert mine == {
+        "name": "mine",
+        "description": "My rotating variant",
+        "default": False,
+        "source": "user",
+    }
+    code, out, _ = in_process(capsys, "list")
+    assert "  * replicated" in out and "mine" not in out
+
+
+@pytest.mark.parametrize("command", ["plan", "check-ordering", "simulate", "soak", "run"])
+def test_strict_refuses_a_fallback_in_every_command_that_resolves_a_strategy(
+    capsys: pytest.CaptureFixture, command: str
+) -> None:
+    code, out, err = in_process(capsys, command, "strategy=rotating", "topology=tp1", "strict=true")
+    assert code == 1 and out == ""
+    assert "strict: strategy rotating is inactive (attn_tp_gt_1" in err
+
+
+def test_headings_and_cfg_job_say_what_runs(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = in_process(
+        capsys, "plan", "topology=tp8", "topology.dp_size=2", "topology.dp_attention=true"
+    )
+    assert code == 0 and "on tp8 dp2 (preset tp8)" in out.splitlines()[1]
+    code, out, _ = in_process(capsys, "explain", "topology=h200x8_dp8")
+    assert "on tp8 dp8 (preset h200x8_dp8)" in out
+    code, out, _ = in_process(capsys, "run", "strategy=rotating", "topology=tp1", "--cfg", "job")
+    assert code == 0
+    assert out.startswith("# strategy rotating is inactive here: replicated runs\n")
+    assert "\nstrategy:\n  name: replicated\n" in out

@@ -91,7 +91,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no PNG: matplotlib is not installed"
+        return 'no PNG: matplotlib is not installed (pip install -e ".[plot]")'
     rows = result["rows"]
     labels = [
         f"{r['direction']} {r['placement'][:4]} {r['tokens'] // 1024}K {r['io'][:3]} "

@@ -1,10 +1,5 @@
-"""`hicache-pipeline <subcommand> [--json] [--config-dir DIR] [--cfg job] [overrides]`.
-
-Thin: the front door (`pipeline.config.app`) parses the command line and composes the config
-with Hydra's compose API; each subcommand hands the checked result to a plain job function.
-`--json` prints one JSON document on stdout; logs go to stderr. A config mistake exits 2 with
-one line, before any rank starts; a failed rank exits 1.
-"""
+"""The subcommands: each hands the checked config to a plain job function and prints the
+result (`--json`: one JSON document on stdout; logs go to stderr)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.app import CommandLine, checked_session, configs
+from pipeline.cli.catalog import catalog_text, options_by_group
+from pipeline.config.app import CommandLine, checked_session
 from pipeline.config.compose import Session
 from pipeline.config.job import Job
 from pipeline.config.sources import ConfigSources
@@ -37,8 +33,8 @@ from pipeline.jobs.simulate import simulate_rank
 from pipeline.jobs.simulate import summarize as summarize_simulation
 from pipeline.jobs.soak import soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
-from pipeline.jobs.spawn import RankFailure, RankFn
-from pipeline.spec.checks import ConfigError, Problem, raise_problems
+from pipeline.jobs.spawn import RankFn
+from pipeline.spec.checks import Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -79,6 +75,25 @@ def launch_ranks(fn: RankFn, job: Job, *, job_s: float | None = None) -> list[An
         )
 
 
+def inactive(job: Job) -> str | None:
+    """Why the requested strategy falls back, or None when it is active."""
+    verdict = job.verdict
+    if verdict.active:
+        return None
+    return "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
+
+
+def strict_refusal(job: Job) -> bool:
+    """With strict=true, an inactive strategy is an error (said on stderr) instead of a
+    fallback: every subcommand that resolves a strategy asks this first."""
+    why = inactive(job)
+    if job.strict and why is not None:
+        strategy = printable(job.verdict.strategy)
+        print(f"error: strict: strategy {strategy} is inactive ({why})", file=sys.stderr)
+        return True
+    return False
+
+
 def explain(inv: Invocation) -> int:
     """Verdict, effective strategy and every rule of the requested strategy."""
     session = inv.session()
@@ -94,6 +109,8 @@ def explain(inv: Invocation) -> int:
 def plan(inv: Invocation) -> int:
     """Per-rank bytes, ops and host capacity of the effective strategy; moves nothing."""
     job = inv.job()
+    if strict_refusal(job):
+        return 1
     emit(inv, {**job.verdict.as_dict(), **plan_report(job)}, report.plan_text)
     return 0
 
@@ -101,18 +118,13 @@ def plan(inv: Invocation) -> int:
 def run(inv: Invocation) -> int:
     """Back up, evict and load back on real ranks; exit 0 only when every rank is bit-exact."""
     job = inv.job()
-    verdict = job.verdict
-    if not verdict.active:
-        failed = "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
-        if job.strict:
-            print(
-                f"error: strict: strategy {printable(verdict.strategy)} is inactive ({failed})",
-                file=sys.stderr,
-            )
-            return 1
+    verdict, why = job.verdict, inactive(job)
+    if strict_refusal(job):
+        return 1
+    if why is not None:
         log.warning(
             "strategy %s is inactive (%s); running %s",
-            *map(printable, (verdict.strategy, failed, verdict.effective_strategy)),
+            *map(printable, (verdict.strategy, why, verdict.effective_strategy)),
         )
     workload = job.workload
     guards = resource_problems(
@@ -135,6 +147,7 @@ def run(inv: Invocation) -> int:
         "notes": list(verdict.notes),
         "model": job.model.name,
         "topology": job.topology.name,
+        "topology_label": job.topology.label,
         "device": pick_device(job.topology.device, 0).type,
         "ranks": ranks,
     }
@@ -157,6 +170,8 @@ def validate(inv: Invocation) -> int:
 def check_ordering(inv: Invocation) -> int:
     """Model one sharded load against the forward's collectives under each ordering design."""
     job = inv.job()
+    if strict_refusal(job):
+        return 1
     per_layer, group = broadcasts_per_layer(job)
     configured = job.strategy.config.ordering.value
     designs = {
@@ -196,6 +211,8 @@ def bench(inv: Invocation) -> int:
 def simulate(inv: Invocation) -> int:
     """A randomized scheduler on real ranks: ack polls with the idle-sync skip off and on."""
     job = inv.job()
+    if strict_refusal(job):
+        return 1
     workload = job.workload
     raise_problems(
         resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
@@ -211,6 +228,8 @@ def simulate(inv: Invocation) -> int:
 def soak(inv: Invocation) -> int:
     """Many rounds on real ranks: every one bit-exact, and each rank's memory flat."""
     job = inv.job()
+    if strict_refusal(job):
+        return 1
     workload = job.workload
     raise_problems(
         resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
@@ -223,6 +242,13 @@ def soak(inv: Invocation) -> int:
     return 0 if result["verified"] and result["flat"] else 1
 
 
+def list_options(inv: Invocation) -> int:
+    """Every option of every config group with its one-line description (`*`: the default)."""
+    result = {"groups": options_by_group(inv.sources)}
+    emit(inv, result, catalog_text)
+    return 0
+
+
 COMMANDS: dict[str, Handler] = {
     "run": run,
     "explain": explain,
@@ -232,63 +258,5 @@ COMMANDS: dict[str, Handler] = {
     "bench": bench,
     "simulate": simulate,
     "soak": soak,
+    "list": list_options,
 }
-
-USAGE = """usage: hicache-pipeline SUBCOMMAND [--json] [--config-dir DIR] [--cfg job] [--help]
-                        [OVERRIDE ...]
-
-subcommands:
-  run       back up, evict and load back on real ranks; prove every rank bit-exact
-  explain   is the strategy active for this topology? every rule, its fix, the fallback
-  plan      per-rank bytes, ops and host capacity, without moving a byte
-  validate  check every shipped config (and --config-dir), or the one the overrides compose
-  check-ordering  can the load's broadcasts deadlock against the forward's collectives?
-  bench     strategies side by side with a hand-written loop and the links' floors (GPU)
-  simulate  a randomized scheduler proves the ack poll and its idle-sync skip on real ranks
-  soak      thousands of rounds on real ranks: every one bit-exact, each rank's memory flat
-
-overrides use Hydra's grammar, e.g.
-  hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented
-  hicache-pipeline explain strategy=rotating topology=h200x8_dp8 --json
-"""
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return
-    command = args.pop(0)
-    if command not in COMMANDS:
-        print(f"unknown subcommand {printable(command)!r}\n\n{USAGE}", file=sys.stderr)
-        raise SystemExit(2)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s",
-    )
-    code = run_command(COMMANDS[command], args)
-    if code:
-        raise SystemExit(code)
-
-
-def run_command(handler: Handler, args: list[str]) -> int:
-    """Parse, compose and run one subcommand: 2 for a config mistake (one line), 1 for a
-    failed rank, the handler's own code otherwise."""
-    try:
-        line = CommandLine.parse(args)
-        if line.help:
-            print(USAGE)
-            return 0
-        with configs(line.config_dir) as sources:
-            inv = Invocation(line, sources)
-            if line.cfg is not None:
-                print(inv.session().as_yaml())
-                return 0
-            return handler(inv)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {printable(str(e))}", file=sys.stderr)
-        return 2
-    except RankFailure as e:
-        print(f"error: {printable(str(e), keep_lines=True)}", file=sys.stderr)
-        return 1
