@@ -9,6 +9,7 @@ import sys
 from importlib.metadata import version
 
 from pipeline.cli.commands import COMMANDS, Handler, Invocation
+from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
@@ -115,6 +116,17 @@ def run_command(handler: Handler, args: list[str], name: str = "") -> int:
         if line.help:
             print(command_help(name) if name in HELP else USAGE)
             return 0
+        if line.multirun:
+            return run_sweep(lambda one: run_parsed(handler, one), line)
+        return run_parsed(handler, line)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {printable(str(e))}", file=sys.stderr)
+        return 2
+
+
+def run_parsed(handler: Handler, line: CommandLine) -> int:
+    """One job: 2 for a config mistake (one line), 1 for a failed rank, else the handler's."""
+    try:
         with configs(line.config_dir) as sources:
             inv = Invocation(line, sources)
             if line.cfg is not None:

@@ -4,7 +4,8 @@ There is no Hydra app here: only Hydra's compose API, which builds a config and 
 else. So nothing a config says can run a callback, set an environment variable, configure
 logging, pick a launcher or sweeper, or write a run folder: those parts of Hydra never run.
 The command line takes overrides in Hydra's grammar and a few flags of its own; anything else
-(Hydra's `--config-path`, `--experimental-rerun`, `-m`, ...) is refused before a config is read.
+(Hydra's `--config-path`, `--experimental-rerun`, ...) is refused before a config is read; `-m`
+sweeps run here, one composed job after another, writing nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class CommandLine:
 
     as_json: bool = False
     help: bool = False
+    multirun: bool = False
+    """`-m`: one job per combination of the overrides' values (`key=a,b`)."""
     cfg: str | None = None
     """`--cfg job`: print the composed config instead of running."""
     config_dir: str | None = None
@@ -46,6 +49,8 @@ class CommandLine:
                 line.as_json = True
             elif arg in ("-h", "--help"):
                 line.help = True
+            elif arg in ("-m", "--multirun"):
+                line.multirun = True
             elif name in FLAGS_WITH_VALUES:
                 if not eq and not rest:
                     raise ConfigError([Problem("", f"{name} needs a value", "command line")])
@@ -60,10 +65,8 @@ class CommandLine:
 
 
 def refused_flag(arg: str) -> str:
-    if arg in ("-m", "--multirun"):
-        return f"{arg}: sweeps are not run here; give one value per key and call once per config"
     return (
-        f"{arg}: not an option of this command (options: --json, --help, --cfg job, "
+        f"{arg}: not an option of this command (options: --json, --help, -m, --cfg job, "
         "--config-dir DIR; everything else is a key=value override)"
     )
 

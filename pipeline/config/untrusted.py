@@ -10,6 +10,8 @@ No message quotes a resolver call's result: refused values are never resolved.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import schema_problems, without
-from pipeline.spec.checks import Problem
+from pipeline.spec.checks import ConfigError, Problem
 
 MAX_FILE_BYTES = 64 * 1024
 """Largest config file read (the shipped ones are under 2 KiB)."""
@@ -197,3 +199,30 @@ def override_problems(overrides: list[str]) -> list[Problem]:
         elif root not in (*GROUP_SCHEMAS, "strict"):
             found.append(Problem(key, f"{key}: no config group or key of that name ({text!r})"))
     return [p.at("overrides") for p in found]
+
+
+MAX_SWEEP_JOBS = 256
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The overrides of each job of a sweep (`-m`): every `key=a,b` (or `range(...)`,
+    `choice(...)`) expanded, the product taken in command-line order. Each job's overrides are
+    checked again as it is composed."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(
+            [Problem("", f"cannot parse the overrides: {str(e).splitlines()[0]}", "overrides")]
+        ) from None
+    choices = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+        if o.is_sweep_override()
+        else [text]
+        for o, text in zip(parsed, overrides, strict=True)
+    ]
+    count = math.prod(len(c) for c in choices)
+    if count > MAX_SWEEP_JOBS:
+        raise ConfigError(
+            [Problem("", f"a sweep of {count} jobs: at most {MAX_SWEEP_JOBS}", "overrides")]
+        )
+    return [list(job) for job in itertools.product(*choices)]

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import dataclasses
 import importlib.util
+import logging
 import shutil
 import signal
 import socket
@@ -29,6 +30,8 @@ from pipeline.spec.storage import StorageConfig, StorageKind
 
 MASTER_START_S = 20.0
 """How long a master gets to listen."""
+
+log = logging.getLogger("hicache-pipeline")
 
 
 @contextlib.contextmanager
@@ -120,6 +123,7 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
                     "is libibverbs1 installed?"
                 )
             time.sleep(0.1)
+        log.info("mooncake_master (pid %d) on 127.0.0.1:%d for this job", process.pid, rpc)
         yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
     finally:
         process.terminate()

@@ -206,8 +206,6 @@ def test_config_files_are_read_as_plain_checked_data(attack, command, world, cap
     "flag",
     [
         ["--experimental-rerun", "{pickle}"],
-        ["-m", "strategy=replicated,rotating"],
-        ["--multirun"],
         ["--config-path", "{dir}"],
         ["--config-name", "evil"],
         ["-cn", "evil"],
@@ -227,6 +225,20 @@ def test_hydra_app_flags_are_refused(flag, command, world, capsys, caplog) -> No
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "command line" in lines[0], (code, err)
     assert not world["marker"].exists()
+
+
+@pytest.mark.parametrize(
+    "sweep", ["hydra.run.dir=a,b", "workload.num_tokens=${oc.env:HOME},8", "strategy=../x,y"]
+)
+def test_a_sweep_checks_every_job_like_a_single_run(sweep, capsys) -> None:
+    """`-m` expands the values, then each job's overrides meet the same checks: a hydra.* key,
+    a resolver or a path-like option fails its job (a config error row), and nothing runs."""
+    from pipeline.cli import COMMANDS, run_command
+
+    code = run_command(COMMANDS["run"], ["-m", sweep, "--json"], "run")
+    jobs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 2 and len(jobs) == 2
+    assert jobs[0]["verdict"] == "config error" and jobs[0]["result"] is None
 
 
 def test_names_cannot_forge_output(world, capsys, caplog) -> None:

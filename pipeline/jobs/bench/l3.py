@@ -30,6 +30,7 @@ from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison_host, snapshot
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
+from pipeline.jobs.progress import progress
 from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.run import backend_of, start_runtime
 from pipeline.spec.checks import raise_problems
@@ -119,7 +120,7 @@ def bench_l3_rank(
             for kind, storage in _stores(cases)
         }
         result: dict[str, Any] = {"rank": rank, "cases": []}
-        for job, case in cases:
+        for job, case in progress(cases, "L3 bench cases", rank=rank):
             engine = Engine.create(
                 job.strategy,
                 runtime,

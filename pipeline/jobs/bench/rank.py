@@ -28,6 +28,7 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.jobs.bench.reference import Reference
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
+from pipeline.jobs.progress import progress
 from pipeline.jobs.run import start_runtime
 from pipeline.spec.slots import PageAllocator, page_tokens
 
@@ -276,7 +277,7 @@ def bench_rank(
     try:
         result: dict[str, Any] = {"rank": rank, "floors": floors(timer), "cases": []}
         reference_hosts: dict[tuple, HostPool] = {}
-        for job, case in cases:
+        for job, case in progress(cases, "bench cases", rank=rank):
             result["cases"].append(measure_case(timer, job, case, reference_hosts))
             if timer.cuda:
                 torch.cuda.empty_cache()
