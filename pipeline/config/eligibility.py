@@ -141,7 +141,8 @@ def _layers_ge_group(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[b
         return True, f"{m.num_layers} layers >= group of {t.attn_tp_size}"
     return False, (
         f"{m.num_layers} layers < group of {t.attn_tp_size}: some ranks would own no layer; "
-        "use a smaller attention-TP group or single_source"
+        f"use a smaller attention-TP group or single_source, or (a tiny model on CPU ranks) "
+        f"model.num_layers={t.attn_tp_size}"
     )
 
 

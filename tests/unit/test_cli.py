@@ -376,3 +376,15 @@ def test_a_sweep_shows_progress_on_a_terminal_and_keeps_json_clean(tmp_path: Pat
     assert len([json.loads(line) for line in out.decode().splitlines()]) == 4
     piped = cli("explain", "-m", "strategy=replicated,rotating", "--json")
     assert "sweep jobs" not in piped.stderr  # not a terminal: no bar in logs
+
+
+@pytest.mark.distributed
+def test_rotating_runs_on_8_cpu_ranks_once_the_tiny_model_has_a_layer_each(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    _, out, _ = in_process(capsys, "explain", "strategy=rotating", "topology=tp8")
+    assert "model.num_layers=8" in out and "INACTIVE" in out  # the fallback says what to do
+    done = cli("run", "strategy=rotating", "topology=tp8", "model.num_layers=8", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["effective_strategy"] == "rotating" and len(result["ranks"]) == 8
