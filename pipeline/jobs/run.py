@@ -26,6 +26,7 @@ from pipeline.jobs.contents import (
     prompt,
     snapshot,
 )
+from pipeline.jobs.progress import progress
 from pipeline.spec.slots import PageAllocator, page_tokens
 
 
@@ -222,7 +223,7 @@ class L3Counts:
 def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
     """`workload.cycles` rounds of backup -> evict -> load-back, each checked bit-exact."""
     cycles = Cycles(engine, workload)
-    for cycle in range(workload.cycles):
+    for cycle in progress(range(workload.cycles), "run cycles", rank=engine.runtime.rank):
         cycles.run(cycle)
     return cycles.report()
 

@@ -20,6 +20,7 @@ from pipeline.engine.acks import AckLedger, IdleCheck, digest_of, replicated_idl
 from pipeline.engine.engine import Engine
 from pipeline.engine.streams import Event
 from pipeline.jobs.contents import fill_random
+from pipeline.jobs.progress import progress
 from pipeline.jobs.run import open_engine
 from pipeline.spec.slots import PageAllocator, page_tokens
 
@@ -77,7 +78,7 @@ class Scheduler:
             idle=PREDICATES[cfg.predicate.value],
         )
         engine.host_allocator = PageAllocator(engine.sizing.host.num_pages)
-        for _ in range(cfg.steps):
+        for _ in progress(range(cfg.steps), "simulate steps", rank=engine.runtime.rank):
             if self.shared.random() < cfg.arrive_prob:
                 self._arrive(self.shared.randrange(cfg.num_prefixes))
             for ack in engine.poll():

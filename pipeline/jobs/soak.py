@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.jobs.progress import progress
 from pipeline.jobs.run import Cycles, open_engine
 
 
@@ -32,7 +33,7 @@ def soak_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str
         for cycle in range(soak.warmup_cycles):
             cycles.run(cycle)
         warm = rss_bytes()
-        for cycle in range(soak.warmup_cycles, soak.cycles):
+        for cycle in progress(range(soak.warmup_cycles, soak.cycles), "soak cycles", rank=rank):
             cycles.run(cycle)
         end = rss_bytes()
         return {
