@@ -196,6 +196,14 @@ def override_problems(overrides: list[str]) -> list[Problem]:
             found.append(Problem(key, f"{key}: a sweep; give one value per invocation"))
         elif any(RESOLVER.search(s) for _, s in _strings(override.value(), key)):
             found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
+        elif key in GROUP_SCHEMAS and str(override.value()).startswith("base_"):
+            found.append(
+                Problem(
+                    key,
+                    f"{key}={override.value()}: that is the group's schema, not an option "
+                    "(`hicache-pipeline list` shows the options)",
+                )
+            )
         elif root not in (*GROUP_SCHEMAS, "strict"):
             found.append(Problem(key, f"{key}: no config group or key of that name ({text!r})"))
     return [p.at("overrides") for p in found]

@@ -388,3 +388,8 @@ def test_rotating_runs_on_8_cpu_ranks_once_the_tiny_model_has_a_layer_each(
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["effective_strategy"] == "rotating" and len(result["ranks"]) == 8
+
+
+def test_a_schema_is_never_an_option(capsys: pytest.CaptureFixture) -> None:
+    code, _, err = in_process(capsys, "run", "model=base_model")
+    assert code == 2 and "the group's schema, not an option" in err
