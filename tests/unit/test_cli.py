@@ -393,3 +393,13 @@ def test_rotating_runs_on_8_cpu_ranks_once_the_tiny_model_has_a_layer_each(
 def test_a_schema_is_never_an_option(capsys: pytest.CaptureFixture) -> None:
     code, _, err = in_process(capsys, "run", "model=base_model")
     assert code == 2 and "the group's schema, not an option" in err
+
+
+def test_without_matplotlib_the_bench_says_which_extra_draws_its_png(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.jobs.bench.output import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    said = plot({"rows": []}, tmp_path / "bench.png")
+    assert 'pip install -e ".[plot]"' in said and not (tmp_path / "bench.png").exists()
