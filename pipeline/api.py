@@ -57,8 +57,8 @@ def create_engine(
     gpus = torch.cuda.device_count()
     local = local_rank if local_rank is not None else rank % gpus if gpus else 0
     device_tokens = job.workload.device_tokens
-    if device_kv:
-        pages = next(iter(device_kv.values())).shape[0]
+    if device_kv:  # the pool's size is the tensors' (`DevicePool.adopt` checks each of them)
+        pages = min((t.shape[0] for t in device_kv.values() if t.dim() == 3), default=0)
         device_tokens = pages * job.model.page_size * job.topology.dcp_size
     runtime = start_runtime(job, rank, world, local)
     try:

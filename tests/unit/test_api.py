@@ -108,6 +108,7 @@ def kv(pages: int = 8) -> dict[tuple[str, int], torch.Tensor]:
             ),
             "contiguous",
         ),
+        (lambda t: t.update({("kv", 1): torch.zeros(())}), r"\('kv', 1\).*got \(\)"),
     ],
 )
 def test_adopted_kv_that_does_not_fit_is_refused_naming_it(change, message: str) -> None:  # type: ignore[no-untyped-def]
