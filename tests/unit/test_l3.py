@@ -4,6 +4,7 @@ which object, the file store, the stage-order check, the store rule and the job'
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 from pathlib import Path
 
@@ -265,3 +266,20 @@ def test_each_l3_bench_case_keeps_its_own_segment_on_the_store_made_for_the_run(
         assert placed_job.storage.master == made[case["store"]].master
     sizes = {c["tokens"]: j.storage.segment_bytes for j, c in placed if c["store"] == "mooncake"}
     assert sizes[65536] >= 65536 * 70272 // 2 > sizes[16384] >= 16384 * 70272 // 2  # per rank
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("storage.io_threads=0", "storage.io_threads"),
+        ("storage.io_threads=65", "storage.io_threads=65: at most 64"),
+        ("storage.segment_bytes=1024", "storage.segment_bytes"),
+        ("storage.master=not a host", "storage.master"),
+    ],
+)
+def test_store_knobs_out_of_range_are_refused_naming_the_key(override: str, message: str) -> None:
+    with (
+        initialize_config_module(config_module="conf", version_base="1.3"),
+        pytest.raises(ConfigError, match=re.escape(message)),
+    ):
+        Session.compose(["storage=mooncake", override]).job()
