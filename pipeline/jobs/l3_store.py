@@ -29,6 +29,7 @@ from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.storage import StorageConfig, StorageKind
 
 MASTER_START_S = 20.0
+MASTER_ATTEMPTS = 3
 """How long a master gets to listen."""
 
 log = logging.getLogger("hicache-pipeline")
@@ -98,7 +99,32 @@ def _die_with_parent() -> None:  # runs in the master's process before exec
 
 @contextlib.contextmanager
 def master_on_loopback() -> Iterator[tuple[str, str]]:
-    """(master host:port, metadata URL) of a fresh master on loopback, for the block."""
+    """(master host:port, metadata URL) of a fresh master on loopback, for the block. Ports
+    are picked free, then bound by the master: if another process took one in between, the
+    master exits and a new one starts on other ports."""
+    for attempt in range(MASTER_ATTEMPTS):
+        process, rpc, http = _start_master()
+        if process.poll() is None:
+            break
+        if attempt == MASTER_ATTEMPTS - 1:
+            raise RuntimeError(
+                f"the Mooncake master did not start (exit code {process.poll()}): "
+                "is libibverbs1 installed?"
+            )
+    try:
+        log.info("mooncake_master (pid %d) on 127.0.0.1:%d for this job", process.pid, rpc)
+        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+    finally:
+        process.terminate()
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _start_master() -> tuple[subprocess.Popen, int, int]:
+    """A master on fresh ports, once it answers on both (or once it has exited)."""
     rpc, http, metrics = free_port(), free_port(), free_port()
     process = subprocess.Popen(
         [
@@ -114,21 +140,13 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
         stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,
     )
-    try:
-        deadline = time.monotonic() + MASTER_START_S
-        while not (answers("127.0.0.1", rpc, 0.2) and answers("127.0.0.1", http, 0.2)):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the Mooncake master did not start (exit code {process.poll()}): "
-                    "is libibverbs1 installed?"
-                )
-            time.sleep(0.1)
-        log.info("mooncake_master (pid %d) on 127.0.0.1:%d for this job", process.pid, rpc)
-        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
-    finally:
-        process.terminate()
-        try:
-            process.wait(2)
-        except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + MASTER_START_S
+    while not (answers("127.0.0.1", rpc, 0.2) and answers("127.0.0.1", http, 0.2)):
+        if process.poll() is not None:
+            return process, rpc, http
+        if time.monotonic() > deadline:
             process.kill()
             process.wait()
+            return process, rpc, http
+        time.sleep(0.1)
+    return process, rpc, http

@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -64,7 +65,7 @@ def rank_entry(
     payload: Any,
     rank: int,
     world_size: int,
-    port: int,
+    rendezvous: str,
     backend: str,
     timeout_s: float,
     results: Any,
@@ -79,7 +80,7 @@ def rank_entry(
             torch.cuda.set_device(rank)
         dist.init_process_group(
             init_backend(backend),
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"file://{rendezvous}",
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -157,12 +158,25 @@ def spawn(
     """`fn` on `world_size` local ranks; every result in rank order, or RankFailure."""
     ctx = mp.get_context("spawn")
     results, beats = ctx.Queue(), ctx.Array("d", world_size, lock=False)
-    port, parent = free_port(), os.getpid()
+    # the ranks meet through a file, not a port another job could take between pick and bind
+    folder, parent = tempfile.TemporaryDirectory(prefix="hicache-ranks-"), os.getpid()
+    rendezvous = os.path.join(folder.name, "rendezvous")
     procs = [
         ctx.Process(
             target=rank_entry,
             name=f"rank-{rank}",
-            args=(fn, payload, rank, world_size, port, backend, timeout_s, results, beats, parent),
+            args=(
+                fn,
+                payload,
+                rank,
+                world_size,
+                rendezvous,
+                backend,
+                timeout_s,
+                results,
+                beats,
+                parent,
+            ),
         )
         for rank in range(world_size)
     ]
@@ -174,6 +188,7 @@ def spawn(
         _supervise(watch, results, job_s, timeout_s)
     finally:
         _stop(procs)
+        folder.cleanup()
     if watch.failed:
         raise RankFailure(_blame(watch, timeout_s))
     return [watch.done[r] for r in range(world_size)]
