@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
-from pipeline.jobs.run import start_runtime
+from pipeline.jobs.run import open_engine
 from pipeline.spec.storage import StorageKind
 
 
@@ -56,25 +56,7 @@ def create_engine(
     rank, world = dist.get_rank(), dist.get_world_size()
     gpus = torch.cuda.device_count()
     local = local_rank if local_rank is not None else rank % gpus if gpus else 0
-    device_tokens = job.workload.device_tokens
-    if device_kv:  # the pool's size is the tensors' (`DevicePool.adopt` checks each of them)
-        pages = min((t.shape[0] for t in device_kv.values() if t.dim() == 3), default=0)
-        device_tokens = pages * job.model.page_size * job.topology.dcp_size
-    runtime = start_runtime(job, rank, world, local)
-    try:
-        return Engine.create(
-            job.strategy,
-            runtime,
-            job.model,
-            job.topology,
-            device_tokens=device_tokens,
-            host_ratio=job.workload.host_ratio,
-            storage=job.storage,
-            device_kv=device_kv,
-        )
-    except BaseException:
-        runtime.close()
-        raise
+    return open_engine(job, rank, world, local, device_kv=device_kv)
 
 
 def _unresolved_store(job: Job) -> bool:

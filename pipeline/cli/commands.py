@@ -94,6 +94,19 @@ def strict_refusal(job: Job) -> bool:
     return False
 
 
+def runnable_job(inv: Invocation) -> Job | None:
+    """The job of a subcommand that starts ranks: None when strict refuses its fallback,
+    ConfigError when this machine cannot hold its pools."""
+    job = inv.job()
+    if strict_refusal(job):
+        return None
+    workload = job.workload
+    raise_problems(
+        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
+    )
+    return job
+
+
 def explain(inv: Invocation) -> int:
     """Verdict, effective strategy and every rule of the requested strategy."""
     session = inv.session()
@@ -210,13 +223,9 @@ def bench(inv: Invocation) -> int:
 
 def simulate(inv: Invocation) -> int:
     """A randomized scheduler on real ranks: ack polls with the idle-sync skip off and on."""
-    job = inv.job()
-    if strict_refusal(job):
+    job = runnable_job(inv)
+    if job is None:
         return 1
-    workload = job.workload
-    raise_problems(
-        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
-    )
     ranks = launch_ranks(simulate_rank, job)
     if ranks is None:
         return 0
@@ -227,13 +236,9 @@ def simulate(inv: Invocation) -> int:
 
 def soak(inv: Invocation) -> int:
     """Many rounds on real ranks: every one bit-exact, and each rank's memory flat."""
-    job = inv.job()
-    if strict_refusal(job):
+    job = runnable_job(inv)
+    if job is None:
         return 1
-    workload = job.workload
-    raise_problems(
-        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
-    )
     ranks = launch_ranks(soak_rank, job, job_s=job.runtime.timeout_s * (job.soak.cycles + 1))
     if ranks is None:
         return 0

@@ -35,7 +35,7 @@ from pipeline.spec.l3 import (
     object_specs,
     share_of,
 )
-from pipeline.spec.model import ModelGeometry, Unit
+from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import OwnerMap, Ownership
 from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
@@ -99,38 +99,6 @@ class L3Tier:
     owns_store: bool = True
     """False for a store the caller opened (and closes)."""
 
-    @classmethod
-    def open(
-        cls,
-        storage: StorageConfig,
-        runtime: Runtime,
-        model: ModelGeometry,
-        topology: Topology,
-        ownership: Ownership,
-        owners: OwnerMap,
-        res: Resources,
-        store: ObjectStore | None = None,
-    ) -> L3Tier:
-        """Join the store (its folder or master resolved by the job) for one rank, or use
-        `store`, opened by the caller for objects of up to `largest_object(model)` bytes."""
-        objects = object_specs(
-            ownership, owners, model.units, share_of(topology, model, runtime.rank)
-        )
-        return cls(
-            store=store or open_store(storage, largest_object(model)),
-            owns_store=store is None,
-            space=namespace(model),
-            objects=objects,
-            rank=runtime.rank,
-            group=runtime.replica_group,
-            cpu_group=runtime.cpu_group,
-            host_pool=res.host_pool,
-            device_pool=res.device_pool,
-            trace=res.trace,
-            stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
-            io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
-        )
-
     def writes(self) -> tuple[ObjectSpec, ...]:
         return tuple(o for o in self.objects if o.writer == self.rank)
 
@@ -152,15 +120,9 @@ class L3Tier:
         a buffer of its own, one torch copy per run (parallel, outside Python's lock): on an
         H200 host that was twice as fast as reading straight into pinned pool pages."""
         pool = self.device_pool if device else self.host_pool
-        runs: list[list[Unit]] = []
-        for unit in spec.units:
-            if runs and runs[-1][-1].pool == unit.pool:
-                runs[-1].append(unit)
-            else:
-                runs.append([unit])
         found: list[torch.Tensor] = []
-        for run in runs:
-            stack = pool.stacked(tuple(run)) if len(run) > 1 else None
+        for run in spec.unit_runs:
+            stack = pool.stacked(run) if len(run) > 1 else None
             if stack is None:
                 found.extend(pool.words[u.ordinal][page] for u in run)
             else:
@@ -270,7 +232,23 @@ def open_tier(
     res: Resources,
     store: ObjectStore | None = None,
 ) -> L3Tier | None:
-    """The rank's L3 tier, or None without a store."""
+    """The rank's L3 tier, or None without a store: it joins the store (its folder or master
+    resolved by the job), or uses `store`, opened by the caller for objects of up to
+    `largest_object(model)` bytes."""
     if storage is None or not storage.attached:
         return None
-    return L3Tier.open(storage, runtime, model, topology, ownership, owners, res, store)
+    objects = object_specs(ownership, owners, model.units, share_of(topology, model, runtime.rank))
+    return L3Tier(
+        store=store or open_store(storage, largest_object(model)),
+        owns_store=store is None,
+        space=namespace(model),
+        objects=objects,
+        rank=runtime.rank,
+        group=runtime.replica_group,
+        cpu_group=runtime.cpu_group,
+        host_pool=res.host_pool,
+        device_pool=res.device_pool,
+        trace=res.trace,
+        stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
+        io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,9 +50,20 @@ def start_runtime(job: Job, rank: int, world_size: int, local_rank: int) -> Runt
 
 
 def open_engine(
-    job: Job, rank: int, world_size: int, local_rank: int, *, keep_trace: bool = False
+    job: Job,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    *,
+    keep_trace: bool = False,
+    device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
 ) -> Engine:
-    """Groups, streams and pools of one rank for the job (`keep_trace`: every op in order)."""
+    """Groups, streams and pools of one rank for the job (`keep_trace`: every op in order;
+    `device_kv`: the caller's KV tensors as the device pool, which then sets its size)."""
+    device_tokens = job.workload.device_tokens
+    if device_kv:  # `DevicePool.adopt` checks each tensor
+        pages = min((t.shape[0] for t in device_kv.values() if t.dim() == 3), default=0)
+        device_tokens = pages * job.model.page_size * job.topology.dcp_size
     runtime = start_runtime(job, rank, world_size, local_rank)
     try:
         return Engine.create(
@@ -59,11 +71,12 @@ def open_engine(
             runtime,
             job.model,
             job.topology,
-            device_tokens=job.workload.device_tokens,
+            device_tokens=device_tokens,
             host_ratio=job.workload.host_ratio,
             debug_consensus=job.runtime.debug_consensus,
             keep_trace=keep_trace,
             storage=job.storage,
+            device_kv=device_kv,
         )
     except BaseException:
         runtime.close()

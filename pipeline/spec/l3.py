@@ -12,6 +12,7 @@ that does not match is a miss, never bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -86,6 +87,17 @@ class ObjectSpec:
     @property
     def page_bytes(self) -> int:
         return sum(u.page_bytes for u in self.units)
+
+    @functools.cached_property
+    def unit_runs(self) -> tuple[tuple[Unit, ...], ...]:
+        """Its units in order, cut where the pool kind changes (a pool may stack each run)."""
+        runs: list[list[Unit]] = []
+        for unit in self.units:
+            if runs and runs[-1][-1].pool == unit.pool:
+                runs[-1].append(unit)
+            else:
+                runs.append([unit])
+        return tuple(tuple(run) for run in runs)
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:

@@ -19,12 +19,9 @@ from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
 from pipeline.config.schema import BenchConfig
 from pipeline.engine.runtime import pick_device
+from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.output import markdown, plot
 from pipeline.jobs.bench.rank import bench_rank
-from pipeline.jobs.launch import launch
-from pipeline.jobs.resources import resource_problems
-from pipeline.jobs.run import backend_of
-from pipeline.spec.checks import raise_problems
 
 LAYOUT_FOR_IO = {"direct": "page_first_direct", "kernel": "layer_first"}
 """The host layout each io backend is measured with (the pairs rotating accepts)."""
@@ -150,23 +147,8 @@ def run_bench(session: Session) -> dict[str, Any]:
     base = session.job()
     device = pick_device(base.topology.device, 0)
     runnable, skipped = cases(session, base.bench, device.type == "cuda")
-    for job, _ in runnable:  # the machine must hold each case's pools (one case at a time)
-        raise_problems(
-            resource_problems(
-                job,
-                device_tokens=job.workload.device_tokens,
-                host_ratio=job.workload.host_ratio,
-            )
-        )
-    timeout_s = base.runtime.timeout_s
-    ranks = launch(  # each case may take up to a collective timeout
-        bench_rank,
-        (base, runnable),
-        base.topology.tp_size,
-        backend=backend_of(base),
-        timeout_s=timeout_s,
-        job_s=timeout_s * (len(runnable) + 1),
-    )
+    check_fit(runnable)
+    ranks = launch_cases(bench_rank, base, runnable)
     if ranks is None:
         return {}
     result = summarize(ranks, runnable, base)

@@ -25,15 +25,13 @@ from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
 from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison_host, snapshot
 from pipeline.jobs.l3_store import concrete
-from pipeline.jobs.launch import launch
 from pipeline.jobs.progress import progress
-from pipeline.jobs.resources import resource_problems
-from pipeline.jobs.run import backend_of, start_runtime
-from pipeline.spec.checks import raise_problems
+from pipeline.jobs.run import start_runtime
 from pipeline.spec.l3 import largest_object
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.slots import page_tokens
@@ -75,25 +73,10 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
     """Every case on every rank, the stores made for the run; the summary, also written to
     `bench.out_dir`."""
     base, cases = session.job(), l3_cases(session)
-    for job, _ in cases:  # the machine must hold each case's pools (one case at a time)
-        workload = job.workload
-        raise_problems(
-            resource_problems(
-                job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
-            )
-        )
+    check_fit(cases)
     with contextlib.ExitStack() as stack:
         made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in kinds(cases)}
-        concrete_cases = with_stores(cases, made)
-        timeout_s = base.runtime.timeout_s
-        ranks = launch(
-            bench_l3_rank,
-            (base, concrete_cases),
-            base.topology.tp_size,
-            backend=backend_of(base),
-            timeout_s=timeout_s,
-            job_s=timeout_s * (len(cases) + 1),
-        )
+        ranks = launch_cases(bench_l3_rank, base, with_stores(cases, made))
     if ranks is None:
         return {}
     result = summarize_l3(ranks, cases, base)

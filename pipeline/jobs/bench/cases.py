@@ -1,0 +1,37 @@
+"""What every bench shares: its cases must fit this machine, and one launch runs them all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config.job import Job
+from pipeline.jobs.launch import launch
+from pipeline.jobs.resources import resource_problems
+from pipeline.jobs.run import backend_of
+from pipeline.jobs.spawn import RankFn
+from pipeline.spec.checks import raise_problems
+
+
+def check_fit(cases: list[tuple[Job, dict]]) -> None:
+    """ConfigError unless this machine holds each case's pools (one case at a time)."""
+    for job, _ in cases:
+        workload = job.workload
+        raise_problems(
+            resource_problems(
+                job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
+            )
+        )
+
+
+def launch_cases(fn: RankFn, base: Job, cases: list[tuple[Job, dict]]) -> list[Any] | None:
+    """`fn((base, cases), rank, ...)` on every rank; each case may take up to a collective
+    timeout."""
+    timeout_s = base.runtime.timeout_s
+    return launch(
+        fn,
+        (base, cases),
+        base.topology.tp_size,
+        backend=backend_of(base),
+        timeout_s=timeout_s,
+        job_s=timeout_s * (len(cases) + 1),
+    )
