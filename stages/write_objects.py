@@ -1,25 +1,35 @@
-"""write_objects: store this rank's share of each page in L3 (on the write-back thread)."""
+"""write_objects: store each page's object in L3 (on the write-back thread)."""
 
 from __future__ import annotations
 
 from pipeline.engine.l3 import L3Tier, ObjectsJob
+from pipeline.engine.l3_shares import hear_missing, receive_shares, send_share, tell_missing
 
 
 class WriteObjects:
-    """Per page, the objects this rank writes (one writer per object and replica group),
-    several at once (`storage.io_threads`); objects already stored are left alone (a key
-    names its bytes). The first failed write fails the write-back."""
+    """Per page, its one object, written by the replica group's first rank, several at once
+    (`storage.io_threads`); objects already stored are left alone (a key names its bytes).
+    Under rotating the other owners first send the writer their layers of the pages it will
+    write, a few pages at a time. The first failed write fails the write-back."""
 
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None:
-        writes = tier.writes()
-        wanted = [
-            (spec, key, int(page))
-            for key, page in zip(job.keys, job.host_pages, strict=True)
-            for spec in writes
-        ]
-        names = [spec.name(tier.space, key) for spec, key, _ in wanted]
-        stored = tier.store.exists(names) if wanted else []
-        missing = [w for w, present in zip(wanted, stored, strict=True) if not present]
-        list(tier.io.map(lambda w: tier.write(w[0], w[1], w[2]), missing))
-        for spec, _, _ in missing:
-            tier.trace.op("l3_write", bytes=spec.page_bytes)
+        roles, pages = tier.roles, [int(p) for p in job.host_pages]
+        if tier.rank == roles.writer:
+            stored = tier.store.exists([tier.name(k) for k in job.keys])
+            missing = [i for i, present in enumerate(stored) if not present]
+            tell_missing(tier, [not present for present in stored])
+            for first in range(0, len(missing), tier.batch_pages):
+                batch = missing[first : first + tier.batch_pages]
+                shares = receive_shares(tier, len(batch))
+                list(
+                    tier.io.map(
+                        lambda i, share: tier.write(job.keys[i], pages[i], share), batch, shares
+                    )
+                )
+                for _ in batch:
+                    tier.trace.op("l3_write", bytes=tier.object.page_bytes)
+        elif tier.rank in roles.senders:
+            wanted = hear_missing(tier, len(pages))
+            missing = [p for p, want in zip(pages, wanted, strict=True) if want]
+            for first in range(0, len(missing), tier.batch_pages):
+                send_share(tier, missing[first : first + tier.batch_pages])

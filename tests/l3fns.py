@@ -28,31 +28,29 @@ PAGES = 4
 
 
 def damage(engine: Engine, keys: list[str], case: str) -> None:
-    """Spoil the store as `case` says (group rank 0 of the first group does it; the others
-    wait): 'missing' page 2, 'truncated' page 1, 'corrupted' page 2 (one payload bit),
-    'foreign' page 0 (holds page 3's intact object); anything else leaves it alone."""
+    """Spoil the store as `case` says (rank 0 does it; the others wait): 'missing' page 2,
+    'truncated' page 1, 'corrupted' page 2 (one bit of its last unit, which every reader
+    reads), 'foreign' page 0 (holds page 3's intact object); anything else leaves it alone."""
     tier = engine.l3
     assert tier is not None
     if engine.runtime.rank == 0:
-        names = {p: [o.name(tier.space, keys[p]) for o in tier.objects] for p in range(PAGES)}
-        for i, name in enumerate(names.get({"missing": 2, "truncated": 1}.get(case, -1), [])):
-            blob = tier.store.get(name)
+        names = [tier.name(k) for k in keys]
+        store = tier.store
+        if case == "missing":
+            assert isinstance(store, FileStore)
+            Path(store.root, names[2]).unlink()
+        if case == "truncated":
+            blob = store.get(names[1])
             assert blob is not None
-            if case == "missing":
-                assert isinstance(tier.store, FileStore)
-                Path(tier.store.root, name).unlink()
-            else:
-                tier.store.put(name, [blob[: len(blob) // 2 + i]])
+            store.put(names[1], [blob[: len(blob) // 2]])
         if case == "corrupted":
-            name = names[2][-1]
-            blob = bytearray(tier.store.get(name) or b"")
+            blob = bytearray(store.get(names[2]) or b"")
             blob[-1] ^= 0x01
-            tier.store.put(name, [blob])
+            store.put(names[2], [blob])
         if case == "foreign":
-            for mine, theirs in zip(names[0], names[3], strict=True):
-                blob = tier.store.get(theirs)
-                assert blob is not None
-                tier.store.put(mine, [blob])
+            blob = store.get(names[3])
+            assert blob is not None
+            store.put(names[0], [blob])
     dist.barrier()
 
 

@@ -12,9 +12,11 @@ import torch
 from pipeline.engine.acks import Ack, AckLedger, digest_of
 from pipeline.engine.allocate import allocate
 from pipeline.engine.batches import BatchRing
-from pipeline.engine.executor import L3Load, LoadHandle, issue_copies, issue_transfer, prepare
+from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
 from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.l3 import L3Tier, objects_job, open_tier
+from pipeline.engine.l3 import L3Tier, open_tier
+from pipeline.engine.l3_jobs import objects_job
+from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore
@@ -91,8 +93,7 @@ class Engine:
         store: ObjectStore | None = None,
         device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
     ) -> Engine:
-        """This rank's pools, buffers and L3 tier (`store`: one the caller opened and closes;
-        `device_kv`: the caller's KV tensors as the device pool, see `DevicePool.adopt`)."""
+        """This rank's pools and L3 tier (`store`: the caller's; `device_kv`: see adopt)."""
         config = strategy.config
         owners = owner_map(config.ownership, runtime.replica_group, model.units)
         sizing = size_pools(
@@ -124,7 +125,7 @@ class Engine:
                 poll_timer_every=config.poll_timer_every,
             ),
             graphs=TransferGraphs(graphs) if graphs else None,
-            l3=open_tier(storage, runtime, model, topology, config.ownership, owners, res, store),
+            l3=open_tier(storage, runtime, model, topology, owners, res, store),
         )
 
     @property
@@ -140,8 +141,7 @@ class Engine:
         return self.resources.trace
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
-        """Copy device slots to host slots (logical slot indices, CPU int64); returns the ack
-        event."""
+        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
@@ -152,8 +152,7 @@ class Engine:
         return t.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
-        """Copy host slots into device slots (logical slot indices, CPU int64); the handle
-        waits per layer and acks at the end."""
+        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack."""
         self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
@@ -187,15 +186,20 @@ class Engine:
     def load_from_l3(
         self, keys: list[str], host_indices: torch.Tensor, device_indices: torch.Tensor
     ) -> L3Load:
-        """Read the pages of `keys` from L3 into free host slots, then load the leading pages
-        every reader found intact into device slots (a collective; see `L3Load`)."""
+        """Read `keys`' pages from L3 into free host slots; load the leading pages every
+        reader found intact to device slots, window by window as read (a collective)."""
+        tier = self._l3()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
-        job = self._l3().fetch(self.strategy.l3.fetch, job)
-        if job.hits == 0 or job.fallback:
-            return L3Load(job.hits, job.fallback, None)
-        self.host_allocator.hold_data(job.host_pages[: job.hits])
-        slots = job.hits * self.sizing.slots_per_page
-        return L3Load(job.hits, False, self.load(host_indices[:slots], device_indices[:slots]))
+        per_page, loads = self.sizing.slots_per_page, []
+
+        def release(first: int, stop: int) -> None:
+            self.host_allocator.hold_data(job.host_pages[first:stop])
+            slots = slice(first * per_page, stop * per_page)
+            loads.append(self.load(host_indices[slots], device_indices[slots]))
+
+        job.window_pages, job.release = tier.window_pages, release
+        job = tier.fetch(self.strategy.l3.fetch, job)
+        return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
 
     def _l3(self) -> L3Tier:
         self._usable()
@@ -204,8 +208,7 @@ class Engine:
         return self.l3
 
     def close(self) -> None:
-        """Release the graphs, the L3 tier, then the runtime (graphs hold the transfer
-        group's NCCL work); every later call raises."""
+        """Release the graphs (they hold NCCL work), the L3 tier, the runtime; then refuse."""
         if self._closed:
             return
         self._closed = True
@@ -216,8 +219,7 @@ class Engine:
         self.runtime.close()
 
     def poll(self) -> list[Ack]:
-        """Release the acks that every rank has seen complete (the same ones everywhere); a
-        failed transfer's ack is released too, and raises its error when waited on."""
+        """Release the acks every rank has seen complete (a failed one raises when waited on)."""
         self._usable()
         return self.acks.poll(self.state_digest)
 
@@ -243,8 +245,7 @@ class Engine:
         stream: Stream,
         graphs: TransferGraphs | None,
     ) -> Transfer:
-        """Plan (validating the indices before any byte moves) and set up one transfer on
-        `stream` (replayed from `graphs` when given)."""
+        """Plan (indices checked before a byte moves) and set up one transfer on `stream`."""
         load = direction is Direction.load
         every = self.strategy.config.verify_every
         plan = build_plan(  # raises on bad input: nothing counted, nothing issued

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pipeline.engine.graphs import TransferGraphs
@@ -175,16 +174,3 @@ class LoadHandle:
         self._next_layer = max(self._next_layer, layer + 1)
         if layers:
             issue_exchanges(self._pipeline, self.transfer, layers, stream)
-
-
-@dataclass(frozen=True)
-class L3Load:
-    """What `Engine.load_from_l3` did: how many leading pages it loads, and how."""
-
-    hits: int
-    """Pages loaded, from the front of the keys (the same on every rank of the group)."""
-    fallback: bool
-    """The ranks' plans differed: each read its objects straight into its device pages."""
-    handle: LoadHandle | None
-    """The load of the hit pages from host to device, per layer (None: nothing to load, or
-    a fallback, whose device pages are already written in the caller's stream order)."""

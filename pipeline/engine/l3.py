@@ -9,63 +9,42 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 
 from __future__ import annotations
 
-import hashlib
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
+from pipeline.engine.l3_jobs import ObjectsJob
+from pipeline.engine.l3_pages import (
+    Placement,
+    Runs,
+    Scratches,
+    copy_runs,
+    intact_units,
+    read_ranges,
+)
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
 from pipeline.spec.l3 import (
-    ObjectSpec,
+    PageObject,
+    PageRoles,
     check_keys,
-    checksum,
+    digest,
     header,
-    header_size,
-    intact,
     largest_object,
     namespace,
-    object_specs,
+    page_roles,
     share_of,
+    unit_digests,
 )
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap, Ownership
-from pipeline.spec.plan import PlanSpec
-from pipeline.spec.slots import PageAllocator, pages_of
+from pipeline.spec.model import ModelGeometry, Unit, by_pool_kind
+from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
-
-
-@dataclass
-class ObjectsJob:
-    """One write-back or fetch on this rank: page keys and the pages they go with."""
-
-    keys: list[str]
-    host_pages: np.ndarray
-    """Local host page of each key."""
-    device_pages: np.ndarray | None = None
-    """A fetch: the device page of each key (written directly after a fallback)."""
-    hits: int = 0
-    """A fetch: the leading pages whose objects were read intact (on every rank once agreed)."""
-    fallback: bool = False
-    """A fetch: the ranks' plans differed, so each reads every object into its own device
-    pages and no exchange runs."""
-
-    def plan_digest(self) -> bytes:
-        """SHA-256 of the logical plan: keys, host pages and device pages, in order."""
-        sha = hashlib.sha256()
-        sha.update("\n".join(self.keys).encode())
-        sha.update(np.asarray(self.host_pages, dtype=np.int64).tobytes())
-        if self.device_pages is not None:
-            sha.update(np.asarray(self.device_pages, dtype=np.int64).tobytes())
-        return sha.digest()
 
 
 @runtime_checkable
@@ -75,38 +54,59 @@ class ObjectStage(Protocol):
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None: ...
 
 
-@dataclass(frozen=True)
 class L3Tier:
-    """One rank's view of the L3 store: the objects of a page, and the pools they fill."""
+    """One rank's view of the L3 store: the object of a page, what this rank does with it,
+    and the pools it fills."""
 
-    store: ObjectStore
-    space: str
-    """The namespace of this model geometry's objects (`pipeline.spec.l3.namespace`)."""
-    objects: tuple[ObjectSpec, ...]
-    """Every object of one page for this rank's replica group."""
-    rank: int
-    group: tuple[int, ...]
-    """The replica group: the ranks that agree on plans and hits."""
-    cpu_group: dist.ProcessGroup
-    """Gloo group of every rank (agreements gather over it and keep their replica group's)."""
-    host_pool: HostPool
-    device_pool: DevicePool
-    trace: Trace
-    stream: WorkerStream
-    """The write-back thread."""
-    io: ThreadPoolExecutor
-    """The threads that read and write objects (`storage.io_threads`)."""
-    owns_store: bool = True
-    """False for a store the caller opened (and closes)."""
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        owns_store: bool,
+        space: str,
+        obj: PageObject,
+        roles: PageRoles,
+        runtime: Runtime,
+        res: Resources,
+        stream: WorkerStream,
+        io: ThreadPoolExecutor,
+        scratches: Scratches,
+        owners: OwnerMap,
+        batch_pages: int,
+        window_pages: int,
+    ) -> None:
+        self.store = store
+        self.owns_store = owns_store
+        """False for a store the caller opened (and closes)."""
+        self.space = space
+        """The namespace of this model geometry's objects (`pipeline.spec.l3.namespace`)."""
+        self.object = obj
+        self.roles = roles
+        self.rank = runtime.rank
+        self.group = runtime.replica_group
+        """The replica group: the ranks that agree on plans and hits."""
+        self.cpu_group = runtime.cpu_group
+        """Gloo group of every rank (agreements gather over it and keep their group's)."""
+        self.l3_group = runtime.l3_group
+        """Gloo group of every rank for the write-back thread's sends."""
+        self.host_pool: HostPool = res.host_pool
+        self.device_pool: DevicePool = res.device_pool
+        self.trace: Trace = res.trace
+        self.stream = stream
+        """The write-back thread."""
+        self.io = io
+        """The threads that read and write objects (`storage.io_threads`)."""
+        self.scratches = scratches
+        self.owners = owners
+        self.batch_pages = batch_pages
+        """Pages a rotating owner sends the writer at once."""
+        self.window_pages = window_pages
+        """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
+        self._placements: dict[bool, Placement] = {}
 
-    def writes(self) -> tuple[ObjectSpec, ...]:
-        return tuple(o for o in self.objects if o.writer == self.rank)
-
-    def reads(self, fallback: bool) -> tuple[ObjectSpec, ...]:
-        """What this rank reads: the objects it is a reader of, or all of them (fallback)."""
-        return (
-            self.objects if fallback else tuple(o for o in self.objects if self.rank in o.readers)
-        )
+    def reads(self, fallback: bool) -> tuple[Unit, ...]:
+        """The units this rank reads: its roles', or every unit (fallback)."""
+        return self.object.units if fallback else self.roles.reads
 
     def agree(self, value: Any) -> list[Any]:
         """Every replica-group member's `value`, in group order (a collective of all ranks)."""
@@ -114,47 +114,114 @@ class L3Tier:
         dist.all_gather_object(gathered, (self.group[0], value), group=self.cpu_group)
         return [v for first, v in gathered if first == self.group[0]]
 
-    def runs(self, spec: ObjectSpec, page: int, *, device: bool) -> list[torch.Tensor]:
-        """A page of `spec`'s units, in unit order, as few tensors as the pool allows: each
-        run of units of one pool kind that its buffer stacks is one. An object moves through
-        a buffer of its own, one torch copy per run (parallel, outside Python's lock): on an
-        H200 host that was twice as fast as reading straight into pinned pool pages."""
+    def agree_while(self, value: Any, going: bool) -> tuple[list[Any], bool]:
+        """`agree`, and whether any rank at all is still `going` (a round of a loop that
+        every rank runs as long as the longest)."""
+        gathered: list[Any] = [None] * dist.get_world_size(self.cpu_group)
+        dist.all_gather_object(gathered, (self.group[0], value, going), group=self.cpu_group)
+        return [v for first, v, _ in gathered if first == self.group[0]], any(
+            g for _, _, g in gathered
+        )
+
+    def name(self, key: str) -> str:
+        return self.object.name(self.space, key)
+
+    def placement(self, *, device: bool) -> Placement:
+        if device not in self._placements:
+            pool = self.device_pool.buffers if device else self.host_pool.views
+            self._placements[device] = Placement(self.object, pool)
+        return self._placements[device]
+
+    def runs(self, units: tuple[Unit, ...], page: int, *, device: bool) -> Runs:
+        """A page of `units`, as few pool tensors as the pool allows (each run of one pool
+        kind that its buffer stacks is one), each with its units."""
         pool = self.device_pool if device else self.host_pool
-        found: list[torch.Tensor] = []
-        for run in spec.unit_runs:
+        found: Runs = []
+        for run in by_pool_kind(units):
             stack = pool.stacked(run) if len(run) > 1 else None
             if stack is None:
-                found.extend(pool.words[u.ordinal][page] for u in run)
+                found.extend((pool.words[u.ordinal][page], (u,)) for u in run)
             else:
-                found.append(stack[:, page])
+                found.append((stack[:, page], run))
         return found
 
-    def write(self, spec: ObjectSpec, key: str, host_page: int) -> None:
-        """Store one object from a host page: its header, then its units' bytes."""
-        name = spec.name(self.space, key)
-        runs = self.runs(spec, host_page, device=False)
-        parts = [torch.cat([r.reshape(-1).view(torch.uint8) for r in runs]).numpy().data]
-        self.store.put(name, [header(self.space, name, spec.page_bytes, checksum(parts)), *parts])
-
-    def read(self, spec: ObjectSpec, key: str, page: int, *, device: bool) -> bool:
-        """Read one object into a host page (or a device page) of each of its units; False for
-        a miss (the pages are then left as they were)."""
-        name = spec.name(self.space, key)
-        head, body = bytearray(header_size(self.space, name)), bytearray(spec.page_bytes)
-        parts = [memoryview(head), memoryview(body)]
-        if not self.store.get_into(name, parts) or not intact(head, self.space, name, parts[1:]):
-            return False
-        data, first = torch.frombuffer(body, dtype=torch.uint8), 0
-        for run in self.runs(spec, page, device=device):
-            run.copy_(data[first : first + run.nbytes].view(run.dtype).view(run.shape))
-            first += run.nbytes
+    def read(self, key: str, page: int, units: tuple[Unit, ...], *, device: bool) -> bool:
+        """Read `units` of one page's object into a host page (or a device page); False for
+        a miss: absent, another length, a header or a unit digest that does not match (the
+        pages may then hold some of the object's bytes, and must not be used)."""
+        obj, name = self.object, self.name(key)
+        place = self.placement(device=device)
+        with self.scratches.taken() as scratch:
+            head = memoryview(scratch.head)[: obj.header_size(self.space, name)]
+            views = place.views(units, page) if place.direct else scratch.views(units)
+            ranges = read_ranges(obj, units, views, head)
+            if not self.store.read(name, head.nbytes + obj.page_bytes, ranges):
+                return False
+            if not intact_units(unit_digests(head, obj, self.space, name), obj, units, views):
+                return False
+            if not place.direct:
+                targets = self.runs(units, page, device=device)
+                copy_runs(scratch.like(targets), targets)
         return True
+
+    def write(self, key: str, page: int, received: Mapping[int, memoryview]) -> None:
+        """Store one page's object: this rank's units from its host page, the rest from
+        `received` (rotating: the other owners' bytes, by unit ordinal)."""
+        obj, name = self.object, self.name(key)
+        own = tuple(u for u in obj.units if u.ordinal not in received)
+        place = self.placement(device=False)
+        with self.scratches.taken() as scratch:
+            if place.direct:
+                views = dict(zip((u.ordinal for u in own), place.views(own, page), strict=True))
+            else:
+                sources = self.runs(own, page, device=False)
+                for staged, (pooled, _) in zip(scratch.like(sources), sources, strict=True):
+                    staged.copy_(pooled)
+                views = dict(zip((u.ordinal for u in own), scratch.views(own), strict=True))
+            views.update(received)
+            parts = [views[u.ordinal] for u in obj.units]
+            head = header(self.space, name, [digest(v) for v in parts], obj.page_bytes)
+            self.store.put(name, [head, *parts])
+
+    def start_reads(self, job: ObjectsJob) -> None:
+        """Start reading every page of the job on the I/O threads, in page order (this
+        rank's units; every unit into device pages after a fallback)."""
+        units = self.reads(job.fallback)
+        into = job.device_pages if job.fallback else job.host_pages
+        assert into is not None, "a fetch names its device pages"
+        if units:
+            job.reads = [
+                self.io.submit(self.read, key, int(page), units, device=job.fallback)
+                for key, page in zip(job.keys, into, strict=True)
+            ]
+
+    def settle(self, job: ObjectsJob, first: int, stop: int) -> int:
+        """Wait for the reads of pages [first, stop); the end of their leading intact run
+        (`stop` for a rank that reads nothing)."""
+        if not job.reads:
+            return stop
+        nbytes = sum(u.page_bytes for u in self.reads(job.fallback))
+        for i in range(first, stop):
+            if not job.reads[i].result():
+                self.trace.op("l3_miss")
+                return i
+            self.trace.op("l3_read", bytes=nbytes)
+        return stop
+
+    def drain(self, job: ObjectsJob) -> None:
+        """Cancel the reads not started and wait for the running ones: no thread writes into
+        the job's pages after the fetch."""
+        for future in job.reads:
+            future.cancel()
+        wait(job.reads)
+        job.reads = []
 
     def write_back(
         self, stages: tuple[ObjectStage, ...], job: ObjectsJob, after: Event | None
     ) -> Event:
         """Run the write-back stages on the tier's thread once `after` completes; the event
-        completes when this rank's objects are stored (with the error of a failed one)."""
+        completes when this rank's part is done (stored, or sent to the writer), with the
+        error of a failed one."""
         done = self.stream.new_event()
 
         def work() -> None:
@@ -173,13 +240,10 @@ class L3Tier:
 
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` whose objects this replica group can read: the MIN
-        over the group of each rank's leading run of present objects."""
+        over the group of each reader's leading run of present objects."""
         check_keys(keys, len(keys))
-        reads = self.reads(fallback=False)
-        names = [o.name(self.space, k) for k in keys for o in reads]
-        present = np.array(self.store.exists(names) if names else [], dtype=bool)
-        per_page = present.reshape(len(keys), len(reads)).all(axis=1) if reads else None
-        mine = len(keys) if per_page is None or per_page.all() else int(np.argmin(per_page))
+        present = self.store.exists([self.name(k) for k in keys]) if self.roles.reads else []
+        mine = present.index(False) if False in present else len(keys)
         return min(self.agree(mine))
 
     def fetch(self, stages: tuple[ObjectStage, ...], job: ObjectsJob) -> ObjectsJob:
@@ -196,38 +260,11 @@ class L3Tier:
             self.store.close()
 
 
-def objects_job(
-    keys: list[str],
-    host_indices: torch.Tensor,
-    device_indices: torch.Tensor | None,
-    spec: PlanSpec,
-    host_allocator: PageAllocator,
-) -> ObjectsJob:
-    """A write-back's job (no device slots; its host pages must hold data) or a fetch's (its
-    host pages must hold none: it would overwrite them); ValueError naming the argument
-    otherwise, before any byte moves."""
-    per_page = spec.slots_per_page
-    host = pages_of("host_indices", host_indices, per_page, spec.host_slots).numpy()
-    check_keys(keys, len(host))
-    empty = host_allocator.without_data(host)
-    if device_indices is None:
-        if empty:
-            raise ValueError(f"host_indices name pages that hold no data: {empty[:8]}")
-        return ObjectsJob(keys, host)
-    device = pages_of("device_indices", device_indices, per_page, spec.device_slots).numpy()
-    if len(device) != len(host):
-        raise ValueError(f"host_indices has {len(host)} pages but device_indices {len(device)}")
-    if held := sorted(set(host.tolist()) - set(empty)):
-        raise ValueError(f"host_indices name pages that hold data (a fetch overwrites): {held[:8]}")
-    return ObjectsJob(keys, host, device)
-
-
 def open_tier(
     storage: StorageConfig | None,
     runtime: Runtime,
     model: ModelGeometry,
     topology: Topology,
-    ownership: Ownership,
     owners: OwnerMap,
     res: Resources,
     store: ObjectStore | None = None,
@@ -237,18 +274,21 @@ def open_tier(
     `largest_object(model)` bytes."""
     if storage is None or not storage.attached:
         return None
-    objects = object_specs(ownership, owners, model.units, share_of(topology, model, runtime.rank))
+    obj = PageObject(share_of(topology, model, runtime.rank), model.units)
+    space = namespace(model)
+    longest = obj.header_size(space, obj.name(space, "0" * 32))
     return L3Tier(
         store=store or open_store(storage, largest_object(model)),
         owns_store=store is None,
-        space=namespace(model),
-        objects=objects,
-        rank=runtime.rank,
-        group=runtime.replica_group,
-        cpu_group=runtime.cpu_group,
-        host_pool=res.host_pool,
-        device_pool=res.device_pool,
-        trace=res.trace,
+        space=space,
+        obj=obj,
+        roles=page_roles(owners, model.units, runtime.rank),
+        runtime=runtime,
+        res=res,
         stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
         io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
+        scratches=Scratches(obj, longest, storage.io_threads),
+        owners=owners,
+        batch_pages=2 * storage.io_threads,
+        window_pages=storage.load_chunk_pages,
     )

@@ -70,6 +70,9 @@ class Runtime:
     """Dedicated group of the replica group for broadcasts (None when it has one rank)."""
     cpu_group: dist.ProcessGroup
     """Gloo group of all ranks for host-side agreement (ack polls, reports)."""
+    l3_group: dist.ProcessGroup
+    """Gloo group of all ranks for the L3 write-back thread (rotating owners send their
+    layers to the object's writer there), so it never interleaves with `cpu_group`'s."""
     load_stream: Stream
     write_stream: Stream
     exchange_stream: Stream
@@ -113,6 +116,7 @@ class Runtime:
             # CUDA graph captures
             dist.broadcast(torch.zeros(1, device=device), src=replica[0], group=transfer)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        l3_group = dist.new_group(backend="gloo", timeout=timeout)
         copy = (
             cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
         )
@@ -124,6 +128,7 @@ class Runtime:
             replica,
             transfer,
             cpu_group,
+            l3_group,
             load,
             write,
             exchange,

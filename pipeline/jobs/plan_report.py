@@ -14,7 +14,7 @@ from pipeline.config.assemble import stage_name
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement
 from pipeline.engine.strategy import Strategy
-from pipeline.spec.l3 import object_specs, share_of
+from pipeline.spec.l3 import PageObject, page_roles, share_of
 from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
 from pipeline.spec.sizing import device_staging_bytes, size_pools
@@ -106,11 +106,13 @@ def rank_row(job: Job, rank: int) -> dict[str, Any]:
 def l3_row(job: Job, rank: int, owners: OwnerMap, num_pages: int) -> dict[str, int]:
     """A write-back and a load from L3 of the workload on `rank`, every page a hit."""
     model, topology = job.model, job.topology
-    share = share_of(topology, model, rank)
-    specs = object_specs(job.strategy.config.ownership, owners, model.units, share)
+    obj = PageObject(share_of(topology, model, rank), model.units)
+    roles = page_roles(owners, model.units, rank)
+    sent = num_pages * sum(u.page_bytes for u in owners.owned(rank, model.units))
     return {
-        "l3_write_bytes": num_pages * sum(o.page_bytes for o in specs if o.writer == rank),
-        "l3_read_bytes": num_pages * sum(o.page_bytes for o in specs if rank in o.readers),
+        "l3_write_bytes": num_pages * obj.page_bytes if rank == roles.writer else 0,
+        "l3_send_bytes": sent if rank in roles.senders else 0,
+        "l3_read_bytes": num_pages * sum(u.page_bytes for u in roles.reads),
         "l3_hit_pages": num_pages,
     }
 

@@ -96,8 +96,9 @@ def plan_text(result: dict[str, Any]) -> str:
 def l3_text(r: dict[str, Any]) -> str:
     """A rank's L3 bytes and hit pages (its row has them where a store is attached)."""
     return (
-        f"L3: wrote {human_bytes(r['l3_write_bytes'])}, read {human_bytes(r['l3_read_bytes'])}, "
-        f"{r['l3_hit_pages']} pages hit"
+        f"L3: wrote {human_bytes(r['l3_write_bytes'])}"
+        + (f" (sent {human_bytes(r['l3_send_bytes'])} to the writer)" if r["l3_send_bytes"] else "")
+        + f", read {human_bytes(r['l3_read_bytes'])}, {r['l3_hit_pages']} pages hit"
     )
 
 

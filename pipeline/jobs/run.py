@@ -17,7 +17,7 @@ import torch.distributed as dist
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement, WorkloadConfig
 from pipeline.engine.engine import Engine
-from pipeline.engine.executor import L3Load, LoadHandle
+from pipeline.engine.loads import L3Load, Loading
 from pipeline.engine.runtime import Runtime, pick_backend, pick_device
 from pipeline.jobs.contents import (
     fill_random,
@@ -186,7 +186,7 @@ class Cycles:
 
     def load_back(
         self, keys: list[str], host: torch.Tensor, target: torch.Tensor
-    ) -> tuple[LoadHandle | None, str]:
+    ) -> tuple[Loading | None, str]:
         """Load the pages back (from L3 when there are keys): (the load's handle, where it
         fell short of the whole prefix, or '')."""
         engine = self.engine
@@ -227,6 +227,7 @@ class L3Counts:
         moved = engine.trace.bytes
         return {
             "l3_write_bytes": moved.get(("l3_write", ""), 0),
+            "l3_send_bytes": moved.get(("l3_send", ""), 0),
             "l3_read_bytes": moved.get(("l3_read", ""), 0),
             "l3_hit_pages": self.hit_pages,
             "l3_fallbacks": self.fallbacks,
@@ -241,7 +242,7 @@ def drive(engine: Engine, workload: WorkloadConfig) -> dict[str, Any]:
     return cycles.report()
 
 
-def forward(engine: Engine, handle: LoadHandle) -> None:
+def forward(engine: Engine, handle: Loading) -> None:
     """A stand-in forward pass: per layer, wait for it, then the TP all-reduce a model does."""
     rt = engine.runtime
     engine.begin_forward(rt.forward_stream)

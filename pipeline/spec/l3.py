@@ -1,13 +1,17 @@
-"""L3 objects: content addresses for token prefixes, who writes and reads which object, and a
-self-checking object format.
+"""L3 objects: content addresses for token prefixes, one stored form per page whoever wrote it,
+and a self-checking object format that a reader of a few units can check on its own.
 
 A page's key is a hash chain over the token ids of every page up to it (as the prefix caches of
 SGLang, vLLM and LMCache key theirs), inside a namespace that pins the model geometry, KV dtype
 and page size: a key names a whole prefix, and two incompatible caches can never share one.
-Each page has one object per writer: all its units under replicated and single_source, one
-layer group per owner under rotating; so a page's bytes are written once per replica group.
-An object carries a header (magic, format version, namespace, name, length, CRC-32); anything
-that does not match is a miss, never bytes.
+
+Each page is one object per replica group's share of the KV: every unit of the model in
+ordinal order, whatever strategy or group size wrote it, so any strategy at any TP size reads
+what any other wrote (MLA/DSA: every rank's share is the whole KV). The replica group's first
+rank writes it; under rotating the other owners send it their layers first. A reader reads the
+byte ranges of the units it loads (rotating: its own layers) and checks them alone: the header
+carries an XXH3-64 digest per unit and one over itself. Anything that does not match is a
+miss, never bytes.
 """
 
 from __future__ import annotations
@@ -16,20 +20,24 @@ import functools
 import hashlib
 import re
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.ownership import OwnerMap, Ownership
+from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.topology import Topology
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: one object per page for every strategy, digests per unit (1: one object per writer,
+CRC-32 over the payload; its namespace differs, so its objects are never found)."""
 MAGIC = b"HCPL3"
-HEADER = struct.Struct("<5sHHHQI")
-"""magic, format version, namespace length, name length, payload length, payload CRC-32."""
+HEADER = struct.Struct("<5sHHHIQQ")
+"""magic, format version, namespace length, name length, units, payload length, and the
+XXH3-64 of the rest of the header (these fields with it zero, namespace, name, unit digests)."""
+DIGEST = np.dtype("<u8")
 
 
 def namespace(model: ModelGeometry) -> str:
@@ -70,92 +78,105 @@ def check_keys(keys: Sequence[str], num_pages: int) -> None:
 
 
 @dataclass(frozen=True)
-class ObjectSpec:
-    """One object of every page: the units it holds, the rank that writes it, the ranks that
-    read it."""
+class PageObject:
+    """The object of every page for one replica group: all units in ordinal order."""
 
-    suffix: str
-    """Its name after the page key: 'all', or 'g<j>of<n>' (layer group j of n), then the
-    share of the attention group's KV it holds, if any (see `share_of`)."""
+    share: str
+    """'' where the replica group holds all of its attention group's KV, else which share
+    (see `share_of`): different bytes of one prefix never share an object."""
     units: tuple[Unit, ...]
-    writer: int
-    readers: tuple[int, ...]
+    """Every unit of the model, in ordinal order: the payload's order."""
 
     def name(self, space: str, key: str) -> str:
-        return f"{space}/{key[:2]}/{key}/{self.suffix}"
+        return f"{space}/{key[:2]}/{key}{self.share}"
 
     @property
     def page_bytes(self) -> int:
         return sum(u.page_bytes for u in self.units)
 
     @functools.cached_property
-    def unit_runs(self) -> tuple[tuple[Unit, ...], ...]:
-        """Its units in order, cut where the pool kind changes (a pool may stack each run)."""
-        runs: list[list[Unit]] = []
+    def offsets(self) -> dict[int, int]:
+        """Per unit ordinal, where its bytes start in the payload."""
+        found, first = {}, 0
         for unit in self.units:
-            if runs and runs[-1][-1].pool == unit.pool:
-                runs[-1].append(unit)
-            else:
-                runs.append([unit])
-        return tuple(tuple(run) for run in runs)
+            found[unit.ordinal] = first
+            first += unit.page_bytes
+        return found
+
+    @functools.cached_property
+    def index(self) -> dict[int, int]:
+        """Per unit ordinal, its row in the header's digest table."""
+        return {u.ordinal: i for i, u in enumerate(self.units)}
+
+    def header_size(self, space: str, name: str) -> int:
+        return HEADER.size + len(space.encode()) + len(name.encode()) + 8 * len(self.units)
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:
     """'' where `rank`'s replica group holds all of its attention group's KV (MLA without
-    DCP); else which share it holds, '-s<i>of<n>' (a DCP shard, or an MHA rank's heads), so
-    different bytes of one prefix never share an object."""
+    DCP); else which share it holds, '-s<i>of<n>' (a DCP shard, or an MHA rank's heads)."""
     shares = sorted({topology.replica_group(r, model) for r in topology.attn_group(rank)})
     if len(shares) == 1:
         return ""
     return f"-s{shares.index(topology.replica_group(rank, model))}of{len(shares)}"
 
 
-def object_specs(
-    ownership: Ownership, owners: OwnerMap, units: tuple[Unit, ...], share: str
-) -> tuple[ObjectSpec, ...]:
-    """Every object of a page for one replica group. replicated: one object, written by the
-    group's first rank, read by every rank; single_source: the same, read by the first rank
-    alone; rotating: one per owner's layer group, written and read by its owner."""
-    group = owners.group
-    if ownership is not Ownership.rotating:
-        readers = group if ownership is Ownership.replicated else group[:1]
-        return (ObjectSpec(f"all{share}", units, group[0], readers),)
-    n = len(group)
-    specs = []
-    for j, rank in enumerate(group):
-        owned = owners.owned(rank, units)
-        if owned:
-            specs.append(ObjectSpec(f"g{j}of{n}{share}", owned, rank, (rank,)))
-    return tuple(specs)
+@dataclass(frozen=True)
+class PageRoles:
+    """What one rank does with each page's object."""
+
+    reads: tuple[Unit, ...]
+    """The units it reads (and loads): every unit for a replicated reader and single_source's
+    source, its own layers under rotating, none for a peer that receives broadcasts."""
+    writer: int
+    """The rank that writes the object: the replica group's first."""
+    senders: tuple[int, ...]
+    """The other ranks that hold some of its units (rotating): they send them to the writer."""
 
 
-def header(space: str, name: str, length: int, crc: int) -> bytes:
-    """What comes before an object's payload: magic, format version, the lengths of the
-    namespace and the name, the payload's length and CRC-32, then the namespace and name."""
+def page_roles(owners: OwnerMap, units: tuple[Unit, ...], rank: int) -> PageRoles:
+    """Who reads and writes what of a page's object in one replica group (`owners`)."""
+    senders = tuple(r for r in owners.group[1:] if 0 < len(owners.owned(r, units)) < len(units))
+    return PageRoles(reads=owners.owned(rank, units), writer=owners.group[0], senders=senders)
+
+
+def digest(view: memoryview | bytes) -> int:
+    """XXH3-64 of a unit's bytes (several times faster than CRC-32 on one core, so a check
+    costs little next to the read it guards; see BENCHMARKS.md)."""
+    return xxhash.xxh3_64_intdigest(view)
+
+
+def header(space: str, name: str, digests: Sequence[int], payload_bytes: int) -> bytes:
+    """What comes before an object's payload: the fixed fields, the namespace, the name, one
+    digest per unit, with the XXH3-64 of all of it in the fixed fields."""
     ns, nm = space.encode(), name.encode()
-    return HEADER.pack(MAGIC, FORMAT_VERSION, len(ns), len(nm), length, crc) + ns + nm
+    table = np.asarray(digests, dtype=DIGEST).tobytes()
+    fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), len(digests), payload_bytes)
+    rest = ns + nm + table
+    check = xxhash.xxh3_64_intdigest(HEADER.pack(*fields, 0) + rest)
+    return HEADER.pack(*fields, check) + rest
+
+
+def unit_digests(
+    head: bytes | bytearray | memoryview, obj: PageObject, space: str, name: str
+) -> np.ndarray | None:
+    """The digest table of `head` if it is exactly a header of object `name` of `space` with
+    `obj`'s units and length and its own check holds; None otherwise (a miss)."""
+    head = bytes(head)
+    if len(head) != obj.header_size(space, name):
+        return None
+    *fields, check = HEADER.unpack_from(head)
+    ns, nm = space.encode(), name.encode()
+    want = [MAGIC, FORMAT_VERSION, len(ns), len(nm), len(obj.units), obj.page_bytes]
+    rest = head[HEADER.size :]
+    if fields != want or not rest.startswith(ns + nm):
+        return None
+    if xxhash.xxh3_64_intdigest(HEADER.pack(*fields, 0) + rest) != check:
+        return None
+    return np.frombuffer(rest, dtype=DIGEST, offset=len(ns) + len(nm))
 
 
 def largest_object(model: ModelGeometry) -> int:
     """At least the bytes of any object of `model`'s pages, header included (a namespace and
     a name take far less than the room left for them)."""
-    return 4096 + sum(u.page_bytes for u in model.units)
-
-
-def header_size(space: str, name: str) -> int:
-    return HEADER.size + len(space.encode()) + len(name.encode())
-
-
-def checksum(parts: Sequence[memoryview]) -> int:
-    """CRC-32 of the parts' bytes, in order, as if they were one buffer."""
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-    return crc
-
-
-def intact(head: bytes | bytearray, space: str, name: str, parts: Sequence[memoryview]) -> bool:
-    """Whether `head` is exactly the header of object `name` of `space` whose payload `parts`
-    hold: anything else (truncated, corrupted, someone else's) is a miss, never bytes."""
-    length = sum(part.nbytes for part in parts)
-    return bytes(head) == header(space, name, length, checksum(parts))
+    return 4096 + 8 * len(model.units) + sum(u.page_bytes for u in model.units)

@@ -41,11 +41,14 @@ class StorageConfig:
     segment_bytes: int = 256 << 20
     """mooncake: the memory each rank lends the store (objects live in the ranks' segments)."""
     io_threads: int = 4
-    """Objects each rank reads or writes at once (a store's reads and checksums run outside
+    """Objects each rank reads or writes at once (a store's reads and digests run outside
     Python's lock, so a few threads keep a disk or a network link busy)."""
+    load_chunk_pages: int = 32
+    """Pages of a load from L3 agreed on and loaded to the device at a time, while the next
+    are read (0: read every page, then load them all)."""
 
     def __post_init__(self) -> None:
-        found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1)
+        found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1, load_chunk_pages=0)
         if self.io_threads > MAX_IO_THREADS:
             found.append(
                 Problem(

@@ -19,15 +19,15 @@ from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import concrete
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
-    HEADER,
+    PageObject,
     check_keys,
-    checksum,
+    digest,
     header,
-    intact,
     namespace,
-    object_specs,
+    page_roles,
     prefix_keys,
     share_of,
+    unit_digests,
 )
 from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.ownership import Ownership, owner_map
@@ -85,38 +85,47 @@ def test_keys_that_could_name_other_files_are_refused(bad: object) -> None:
         check_keys(["0" * 32], 2)
 
 
-def test_an_object_is_read_only_when_it_is_exactly_what_was_asked_for() -> None:
-    payload = [memoryview(bytes(range(256))), memoryview(bytes(range(256)) * 2)]
-    head = header(SPACE, "n", 768, checksum(payload))
-    assert intact(head, SPACE, "n", payload)
-    flipped = [payload[0], memoryview(bytearray(payload[1]))]
-    flipped[1][-7] ^= 0x01
-    assert not intact(head, SPACE, "n", flipped)  # corrupted: checksum
-    assert not intact(head, SPACE, "n", [payload[0], payload[1][:-1]])  # truncated
-    assert not intact(head[: HEADER.size - 1], SPACE, "n", payload)
-    assert not intact(head, SPACE, "m", payload)  # another object's
-    assert not intact(head, namespace(dataclasses.replace(DSA, page_size=8)), "n", payload)
-    assert not intact(b"HCPL3" + bytes(len(head) - 5), SPACE, "n", payload)  # garbage
-    joined = b"".join(payload)
-    assert checksum(payload) == checksum([memoryview(joined)])  # parts chain as one buffer
+def test_a_header_is_trusted_only_when_it_is_exactly_the_one_asked_for() -> None:
+    obj = PageObject("", DSA.units)
+    name = obj.name(SPACE, "0" * 32)
+    digests = list(range(1, len(DSA.units) + 1))
+    head = header(SPACE, name, digests, obj.page_bytes)
+    assert len(head) == obj.header_size(SPACE, name)
+    table = unit_digests(head, obj, SPACE, name)
+    assert table is not None and table.tolist() == digests
+    for i in range(len(head)):  # any flipped bit, in a field, the name or the table
+        bad = bytearray(head)
+        bad[i] ^= 0x10
+        assert unit_digests(bad, obj, SPACE, name) is None, i
+    assert unit_digests(head[:-1], obj, SPACE, name) is None  # truncated
+    assert unit_digests(head, obj, SPACE, obj.name(SPACE, "1" * 32)) is None  # another's
+    other = namespace(dataclasses.replace(DSA, page_size=8))
+    assert unit_digests(head, obj, other, name) is None
+    longer = header(SPACE, name, digests, obj.page_bytes + 1)
+    assert unit_digests(longer, obj, SPACE, name) is None  # another length
+    assert digest(b"a" * 100) != digest(b"a" * 99 + b"b")
 
 
-def test_who_writes_and_reads_each_object_of_a_page() -> None:
+def test_one_object_per_page_whoever_writes_it_and_who_reads_which_units() -> None:
     group, units = (4, 5, 6), DSA.units
-    total = sum(u.page_bytes for u in units)
-    for ownership, readers in (
-        (Ownership.replicated, group),
-        (Ownership.single_source, (4,)),
-    ):
-        (spec,) = object_specs(ownership, owner_map(ownership, group, units), units, "")
-        assert (spec.suffix, spec.writer, spec.readers) == ("all", 4, readers)
-        assert spec.page_bytes == total
+    for ownership in Ownership:
+        roles = [page_roles(owner_map(ownership, group, units), units, r) for r in group]
+        assert {r.writer for r in roles} == {4}
+    rep = owner_map(Ownership.replicated, group, units)
+    assert [page_roles(rep, units, r).reads for r in group] == [units] * 3
+    assert page_roles(rep, units, 4).senders == ()
+    single = owner_map(Ownership.single_source, group, units)
+    assert [page_roles(single, units, r).reads for r in group] == [units, (), ()]
     owners = owner_map(Ownership.rotating, group, units)
-    specs = object_specs(Ownership.rotating, owners, units, "-s1of2")
-    assert [s.suffix for s in specs] == ["g0of3-s1of2", "g1of3-s1of2", "g2of3-s1of2"]
-    assert [(s.writer, s.readers) for s in specs] == [(r, (r,)) for r in group]
-    assert [s.units for s in specs] == [owners.owned(r, units) for r in group]
-    assert sum(s.page_bytes for s in specs) == total  # written once per replica group
+    reads = [page_roles(owners, units, r).reads for r in group]
+    assert reads == [owners.owned(r, units) for r in group]
+    assert sorted(u.ordinal for r in reads for u in r) == [u.ordinal for u in units]
+    assert page_roles(owners, units, 5).senders == (5, 6)  # they send the writer their layers
+    obj = PageObject("-s1of2", units)
+    assert obj.name(SPACE, "ab" + "0" * 30) == f"{SPACE}/ab/ab{'0' * 30}-s1of2"
+    assert list(obj.offsets.values()) == [
+        sum(u.page_bytes for u in units[:i]) for i in range(len(units))
+    ]
 
 
 def test_a_share_names_which_bytes_of_the_attention_group_an_object_holds() -> None:
@@ -132,43 +141,51 @@ def test_a_share_names_which_bytes_of_the_attention_group_an_object_holds() -> N
 
 def test_the_file_store_writes_whole_objects_or_none(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
-    assert store.get("ns/ab/key/all") is None
-    store.put("ns/ab/key/all", [b"first"])
-    store.put("ns/ab/key/all", [b"sec", memoryview(b"ond")])
-    assert store.get("ns/ab/key/all") == b"second"
-    assert store.exists(["ns/ab/key/all", "ns/ab/key/g0of2"]) == [True, False]
-    assert [p.name for p in (tmp_path / "ns/ab/key").iterdir()] == ["all"]  # no temp files
+    assert store.get("ns/ab/key") is None
+    store.put("ns/ab/key", [b"first"])
+    store.put("ns/ab/key", [b"sec", memoryview(b"ond")])
+    assert store.get("ns/ab/key") == b"second"
+    assert store.exists(["ns/ab/key", "ns/ab/other"]) == [True, False]
+    assert [p.name for p in (tmp_path / "ns/ab").iterdir()] == ["key"]  # no temp files
 
 
-def test_the_file_store_reads_into_parts_only_an_object_of_their_length(tmp_path: Path) -> None:
+def test_the_file_store_reads_ranges_only_of_an_object_of_its_length(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
-    parts = [memoryview(bytes([i % 256]) * 100) for i in range(1500)]  # more than one readv
+    parts = [memoryview(bytes([i % 256]) * 100) for i in range(1500)]  # more than one preadv
     store.put("big", parts)
     into = [memoryview(bytearray(100)) for _ in range(1500)]
-    assert store.get_into("big", into)
+    assert store.read("big", 150_000, [(0, into)])
     assert [bytes(v) for v in into] == [bytes(v) for v in parts]
-    assert not store.get_into("big", into[:-1])  # the object is longer
-    assert not store.get_into("big", [*into, memoryview(bytearray(1))])  # shorter
-    assert not store.get_into("absent", into)
+    some = [memoryview(bytearray(100)) for _ in range(3)]
+    assert store.read("big", 150_000, [(700, some[:1]), (100_000, some[1:])])
+    assert [bytes(v) for v in some] == [bytes([7]) * 100, bytes([232]) * 100, bytes([233]) * 100]
+    assert not store.read("big", 149_999, [(0, into)])  # the object is longer
+    assert not store.read("absent", 150_000, [(0, into)])
 
 
 @pytest.mark.parametrize("kind", [StorageKind.file, StorageKind.mooncake])
-def test_each_store_writes_parts_reads_them_into_parts_and_removes(kind: StorageKind) -> None:
+def test_each_store_writes_parts_reads_ranges_and_removes(kind: StorageKind) -> None:
     """The same contract on both stores; Mooncake's master runs on loopback for the test."""
     with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
-        store = open_store(storage)
+        store = open_store(storage, 1 << 20)
         try:
             parts = [memoryview(bytes([i]) * 4096) for i in range(40)]
-            store.put("ns/ab/key/all", parts)
+            store.put("ns/ab/key", parts)
             into = [memoryview(bytearray(4096)) for _ in range(40)]
-            assert store.get_into("ns/ab/key/all", into)
-            assert b"".join(into) == b"".join(parts) == store.get("ns/ab/key/all")
-            assert not store.get_into("ns/ab/key/all", into[1:])  # a length that differs
-            assert (
-                not store.get_into("ns/ab/key/none", into) and store.get("ns/ab/key/none") is None
+            assert store.read("ns/ab/key", 40 * 4096, [(0, into)])
+            assert b"".join(into) == b"".join(parts) == store.get("ns/ab/key")
+            ranged = [memoryview(bytearray(4096)) for _ in range(2)]
+            assert store.read(
+                "ns/ab/key", 40 * 4096, [(4096 * 3, ranged[:1]), (4096 * 39, ranged[1:])]
             )
-            store.remove(["ns/ab/key/all", "ns/ab/key/none"])  # just read, and absent: both fine
-            assert store.exists(["ns/ab/key/all"]) == [False]
+            assert [bytes(v)[0] for v in ranged] == [3, 39]
+            assert not store.read("ns/ab/key", 39 * 4096, [(0, into[1:])])  # another length
+            assert (
+                not store.read("ns/ab/none", 40 * 4096, [(0, into)])
+                and store.get("ns/ab/none") is None
+            )
+            store.remove(["ns/ab/key", "ns/ab/none"])  # just read, and absent: both fine
+            assert store.exists(["ns/ab/key"]) == [False]
         finally:
             store.close()
 

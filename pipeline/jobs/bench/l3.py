@@ -227,7 +227,8 @@ def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
 def _remove_written(engine: Engine, keys: list[str]) -> None:
     tier = engine.l3
     assert tier is not None, "an L3 case has a store"
-    tier.store.remove([o.name(tier.space, k) for k in keys for o in tier.writes()])
+    if tier.rank == tier.roles.writer:
+        tier.store.remove([tier.name(k) for k in keys])
 
 
 def _drain(engine: Engine) -> None:

@@ -1,0 +1,162 @@
+"""One page's object between a pool and the store: where each unit's page lies in memory, the
+byte ranges a read fills, the buffers a write sends, and the digests that check them.
+
+Where every unit's page is contiguous bytes in host memory (host layouts layer_first and
+page_first_direct, a CPU device pool) the store reads straight into the pool rows and writes
+straight from them. Elsewhere (page_first's token-major rows, a CUDA device pool) a page moves
+through a staging buffer laid out as the payload, one torch copy per run of units.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.engine.pools import stack_views
+from pipeline.engine.stores import Range
+from pipeline.spec.l3 import PageObject, digest
+from pipeline.spec.model import Unit
+
+Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
+"""A page of some units as few pool tensors as the pool allows, each with its units."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Where one unit's page lies in a flat byte buffer: page p at `first + p * stride`."""
+
+    buffer: int
+    first: int
+    stride: int
+    nbytes: int
+
+
+class Placement:
+    """Where the pages of a pool's units lie as bytes: in the pool itself (direct), or, where
+    some unit's page is not contiguous host memory, in a staging buffer (staged)."""
+
+    def __init__(self, obj: PageObject, views: Mapping[int, torch.Tensor]) -> None:
+        self.buffers: list[memoryview] = []
+        self.rows: dict[int, Rows] = {}
+        found: dict[int, int] = {}
+        for unit in obj.units:
+            view = views.get(unit.ordinal)
+            if view is None:
+                continue
+            if view.device.type != "cpu" or view.shape[0] == 0 or not view[0].is_contiguous():
+                self.buffers, self.rows = [], {}
+                break
+            storage = view.untyped_storage()
+            if storage.data_ptr() not in found:
+                found[storage.data_ptr()] = len(self.buffers)
+                whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+                self.buffers.append(whole.numpy().data.cast("B"))
+            self.rows[unit.ordinal] = Rows(
+                found[storage.data_ptr()],
+                view.data_ptr() - storage.data_ptr(),
+                view.stride(0) * view.element_size(),
+                unit.page_bytes,
+            )
+        self.direct = bool(self.rows)
+        """Pages move straight between the store and the pool."""
+
+    def views(self, units: Sequence[Unit], page: int) -> list[memoryview]:
+        """Each unit's bytes of `page` in the pool (direct placements only)."""
+        found = []
+        for unit in units:
+            r = self.rows[unit.ordinal]
+            start = r.first + page * r.stride
+            found.append(self.buffers[r.buffer][start : start + r.nbytes])
+        return found
+
+
+class Scratch:
+    """One I/O thread's buffers: an object's header, and its payload where it is staged."""
+
+    def __init__(self, obj: PageObject, header_bytes: int) -> None:
+        self.head = bytearray(header_bytes)
+        self.staging = np.empty(obj.page_bytes, dtype=np.uint8)
+        self.tensor = torch.from_numpy(self.staging)
+        self.bytes = self.staging.data.cast("B")
+        self._views: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        self.obj = obj
+
+    def views(self, units: Sequence[Unit]) -> list[memoryview]:
+        """Each unit's bytes in the staging buffer (at its payload offset)."""
+        offsets = self.obj.offsets
+        return [self.bytes[offsets[u.ordinal] : offsets[u.ordinal] + u.page_bytes] for u in units]
+
+    def like(self, runs: Runs) -> list[torch.Tensor]:
+        """The staging buffer viewed as each of `runs`' tensors (made once per set of runs)."""
+        key = tuple(u.ordinal for _, units in runs for u in units)
+        if key not in self._views:
+            found = []
+            for tensor, units in runs:
+                shape = tensor.shape[-2:]
+                per_unit = [
+                    self.tensor[self.obj.offsets[u.ordinal] :][: u.page_bytes]
+                    .view(tensor.dtype)
+                    .view(shape)
+                    for u in units
+                ]
+                stacked = stack_views(per_unit) if len(units) > 1 else per_unit[0]
+                assert stacked is not None, "a run's units are evenly spaced in the payload"
+                found.append(stacked)
+            self._views[key] = found
+        return self._views[key]
+
+
+class Scratches:
+    """The I/O threads' scratch buffers, one taken per object in flight."""
+
+    def __init__(self, obj: PageObject, header_bytes: int, count: int) -> None:
+        self._free: queue.SimpleQueue[Scratch] = queue.SimpleQueue()
+        for _ in range(count):
+            self._free.put(Scratch(obj, header_bytes))
+
+    @contextmanager
+    def taken(self) -> Iterator[Scratch]:
+        scratch = self._free.get()
+        try:
+            yield scratch
+        finally:
+            self._free.put(scratch)
+
+
+def read_ranges(
+    obj: PageObject, units: Sequence[Unit], views: Sequence[memoryview], head: memoryview
+) -> list[Range]:
+    """The reads of an object that fill `head` and each unit's `views`: one range per run of
+    units adjacent in the payload (a rotating owner's every n-th layer is one range each)."""
+    ranges: list[tuple[int, list[memoryview]]] = [(0, [head])]
+    end = head.nbytes
+    for unit, view in zip(units, views, strict=True):
+        at = head.nbytes + obj.offsets[unit.ordinal]
+        if at != end:
+            ranges.append((at, []))
+        ranges[-1][1].append(view)
+        end = at + view.nbytes
+    return [(at, bufs) for at, bufs in ranges]
+
+
+def intact_units(
+    table: np.ndarray | None, obj: PageObject, units: Sequence[Unit], views: Sequence[memoryview]
+) -> bool:
+    """Whether a header's digest `table` holds and every unit's bytes match their digest."""
+    if table is None:
+        return False
+    return all(
+        digest(view) == int(table[obj.index[u.ordinal]])
+        for u, view in zip(units, views, strict=True)
+    )
+
+
+def copy_runs(sources: Sequence[torch.Tensor], targets: Runs) -> None:
+    """One torch copy per run (outside Python's lock)."""
+    for source, (target, _) in zip(sources, targets, strict=True):
+        target.copy_(source)

@@ -1,0 +1,62 @@
+"""L3 object stores: a folder on local disk (`files`), and Mooncake Store (`mooncake`).
+
+A store moves opaque blobs by name; what a blob means, and whether it is intact, is
+`pipeline.spec.l3`'s business. A read that fails for any reason is a miss (None, False), never
+an error in the middle of a transfer; opening a store and writing to it can fail loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pipeline.engine.stores.files import FileStore
+from pipeline.engine.stores.mooncake import MooncakeStore
+from pipeline.engine.stores.parts import Part, Range
+from pipeline.spec.storage import StorageConfig, StorageKind
+
+__all__ = ["FileStore", "MooncakeStore", "ObjectStore", "Part", "Range", "open_store"]
+
+
+class ObjectStore(Protocol):
+    """Blobs by name. A blob is written from a list of buffers (a header and its units' pages)
+    and read as byte ranges into buffers (a reader's units' rows in the pool): no joining
+    copy, and a reader of some units reads only theirs."""
+
+    def put(self, name: str, parts: Sequence[Part]) -> None:
+        """Store the parts' bytes, in order, as one blob under `name` (replacing what was
+        there)."""
+
+    def read(self, name: str, size: int, ranges: Sequence[Range]) -> bool:
+        """Fill each range's buffers with the blob's bytes from its offset on; False unless a
+        blob of exactly `size` bytes is there (what the buffers then hold is undefined)."""
+
+    def get(self, name: str) -> bytes | None:
+        """The blob under `name`, or None (absent, or unreadable)."""
+
+    def exists(self, names: list[str]) -> list[bool]:
+        """Whether each name holds a blob."""
+
+    def remove(self, names: list[str]) -> None:
+        """Drop these blobs (absent ones are fine)."""
+
+    def close(self) -> None:
+        """Let go of the store's resources."""
+
+
+def open_store(config: StorageConfig, largest_object: int = 1 << 20) -> ObjectStore:
+    """The store a config names (its master and folder already resolved by the job), for
+    objects of at most `largest_object` bytes moved `storage.io_threads` at a time."""
+    if config.kind is StorageKind.file:
+        assert config.path is not None, "the job gives a file store its folder"
+        return FileStore(config.path)
+    assert config.kind is StorageKind.mooncake and config.metadata_server is not None
+    in_flight = 2 * config.io_threads * largest_object  # puts stage through it
+    return MooncakeStore(
+        config.master,
+        config.metadata_server,
+        config.segment_bytes,
+        max(in_flight, 16 << 20),
+        staging_bytes=largest_object,
+        num_staging=config.io_threads,
+    )

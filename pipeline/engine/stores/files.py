@@ -1,0 +1,171 @@
+"""The file store: one file per object under a folder on this machine's disk."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.engine.stores.parts import IOV_MAX, Part, Range, advance, bytes_views
+
+COMPONENT = re.compile(r"[\w-][\w.-]*")
+"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""Never through a link; a FIFO or device planted there opens without blocking (and is then
+refused as not a regular file)."""
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class FileStore:
+    """One file per object under a folder; a write lands whole or not at all (a temporary
+    file in the same folder, then a rename). Every open below the root is relative to its
+    folder's descriptor and follows no link; only regular files are read."""
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+    def _split(self, name: str) -> tuple[list[str], str]:
+        parts = name.split("/")
+        if not all(COMPONENT.fullmatch(p) for p in parts):
+            raise ValueError(f"object name {name!r} is not a store name")
+        return parts[:-1], parts[-1]
+
+    def _folder(self, folders: list[str], *, create: bool) -> int:
+        """A descriptor of the object's folder, walked from the root without following a
+        link (made where `create`); OSError where a part is missing or not a real folder."""
+        fd = os.open(self.root, FOLDER_FLAGS & ~os.O_NOFOLLOW)  # the operator's own path
+        try:
+            for part in folders:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fd)
+                inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open(self, name: str) -> int:
+        """A descriptor of the regular file `name`; OSError otherwise."""
+        folders, leaf = self._split(name)
+        folder = self._folder(folders, create=False)
+        try:
+            fd = os.open(leaf, READ_FLAGS, dir_fd=folder)
+        finally:
+            os.close(folder)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{name} is not a regular file")
+        return fd
+
+    def put(self, name: str, parts: Sequence[Part]) -> None:
+        folders, leaf = self._split(name)
+        folder = self._folder(folders, create=True)
+        tmp = f".tmp-{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
+            try:
+                with os.fdopen(fd, "wb", buffering=0) as f:
+                    views = bytes_views(parts)
+                    while views:  # one gathering write per IOV_MAX parts, however partial
+                        views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
+                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=folder)
+                raise
+        finally:
+            os.close(folder)
+
+    def read(self, name: str, size: int, ranges: Sequence[Range]) -> bool:
+        try:
+            fd = self._open(name)
+        except (OSError, ValueError):
+            return False
+        try:
+            if os.fstat(fd).st_size != size:
+                return False
+            for offset, buffers in ranges:
+                views, at = list(buffers), offset
+                while views:  # one scattering read per IOV_MAX buffers, however partial
+                    got = os.preadv(fd, views[:IOV_MAX], at)
+                    if got == 0:
+                        return False
+                    at += got
+                    views = advance(views, got)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            fd = self._open(name)
+        except (OSError, ValueError):
+            return None
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        blob = bytearray(size)
+        return bytes(blob) if self.read(name, size, [(0, [memoryview(blob)])]) else None
+
+    def exists(self, names: list[str]) -> list[bool]:
+        found = []
+        for name in names:
+            try:
+                os.close(self._open(name))
+                found.append(True)
+            except (OSError, ValueError):
+                found.append(False)
+        return found
+
+    def remove(self, names: list[str]) -> None:
+        for name in names:
+            folders, leaf = self._split(name)
+            try:
+                folder = self._folder(folders, create=False)
+            except FileNotFoundError:
+                continue
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leaf, dir_fd=folder)
+            finally:
+                os.close(folder)
+
+    def forget_cached(self, names: list[str]) -> bool:
+        """Ask the OS to drop these objects from its page cache (a cold read next); False
+        where it cannot say it did (the folder is in memory: tmpfs keeps every page)."""
+        dropped = not _in_memory(self.root)
+        for name in names:
+            with contextlib.suppress(OSError, ValueError):
+                fd = self._open(name)
+                try:
+                    os.fsync(fd)  # dirty pages stay cached until written out
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        return dropped
+
+    def close(self) -> None:
+        pass
+
+
+def _in_memory(path: Path) -> bool:
+    """Whether `path` lies on a file system that lives in memory (tmpfs, ramfs)."""
+    best, kind = "", ""
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1]
+            if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind in ("tmpfs", "ramfs")
