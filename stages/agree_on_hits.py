@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.engine.l3 import L3Tier, ObjectsJob
+from pipeline.engine.l3_fetch import drain, settle
 
 
 class AgreeOnHits:
@@ -20,7 +21,7 @@ class AgreeOnHits:
         try:
             while True:
                 stop = min(agreed + step, total)
-                mine = tier.settle(job, agreed, stop) if going else agreed
+                mine = settle(tier, job, agreed, stop) if going else agreed
                 found, anyone = tier.agree_while(mine, going)
                 if going:
                     intact = min(found)
@@ -30,5 +31,5 @@ class AgreeOnHits:
                 if not anyone:
                     break
         finally:
-            tier.drain(job)
+            drain(job)
         job.hits = agreed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.engine.l3 import L3Tier, ObjectsJob
+from pipeline.engine.l3_fetch import start_reads
 
 
 class ReadObjects:
@@ -13,4 +14,4 @@ class ReadObjects:
     object is a miss: that page and every later one are not loaded."""
 
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None:
-        tier.start_reads(job)
+        start_reads(tier, job)

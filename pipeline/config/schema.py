@@ -27,6 +27,14 @@ class Placement(Enum):
     fragmented = "fragmented"
 
 
+class PageCache(Enum):
+    """Whether the L3 bench reads a file store's objects from the OS page cache (warm: read
+    back right after they were written) or after asking the OS to drop them (cold)."""
+
+    warm = "warm"
+    cold = "cold"
+
+
 class IdlePredicate(Enum):
     """What `simulate`'s idle-sync skip decision reads."""
 
@@ -116,6 +124,9 @@ class BenchConfig:
     stores: list[StorageKind] = field(default_factory=list)
     """Non-empty: the L3 bench instead (per store and size, load-back from L3 of each strategy
     side by side; writes bench_l3.json and bench_l3.md)."""
+    caches: list[PageCache] = field(default_factory=lambda: [PageCache.warm])
+    """The L3 bench's page-cache states for the file store (cold: the OS is asked to drop
+    the objects before every load)."""
 
     def __post_init__(self) -> None:
         found = at_least("bench", self, repeats=1, warmup=0, floor_bytes=1)

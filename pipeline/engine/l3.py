@@ -10,20 +10,13 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
 from pipeline.engine.l3_jobs import ObjectsJob
-from pipeline.engine.l3_pages import (
-    Placement,
-    Runs,
-    Scratches,
-    copy_runs,
-    intact_units,
-    read_ranges,
-)
+from pipeline.engine.l3_pages import PageMap, Placement, Runs, Scratches, copy_runs
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
@@ -103,6 +96,7 @@ class L3Tier:
         self.window_pages = window_pages
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
         self._placements: dict[bool, Placement] = {}
+        self._maps: dict[tuple[bool, int | tuple[int, ...]], PageMap] = {}
 
     def reads(self, fallback: bool) -> tuple[Unit, ...]:
         """The units this rank reads: its roles', or every unit (fallback)."""
@@ -145,21 +139,46 @@ class L3Tier:
                 found.append((stack[:, page], run))
         return found
 
+    def page_map(self, units: tuple[Unit, ...], *, device: bool) -> PageMap:
+        """`units`' page map in the host (or device) pool, made once per set of units (found
+        by identity first: a read asks for the same tuple every time)."""
+        found = self._maps.get((device, id(units)))
+        if found is None or found.units is not units:
+            key = (device, tuple(u.ordinal for u in units))
+            if key not in self._maps:
+                self._maps[key] = PageMap(self.object, units, self.placement(device=device))
+            found = self._maps[(device, id(units))] = self._maps[key]
+        return found
+
     def read(self, key: str, page: int, units: tuple[Unit, ...], *, device: bool) -> bool:
-        """Read `units` of one page's object into a host page (or a device page); False for
-        a miss: absent, another length, a header or a unit digest that does not match (the
-        pages may then hold some of the object's bytes, and must not be used)."""
-        obj, name = self.object, self.name(key)
-        place = self.placement(device=device)
+        """Read `units` of one page's object into a host page (or a device page), each unit
+        checked as soon as it lands; False for a miss: absent, another length, a header or
+        a unit digest that does not match (the pages may then hold some of the object's
+        bytes, and must not be used)."""
+        obj, name, pages = self.object, self.name(key), self.page_map(units, device=device)
         with self.scratches.taken() as scratch:
             head = memoryview(scratch.head)[: obj.header_size(self.space, name)]
-            views = place.views(units, page) if place.direct else scratch.views(units)
-            ranges = read_ranges(obj, units, views, head)
-            if not self.store.read(name, head.nbytes + obj.page_bytes, ranges):
+            views = pages.views(page) if pages.direct else scratch.views(units)
+            first, groups, rows = head.nbytes, pages.groups, pages.rows
+            ranges = [(first + at, [views[j] for j in units_at]) for at, units_at in groups]
+            if groups and groups[0][0] == 0:  # the header and the first units in one read
+                ranges[0] = (0, [head, *ranges[0][1]])
+            else:
+                ranges.insert(0, (0, [head]))
+                groups = [(0, []), *groups]
+            table: list[int] = []
+
+            def check(i: int) -> bool:
+                if not i:
+                    found = unit_digests(head, obj, self.space, name)
+                    if found is None:
+                        return False
+                    table.extend(found.tolist())
+                return all(digest(views[j]) == table[rows[j]] for j in groups[i][1])
+
+            if not self.store.read(name, first + obj.page_bytes, ranges, check):
                 return False
-            if not intact_units(unit_digests(head, obj, self.space, name), obj, units, views):
-                return False
-            if not place.direct:
+            if not pages.direct:
                 targets = self.runs(units, page, device=device)
                 copy_runs(scratch.like(targets), targets)
         return True
@@ -169,52 +188,19 @@ class L3Tier:
         `received` (rotating: the other owners' bytes, by unit ordinal)."""
         obj, name = self.object, self.name(key)
         own = tuple(u for u in obj.units if u.ordinal not in received)
-        place = self.placement(device=False)
+        pages = self.page_map(own, device=False)
         with self.scratches.taken() as scratch:
-            if place.direct:
-                views = dict(zip((u.ordinal for u in own), place.views(own, page), strict=True))
+            if pages.direct:
+                mine = pages.views(page)
             else:
                 sources = self.runs(own, page, device=False)
                 for staged, (pooled, _) in zip(scratch.like(sources), sources, strict=True):
                     staged.copy_(pooled)
-                views = dict(zip((u.ordinal for u in own), scratch.views(own), strict=True))
-            views.update(received)
+                mine = scratch.views(own)
+            views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
             head = header(self.space, name, [digest(v) for v in parts], obj.page_bytes)
             self.store.put(name, [head, *parts])
-
-    def start_reads(self, job: ObjectsJob) -> None:
-        """Start reading every page of the job on the I/O threads, in page order (this
-        rank's units; every unit into device pages after a fallback)."""
-        units = self.reads(job.fallback)
-        into = job.device_pages if job.fallback else job.host_pages
-        assert into is not None, "a fetch names its device pages"
-        if units:
-            job.reads = [
-                self.io.submit(self.read, key, int(page), units, device=job.fallback)
-                for key, page in zip(job.keys, into, strict=True)
-            ]
-
-    def settle(self, job: ObjectsJob, first: int, stop: int) -> int:
-        """Wait for the reads of pages [first, stop); the end of their leading intact run
-        (`stop` for a rank that reads nothing)."""
-        if not job.reads:
-            return stop
-        nbytes = sum(u.page_bytes for u in self.reads(job.fallback))
-        for i in range(first, stop):
-            if not job.reads[i].result():
-                self.trace.op("l3_miss")
-                return i
-            self.trace.op("l3_read", bytes=nbytes)
-        return stop
-
-    def drain(self, job: ObjectsJob) -> None:
-        """Cancel the reads not started and wait for the running ones: no thread writes into
-        the job's pages after the fetch."""
-        for future in job.reads:
-            future.cancel()
-        wait(job.reads)
-        job.reads = []
 
     def write_back(
         self, stages: tuple[ObjectStage, ...], job: ObjectsJob, after: Event | None
@@ -260,6 +246,18 @@ class L3Tier:
             self.store.close()
 
 
+CUDA_WINDOW_PAGES = 64
+"""`storage.load_chunk_pages` on cuda when not given: a few windows per prefix, so the DMA of
+one overlaps the reads of the next without a load issued per handful of pages."""
+
+
+def window_pages(storage: StorageConfig, runtime: Runtime) -> int:
+    """`storage.load_chunk_pages`, or its default for this rank's device."""
+    if storage.load_chunk_pages is not None:
+        return storage.load_chunk_pages
+    return CUDA_WINDOW_PAGES if runtime.device.type == "cuda" else 0
+
+
 def open_tier(
     storage: StorageConfig | None,
     runtime: Runtime,
@@ -290,5 +288,5 @@ def open_tier(
         scratches=Scratches(obj, longest, storage.io_threads),
         owners=owners,
         batch_pages=2 * storage.io_threads,
-        window_pages=storage.load_chunk_pages,
+        window_pages=window_pages(storage, runtime),
     )

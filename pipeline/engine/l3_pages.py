@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.engine.pools import stack_views
-from pipeline.engine.stores import Range
-from pipeline.spec.l3 import PageObject, digest
+from pipeline.spec.l3 import PageObject
 from pipeline.spec.model import Unit
 
 Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
@@ -65,14 +64,40 @@ class Placement:
         self.direct = bool(self.rows)
         """Pages move straight between the store and the pool."""
 
-    def views(self, units: Sequence[Unit], page: int) -> list[memoryview]:
+
+class PageMap:
+    """Where one set of units of a page lies in one pool, laid out once, so that a page's
+    reads, writes and checks are a few list comprehensions."""
+
+    def __init__(self, obj: PageObject, units: tuple[Unit, ...], placement: Placement) -> None:
+        self.units = units
+        self.payload = [obj.offsets[u.ordinal] for u in units]
+        """Each unit's offset in the payload."""
+        self.rows = [obj.index[u.ordinal] for u in units]
+        """Each unit's row in the header's digest table."""
+        self.groups = _groups(self.payload, [u.page_bytes for u in units])
+        """Runs of units adjacent in the payload: one read call each (a whole object is one,
+        with its header; a call per unit, or per 256 KiB that the CPU's cache would still
+        hold, made the reads slower: each call is a turn of Python's lock)."""
+        self.direct = placement.direct
+        rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
+        self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]
+
+    def views(self, page: int) -> list[memoryview]:
         """Each unit's bytes of `page` in the pool (direct placements only)."""
-        found = []
-        for unit in units:
-            r = self.rows[unit.ordinal]
-            start = r.first + page * r.stride
-            found.append(self.buffers[r.buffer][start : start + r.nbytes])
-        return found
+        return [buf[f + page * s : f + page * s + n] for buf, f, s, n in self._where]
+
+
+def _groups(payload: list[int], sizes: list[int]) -> list[tuple[int, list[int]]]:
+    """(payload offset, unit indices) per run of units adjacent in the payload."""
+    found: list[tuple[int, list[int]]] = []
+    end = -1
+    for i, (at, size) in enumerate(zip(payload, sizes, strict=True)):
+        if at != end:
+            found.append((at, []))
+        found[-1][1].append(i)
+        end = at + size
+    return found
 
 
 class Scratch:
@@ -84,12 +109,18 @@ class Scratch:
         self.tensor = torch.from_numpy(self.staging)
         self.bytes = self.staging.data.cast("B")
         self._views: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        self._bytes: dict[tuple[int, ...], list[memoryview]] = {}
         self.obj = obj
 
-    def views(self, units: Sequence[Unit]) -> list[memoryview]:
+    def views(self, units: tuple[Unit, ...]) -> list[memoryview]:
         """Each unit's bytes in the staging buffer (at its payload offset)."""
-        offsets = self.obj.offsets
-        return [self.bytes[offsets[u.ordinal] : offsets[u.ordinal] + u.page_bytes] for u in units]
+        key = tuple(u.ordinal for u in units)
+        if key not in self._bytes:
+            offsets = self.obj.offsets
+            self._bytes[key] = [
+                self.bytes[offsets[u.ordinal] : offsets[u.ordinal] + u.page_bytes] for u in units
+            ]
+        return self._bytes[key]
 
     def like(self, runs: Runs) -> list[torch.Tensor]:
         """The staging buffer viewed as each of `runs`' tensors (made once per set of runs)."""
@@ -126,34 +157,6 @@ class Scratches:
             yield scratch
         finally:
             self._free.put(scratch)
-
-
-def read_ranges(
-    obj: PageObject, units: Sequence[Unit], views: Sequence[memoryview], head: memoryview
-) -> list[Range]:
-    """The reads of an object that fill `head` and each unit's `views`: one range per run of
-    units adjacent in the payload (a rotating owner's every n-th layer is one range each)."""
-    ranges: list[tuple[int, list[memoryview]]] = [(0, [head])]
-    end = head.nbytes
-    for unit, view in zip(units, views, strict=True):
-        at = head.nbytes + obj.offsets[unit.ordinal]
-        if at != end:
-            ranges.append((at, []))
-        ranges[-1][1].append(view)
-        end = at + view.nbytes
-    return [(at, bufs) for at, bufs in ranges]
-
-
-def intact_units(
-    table: np.ndarray | None, obj: PageObject, units: Sequence[Unit], views: Sequence[memoryview]
-) -> bool:
-    """Whether a header's digest `table` holds and every unit's bytes match their digest."""
-    if table is None:
-        return False
-    return all(
-        digest(view) == int(table[obj.index[u.ordinal]])
-        for u, view in zip(units, views, strict=True)
-    )
 
 
 def copy_runs(sources: Sequence[torch.Tensor], targets: Runs) -> None:

@@ -10,7 +10,7 @@ ordinal order, whatever strategy or group size wrote it, so any strategy at any 
 what any other wrote (MLA/DSA: every rank's share is the whole KV). The replica group's first
 rank writes it; under rotating the other owners send it their layers first. A reader reads the
 byte ranges of the units it loads (rotating: its own layers) and checks them alone: the header
-carries an XXH3-64 digest per unit and one over itself. Anything that does not match is a
+carries a CRC-32C per unit and one over itself. Anything that does not match is a
 miss, never bytes.
 """
 
@@ -20,24 +20,24 @@ import functools
 import hashlib
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import crc32c
 import numpy as np
-import xxhash
 
 from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.topology import Topology
 
 FORMAT_VERSION = 2
-"""2: one object per page for every strategy, digests per unit (1: one object per writer,
+"""2: one object per page for every strategy, a CRC-32C per unit (1: one object per writer,
 CRC-32 over the payload; its namespace differs, so its objects are never found)."""
 MAGIC = b"HCPL3"
-HEADER = struct.Struct("<5sHHHIQQ")
+HEADER = struct.Struct("<5sHHHIQI")
 """magic, format version, namespace length, name length, units, payload length, and the
-XXH3-64 of the rest of the header (these fields with it zero, namespace, name, unit digests)."""
-DIGEST = np.dtype("<u8")
+CRC-32C of the rest of the header (these fields with it zero, namespace, name, unit digests)."""
+DIGEST = np.dtype("<u4")
 
 
 def namespace(model: ModelGeometry) -> str:
@@ -90,7 +90,7 @@ class PageObject:
     def name(self, space: str, key: str) -> str:
         return f"{space}/{key[:2]}/{key}{self.share}"
 
-    @property
+    @functools.cached_property
     def page_bytes(self) -> int:
         return sum(u.page_bytes for u in self.units)
 
@@ -109,7 +109,7 @@ class PageObject:
         return {u.ordinal: i for i, u in enumerate(self.units)}
 
     def header_size(self, space: str, name: str) -> int:
-        return HEADER.size + len(space.encode()) + len(name.encode()) + 8 * len(self.units)
+        return HEADER.size + len(space.encode()) + len(name.encode()) + 4 * len(self.units)
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:
@@ -140,20 +140,20 @@ def page_roles(owners: OwnerMap, units: tuple[Unit, ...], rank: int) -> PageRole
     return PageRoles(reads=owners.owned(rank, units), writer=owners.group[0], senders=senders)
 
 
-def digest(view: memoryview | bytes) -> int:
-    """XXH3-64 of a unit's bytes (several times faster than CRC-32 on one core, so a check
-    costs little next to the read it guards; see BENCHMARKS.md)."""
-    return xxhash.xxh3_64_intdigest(view)
+digest: Callable[[memoryview | bytes], int] = crc32c.crc32c
+"""CRC-32C of a unit's bytes: the CPU's own instruction, outside Python's lock, so the I/O
+threads check in parallel what they read (zlib's CRC-32 was several times slower, XXH3 held
+the lock; see BENCHMARKS.md)."""
 
 
 def header(space: str, name: str, digests: Sequence[int], payload_bytes: int) -> bytes:
     """What comes before an object's payload: the fixed fields, the namespace, the name, one
-    digest per unit, with the XXH3-64 of all of it in the fixed fields."""
+    digest per unit, with the CRC-32C of all of it in the fixed fields."""
     ns, nm = space.encode(), name.encode()
     table = np.asarray(digests, dtype=DIGEST).tobytes()
     fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), len(digests), payload_bytes)
     rest = ns + nm + table
-    check = xxhash.xxh3_64_intdigest(HEADER.pack(*fields, 0) + rest)
+    check = digest(HEADER.pack(*fields, 0) + rest)
     return HEADER.pack(*fields, check) + rest
 
 
@@ -171,7 +171,7 @@ def unit_digests(
     rest = head[HEADER.size :]
     if fields != want or not rest.startswith(ns + nm):
         return None
-    if xxhash.xxh3_64_intdigest(HEADER.pack(*fields, 0) + rest) != check:
+    if digest(HEADER.pack(*fields, 0) + rest) != check:
         return None
     return np.frombuffer(rest, dtype=DIGEST, offset=len(ns) + len(nm))
 
@@ -179,4 +179,4 @@ def unit_digests(
 def largest_object(model: ModelGeometry) -> int:
     """At least the bytes of any object of `model`'s pages, header included (a namespace and
     a name take far less than the room left for them)."""
-    return 4096 + 8 * len(model.units) + sum(u.page_bytes for u in model.units)
+    return 4096 + 4 * len(model.units) + sum(u.page_bytes for u in model.units)

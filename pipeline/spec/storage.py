@@ -43,9 +43,11 @@ class StorageConfig:
     io_threads: int = 4
     """Objects each rank reads or writes at once (a store's reads and digests run outside
     Python's lock, so a few threads keep a disk or a network link busy)."""
-    load_chunk_pages: int = 32
+    load_chunk_pages: int | None = None
     """Pages of a load from L3 agreed on and loaded to the device at a time, while the next
-    are read (0: read every page, then load them all)."""
+    are read (0: read every page, then load them all). null: 64 on cuda, where the copy is
+    the GPU's DMA; 0 on CPU ranks, where the copy is CPU work that slows the reads beside it
+    (see BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1, load_chunk_pages=0)

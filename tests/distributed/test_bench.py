@@ -4,6 +4,8 @@ turn with the same backup unchunked, and the outputs written. Timings are not as
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +77,7 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
             "model=tiny_dsa",
             "bench.sizes=[256]",
             "bench.repeats=2",
+            "bench.caches=[warm,cold]",
             f"bench.out_dir={out}",
             "--json",
         ],
@@ -85,9 +88,9 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["rows"]
-    assert [(r["store"], r["strategy"]) for r in rows] == [
-        (store, strategy)
-        for store in ("file", "mooncake")
+    assert [(r["store"], r["cache"], r["strategy"]) for r in rows] == [
+        (store, cache, strategy)
+        for store, cache in (("file", "warm"), ("file", "cold"), ("mooncake", "warm"))
         for strategy in ("replicated", "single_source", "rotating")
     ]
     unique = 256 * 272  # tiny_dsa bytes per token
@@ -101,9 +104,27 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
             "rotating": reads if sum(reads) == unique and all(reads) else None,
         }[r["strategy"]]
         assert reads == expected
-        assert r["x_replicated"] == pytest.approx(
-            next(q["ms"] for q in rows if (q["store"], q["strategy"]) == (r["store"], "replicated"))
-            / r["ms"]
+        side = next(
+            q
+            for q in rows
+            if (q["store"], q["cache"], q["strategy"]) == (r["store"], r["cache"], "replicated")
         )
-    assert "| mooncake | 256 | rotating |" in (out / "bench_l3.md").read_text()
+        assert r["x_replicated"] == pytest.approx(side["ms"] / r["ms"])
+        # every row is held to the limits measured in the same run on its own objects
+        limits, gbps = r["limits"], r["gbps"]
+        if r["store"] == "file":
+            assert set(limits["warm_read_gbps"]) == {"1", "4", str(os.cpu_count())}
+            assert all(v > 0 for v in limits["warm_read_gbps"].values())
+            assert limits["h2d_gbps"] > 0 and limits["write_gbps"] > 0
+            assert limits["read_copy_gbps"] > 0 and limits["ranged_gbps"] > 0
+            assert r["x_read_copy"] == pytest.approx(gbps / limits["read_copy_gbps"])
+            cold = limits["cold_read_gbps"] if r["cache"] == "cold" else None
+            limit = cold or limits["warm_read_gbps"]["4"]
+            assert r["x_write"] > 0
+        else:
+            limit = limits["raw_gbps"]
+        assert r["x_limit"] == pytest.approx(gbps / limit)
+    text = (out / "bench_l3.md").read_text()
+    assert re.search(r"\| mooncake \| warm \| 256 \| \w+ \| rotating \|", text)
+    assert "Limits measured in the same run" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

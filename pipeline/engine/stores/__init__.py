@@ -12,10 +12,10 @@ from typing import Protocol
 
 from pipeline.engine.stores.files import FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
-from pipeline.engine.stores.parts import Part, Range
+from pipeline.engine.stores.parts import Check, Part, Range
 from pipeline.spec.storage import StorageConfig, StorageKind
 
-__all__ = ["FileStore", "MooncakeStore", "ObjectStore", "Part", "Range", "open_store"]
+__all__ = ["Check", "FileStore", "MooncakeStore", "ObjectStore", "Part", "Range", "open_store"]
 
 
 class ObjectStore(Protocol):
@@ -27,9 +27,12 @@ class ObjectStore(Protocol):
         """Store the parts' bytes, in order, as one blob under `name` (replacing what was
         there)."""
 
-    def read(self, name: str, size: int, ranges: Sequence[Range]) -> bool:
-        """Fill each range's buffers with the blob's bytes from its offset on; False unless a
-        blob of exactly `size` bytes is there (what the buffers then hold is undefined)."""
+    def read(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
+        """Fill each range's buffers with the blob's bytes from its offset on, in order,
+        calling `check` after each; False unless a blob of exactly `size` bytes is there and
+        every check passed (what the buffers then hold is undefined)."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""

@@ -10,7 +10,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.engine.stores.parts import IOV_MAX, Part, Range, advance, bytes_views
+from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views
 
 COMPONENT = re.compile(r"[\w-][\w.-]*")
 """One folder or file name of an object name: no separators, nothing hidden, never '..'."""
@@ -84,7 +84,9 @@ class FileStore:
         finally:
             os.close(folder)
 
-    def read(self, name: str, size: int, ranges: Sequence[Range]) -> bool:
+    def read(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
         try:
             fd = self._open(name)
         except (OSError, ValueError):
@@ -92,14 +94,16 @@ class FileStore:
         try:
             if os.fstat(fd).st_size != size:
                 return False
-            for offset, buffers in ranges:
+            for i, (offset, buffers) in enumerate(ranges):
                 views, at = list(buffers), offset
                 while views:  # one scattering read per IOV_MAX buffers, however partial
                     got = os.preadv(fd, views[:IOV_MAX], at)
                     if got == 0:
                         return False
                     at += got
-                    views = advance(views, got)
+                    views = advance(views, got) if len(views) > 1 or got < views[0].nbytes else []
+                if check is not None and not check(i):
+                    return False
             return True
         except OSError:
             return False

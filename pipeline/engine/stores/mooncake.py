@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.stores.parts import Part, Range, bytes_views
+from pipeline.engine.stores.parts import Check, Part, Range, bytes_views
 
 OBJECT_NOT_FOUND = -704
 """Mooncake's error code for a name that holds nothing."""
@@ -61,18 +61,22 @@ class MooncakeStore:
         if status != 0:
             raise RuntimeError(f"Mooncake put of {name} returned {status}")
 
-    def read(self, name: str, size: int, ranges: Sequence[Range]) -> bool:
+    def read(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
         staging = self._staging.get()
         try:
             if size > staging.nbytes:
                 return False
             if self.client.get_into(name, staging.ctypes.data, size) != size:
                 return False
-            for offset, buffers in ranges:
+            for i, (offset, buffers) in enumerate(ranges):
                 at = offset
                 for view in buffers:  # numpy copies outside Python's lock
                     np.frombuffer(view, np.uint8)[:] = staging[at : at + view.nbytes]
                     at += view.nbytes
+                if check is not None and not check(i):
+                    return False
             return True
         except Exception:  # an unreachable master or peer: a miss
             return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 Part: TypeAlias = bytes | bytearray | memoryview
@@ -13,6 +13,9 @@ IOV_MAX = 1024
 
 Range: TypeAlias = tuple[int, Sequence[memoryview]]
 """Where in a blob a read starts, and the buffers its bytes fill in order from there."""
+Check: TypeAlias = Callable[[int], bool]
+"""Called with each range's index once its buffers are filled (while they are still in the
+CPU's cache); False ends the read as a miss."""
 
 
 def advance(views: list[memoryview], done: int) -> list[memoryview]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,19 @@ import torch
 
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
+from pipeline.config.schema import BenchConfig, PageCache
 from pipeline.engine.engine import Engine
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
+from pipeline.jobs.bench.l3_case import measure_l3_case
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
 from pipeline.jobs.bench.rank import Timer
-from pipeline.jobs.contents import fill_random, first_mismatch, poison_host, snapshot
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.progress import progress
 from pipeline.jobs.run import start_runtime
 from pipeline.spec.l3 import largest_object
 from pipeline.spec.model import ModelGeometry
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.storage import StorageConfig
+from pipeline.spec.storage import StorageConfig, StorageKind
 
 SEGMENT_SLACK = 1.5
 """Mooncake segments hold this many times one case's objects (headers, allocator slack)."""
@@ -46,7 +45,7 @@ def l3_cases(session: Session) -> list[tuple[Job, dict]]:
     base = session.job()
     kept = [o for o in session.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
     found = []
-    for store in base.bench.stores:
+    for store, cache in store_caches(base.bench):
         for tokens in base.bench.sizes:
             per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
             for strategy in base.bench.strategies:
@@ -65,8 +64,18 @@ def l3_cases(session: Session) -> list[tuple[Job, dict]]:
                 if not job.verdict.active:
                     why = [r.message for r in job.verdict.rules if not r.passed]
                     raise ValueError(f"strategy {strategy} is inactive here: {why}")
-                found.append((job, {"store": store.value, "tokens": tokens, "strategy": strategy}))
+                case = {"store": store.value, "cache": cache.value, "tokens": tokens}
+                found.append((job, {**case, "strategy": strategy}))
     return found
+
+
+def store_caches(bench: BenchConfig) -> list[tuple[StorageKind, PageCache]]:
+    """Each store with each page-cache state it has (only a file store can be cold)."""
+    return [
+        (store, cache)
+        for store in bench.stores
+        for cache in (bench.caches if store is StorageKind.file else [PageCache.warm])
+    ]
 
 
 def run_l3_bench(session: Session) -> dict[str, Any]:
@@ -115,7 +124,7 @@ def bench_l3_rank(
                 store=stores[case["store"]],
             )
             try:
-                result["cases"].append(measure_l3_case(timer, engine, case))
+                result["cases"].append(measure_l3_case(timer, engine, case, job.storage))
             finally:
                 assert engine.l3 is not None
                 engine.l3.close()  # not the runtime, nor the store: they serve every case
@@ -170,67 +179,3 @@ def _opened(storage: StorageConfig, model: ModelGeometry) -> Iterator[ObjectStor
         yield store
     finally:
         store.close()
-
-
-def measure_l3_case(timer: Timer, engine: Engine, case: dict) -> dict[str, Any]:
-    """Back up, write back and evict one prefix; then time loading it back from L3."""
-    size, n = engine.sizing.slots_per_page, case["tokens"] // engine.sizing.slots_per_page
-    source, target = list(range(n)), list(range(n, 2 * n))
-    fill_random(engine, source, case["tokens"] + engine.runtime.replica_group[0])
-    expected = snapshot(engine, source)
-    host = engine.host_allocator.alloc(n)
-    engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
-    keys = engine.l3_keys(range(case["tokens"]))
-    timer.line_up()
-    began = time.perf_counter()
-    engine.write_back(keys, page_tokens(host, size)).wait()
-    _drain(engine)
-    write_back_s = time.perf_counter() - began
-    poison_host(engine, host)
-    engine.host_allocator.free(host)
-    read_before = engine.trace.bytes.get(("l3_read", ""), 0)
-    outcome: dict[str, Any] = {"hits": [], "fallbacks": 0, "load_s": [], "fetch_s": []}
-
-    def load() -> None:
-        fresh = engine.host_allocator.alloc(n)
-        timer.line_up()
-        began = time.perf_counter()
-        engine.lookup(keys)
-        loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
-        outcome["fetch_s"].append(time.perf_counter() - began)  # lookup, reads, load issued
-        if loaded.handle is not None:
-            loaded.handle.done(engine.runtime.forward_stream).wait()
-        outcome["load_s"].append(time.perf_counter() - began)
-        outcome["hits"].append(loaded.hits)
-        outcome["fallbacks"] += loaded.fallback
-        _drain(engine)
-        engine.host_allocator.free(fresh)
-
-    runs = timer.bench.warmup + timer.bench.repeats
-    for _ in range(runs):
-        load()
-    exact = not first_mismatch(engine, target, expected)
-    timer.line_up()
-    _remove_written(engine, keys)  # the next case starts from an empty store
-    return {
-        "write_back_s": write_back_s,
-        "load_s": outcome["load_s"][timer.bench.warmup :],
-        "fetch_s": outcome["fetch_s"][timer.bench.warmup :],
-        "hits": min(outcome["hits"]),
-        "fallbacks": outcome["fallbacks"],
-        "l3_read_bytes_per_load": (engine.trace.bytes.get(("l3_read", ""), 0) - read_before)
-        // runs,
-        "bit_exact": exact and min(outcome["hits"]) == n,
-    }
-
-
-def _remove_written(engine: Engine, keys: list[str]) -> None:
-    tier = engine.l3
-    assert tier is not None, "an L3 case has a store"
-    if tier.rank == tier.roles.writer:
-        tier.store.remove([tier.name(k) for k in keys])
-
-
-def _drain(engine: Engine) -> None:
-    while engine.acks.pending:
-        engine.poll()

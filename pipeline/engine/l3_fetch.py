@@ -1,0 +1,49 @@
+"""A fetch's reads: started at once on the I/O threads, waited for window by window.
+
+`ReadObjects` starts them, `AgreeOnHits` waits for each window's before the group agrees on
+it, and whatever a miss left running is cancelled or waited for before the fetch returns, so
+no thread writes into the fetch's pages after it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import wait
+
+from pipeline.engine.l3 import L3Tier
+from pipeline.engine.l3_jobs import ObjectsJob
+
+
+def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
+    """Start reading every page of the job on the I/O threads, in page order (this
+    rank's units; every unit into device pages after a fallback)."""
+    units = tier.reads(job.fallback)
+    into = job.device_pages if job.fallback else job.host_pages
+    assert into is not None, "a fetch names its device pages"
+    if units:
+        job.reads = [
+            tier.io.submit(tier.read, key, int(page), units, device=job.fallback)
+            for key, page in zip(job.keys, into, strict=True)
+        ]
+
+
+def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
+    """Wait for the reads of pages [first, stop); the end of their leading intact run
+    (`stop` for a rank that reads nothing)."""
+    if not job.reads:
+        return stop
+    nbytes = sum(u.page_bytes for u in tier.reads(job.fallback))
+    for i in range(first, stop):
+        if not job.reads[i].result():
+            tier.trace.op("l3_miss")
+            return i
+        tier.trace.op("l3_read", bytes=nbytes)
+    return stop
+
+
+def drain(job: ObjectsJob) -> None:
+    """Cancel the reads not started and wait for the running ones: no thread writes into
+    the job's pages after the fetch."""
+    for future in job.reads:
+        future.cancel()
+    wait(job.reads)
+    job.reads = []

@@ -1,0 +1,207 @@
+"""What the machine can do with one case's objects, measured in the same run: the limits that
+every L3 row is reported against.
+
+All on the same objects the case wrote, by plain code without the framework: whole objects
+read with `os.preadv` into one buffer (pinned on cuda) by 1, `storage.io_threads` and all cores'
+threads from the page cache (warm), the same after the OS was asked to drop them (cold), a
+rotating owner's ranged read (every other unit of each object) next to the whole read, one
+host -> device copy of the buffer, the same bytes written as new files (the page-cache write
+limit), CRC-32C over the buffer, and for Mooncake the client's own `batch_get_into` into one
+registered buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.engine.l3 import L3Tier
+from pipeline.engine.stores import FileStore, MooncakeStore
+from pipeline.spec.l3 import digest
+
+
+def best_of(repeats: int, region: Callable[[], Any]) -> float:
+    """The shortest of `repeats` runs of `region`, in seconds (a limit is what the machine
+    can do, so the best run is the fair one)."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        region()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def _slices(buffer: torch.Tensor, sizes: list[int]) -> list[memoryview]:
+    flat, found, first = buffer.numpy().data.cast("B"), [], 0
+    for size in sizes:
+        found.append(flat[first : first + size])
+        first += size
+    return found
+
+
+def _read_whole(paths: list[str], views: list[memoryview], threads: int) -> None:
+    def one(i: int) -> None:
+        fd = os.open(paths[i], os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.preadv(fd, [views[i]], 0)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(len(paths))))
+
+
+def _read_ranged(paths: list[str], spans: list[tuple[int, int]], threads: int) -> int:
+    """Read the byte `spans` of every file (one preadv each, into one reused buffer per
+    thread); the bytes read."""
+    largest = max(n for _, n in spans)
+
+    def one(path: str) -> None:
+        scratch = bytearray(largest)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            for at, n in spans:
+                os.preadv(fd, [memoryview(scratch)[:n]], at)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, paths))
+    return len(paths) * sum(n for _, n in spans)
+
+
+def file_limits(
+    tier: L3Tier, store: FileStore, keys: list[str], *, io_threads: int, repeats: int, cuda: bool
+) -> dict[str, Any]:
+    """The file store's limits for the objects of `keys` (GB/s; None where not measurable)."""
+    names = [tier.name(k) for k in keys]
+    paths = [os.path.join(store.root, n) for n in names]
+    sizes = [os.stat(p).st_size for p in paths]
+    total = sum(sizes)
+    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=cuda)
+    views = _slices(buffer, sizes)
+    cores = os.cpu_count() or 1
+    warm = {}
+    for threads in sorted({1, io_threads, cores}):
+        seconds = best_of(repeats, functools.partial(_read_whole, paths, views, threads))
+        warm[threads] = total / seconds / 1e9
+    copy = device_copy(buffer, cuda)
+
+    def read_and_copy() -> None:
+        _read_whole(paths, views, io_threads)
+        copy()
+
+    copy_s = best_of(repeats, copy)
+
+    obj = tier.object
+    head = obj.header_size(tier.space, names[0])
+    spans = [(head + obj.offsets[u.ordinal], u.page_bytes) for u in obj.units[::2]]
+    ranged_s = best_of(repeats, lambda: _read_ranged(paths, spans, io_threads))
+    ranged_bytes = len(paths) * sum(n for _, n in spans)
+    cold_s = None
+    if dropped := store.forget_cached(names):
+        cold_s = min(_cold_read(store, names, paths, views, io_threads) for _ in range(repeats))
+    return {
+        "bytes": total,
+        "warm_read_gbps": {str(t): g for t, g in warm.items()},
+        "cold_read_gbps": total / cold_s / 1e9 if cold_s else None,
+        "cold_note": "" if dropped else "the store lives in memory (tmpfs): nothing to drop",
+        "h2d_gbps": total / copy_s / 1e9,
+        "read_copy_gbps": total / best_of(repeats, read_and_copy) / 1e9,
+        "ranged_gbps": ranged_bytes / ranged_s / 1e9,
+        "ranged_s": ranged_s,
+        "whole_s": total / warm[io_threads] / 1e9,
+        "write_gbps": total / write_files(store, views, io_threads, repeats) / 1e9,
+        "digest_gbps": total / best_of(repeats, lambda: digest(buffer.numpy().data)) / 1e9,
+    }
+
+
+def device_copy(buffer: torch.Tensor, cuda: bool) -> Callable[[], None]:
+    """One host -> device copy of `buffer` (on CPU: into another host buffer), synchronized."""
+    target = torch.empty_like(buffer, device="cuda" if cuda else "cpu")
+
+    def copy() -> None:
+        target.copy_(buffer)
+        if cuda:
+            torch.cuda.synchronize()
+
+    return copy
+
+
+def _cold_read(
+    store: FileStore, names: list[str], paths: list[str], views: list[memoryview], threads: int
+) -> float:
+    store.forget_cached(names)
+    began = time.perf_counter()
+    _read_whole(paths, views, threads)
+    return time.perf_counter() - began
+
+
+def write_files(store: FileStore, views: list[memoryview], threads: int, repeats: int) -> float:
+    """Seconds to write `views` as new files (each written whole with writev, `threads` at a
+    time) in a folder of the store's own, removed after: the page-cache write limit."""
+    folder = os.path.join(store.root, f"limit-{secrets.token_hex(4)}")
+
+    def write_all() -> None:
+        os.mkdir(folder)
+
+        def one(i: int) -> None:
+            fd = os.open(f"{folder}/{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
+            try:
+                os.writev(fd, [views[i]])
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(len(views))))
+
+    try:
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            write_all()
+            times.append(time.perf_counter() - began)
+            shutil.rmtree(folder)
+        return min(times)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def mooncake_limits(
+    tier: L3Tier, store: MooncakeStore, keys: list[str], *, repeats: int, cuda: bool
+) -> dict[str, Any]:
+    """The Mooncake client's own loop: `batch_get_into` of the objects of `keys` into one
+    registered buffer, and one host -> device copy of it (GB/s)."""
+    names = [tier.name(k) for k in keys]
+    size = tier.object.header_size(tier.space, names[0]) + tier.object.page_bytes
+    buffer = np.empty(size * len(names), dtype=np.uint8)
+    client = store.client
+    if client.register_buffer(buffer.ctypes.data, buffer.nbytes) != 0:
+        raise RuntimeError("Mooncake refused to register the raw loop's buffer")
+    try:
+        ptrs = [buffer.ctypes.data + i * size for i in range(len(names))]
+
+        def get_all() -> None:
+            got = client.batch_get_into(names, ptrs, [size] * len(names))
+            if any(n != size for n in got):
+                raise RuntimeError(f"Mooncake's raw loop read {set(got)} of {size} B objects")
+
+        raw_s = best_of(repeats, get_all)
+        host = torch.from_numpy(buffer)
+        copy_s = best_of(repeats, device_copy(host.pin_memory() if cuda else host, cuda))
+        return {
+            "bytes": buffer.nbytes,
+            "raw_gbps": buffer.nbytes / raw_s / 1e9,
+            "h2d_gbps": buffer.nbytes / copy_s / 1e9,
+        }
+    finally:
+        client.unregister_buffer(buffer.ctypes.data)
