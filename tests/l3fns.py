@@ -29,8 +29,11 @@ PAGES = 4
 
 def damage(engine: Engine, keys: list[str], case: str) -> None:
     """Spoil the store as `case` says (rank 0 does it; the others wait): 'missing' page 2,
-    'truncated' page 1, 'corrupted' page 2 (one bit of its last unit, which every reader
-    reads), 'foreign' page 0 (holds page 3's intact object); anything else leaves it alone."""
+    'truncated' page 1, 'corrupted' page 2 (one bit of its last unit), 'corrupted_first'
+    page 1 (one bit of its first unit, read in the same call as the header), 'header' page 1
+    (one bit of the header's digest table), 'foreign' page 0 (holds page 3's intact object);
+    anything else leaves it alone. Under rotating each corrupted unit has one reader: the
+    other rank's read is intact, and the group still agrees on the miss."""
     tier = engine.l3
     assert tier is not None
     if engine.runtime.rank == 0:
@@ -47,6 +50,12 @@ def damage(engine: Engine, keys: list[str], case: str) -> None:
             blob = bytearray(store.get(names[2]) or b"")
             blob[-1] ^= 0x01
             store.put(names[2], [blob])
+        if case in ("corrupted_first", "header"):
+            obj = tier.object
+            blob = bytearray(store.get(names[1]) or b"")
+            first = obj.header_size(tier.space, names[1])
+            blob[first + (3 if case == "corrupted_first" else -1)] ^= 0x40
+            store.put(names[1], [blob])
         if case == "foreign":
             blob = store.get(names[3])
             assert blob is not None
@@ -178,5 +187,61 @@ def master_gone(args: tuple[Job, int], rank: int, world_size: int, local_rank: i
             "device_kept": kept,
             "host_kept": first_mismatch(engine, [2, 3], expected),
         }
+    finally:
+        engine.close()
+
+
+GRID_PAGES = 3
+
+
+def grid_tokens(index: int, count: int) -> list[int]:
+    """Writer `index`'s prefix: token ids no other writer uses."""
+    return list(range(index * 1_000_000, index * 1_000_000 + count))
+
+
+def write_prefix(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> int:
+    """Fill, back up and write back writer `index`'s prefix (its bytes drawn from its index,
+    so any reader can draw them again); the pages it wrote."""
+    job, index = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
+        fill_random(engine, pages, 1000 + index)
+        host = engine.host_allocator.alloc(GRID_PAGES)
+        engine.backup(page_tokens(host, size), page_tokens(pages, size)).wait()
+        keys = engine.l3_keys(grid_tokens(index, GRID_PAGES * size))
+        engine.write_back(keys, page_tokens(host, size)).wait()
+        while engine.acks.pending:
+            engine.poll()
+        return len(keys)
+    finally:
+        engine.close()
+
+
+def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> list:
+    """Look up and load every writer's prefix from L3 into poisoned device pages: per writer,
+    (pages found, pages loaded, the first byte that differs from what it wrote, or '')."""
+    job, writers = args
+    engine = open_engine(job, rank, world_size, local_rank)
+    try:
+        size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
+        target = [p + GRID_PAGES for p in pages]
+        found = []
+        for index in range(writers):
+            fill_random(engine, pages, 1000 + index)
+            expected = snapshot(engine, pages)
+            poison(engine, target)
+            keys = engine.l3_keys(grid_tokens(index, GRID_PAGES * size))
+            hits = engine.lookup(keys)
+            fresh = engine.host_allocator.alloc(GRID_PAGES)
+            loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
+            if loaded.handle is not None:
+                forward(engine, loaded.handle)
+                loaded.handle.done(engine.runtime.forward_stream).wait()
+            while engine.acks.pending:
+                engine.poll()
+            engine.host_allocator.free(fresh)
+            found.append((hits, loaded.hits, first_mismatch(engine, target, expected)))
+        return found
     finally:
         engine.close()

@@ -137,6 +137,8 @@ def test_ranks_that_plan_differently_fall_back_to_their_own_reads(
         ("file", "missing", 2),
         ("file", "truncated", 1),
         ("file", "corrupted", 2),
+        ("file", "corrupted_first", 1),
+        ("file", "header", 1),
         ("file", "foreign", 0),
         ("mooncake", "truncated", 1),
         ("mooncake", "corrupted", 2),
@@ -146,6 +148,7 @@ def test_ranks_that_plan_differently_fall_back_to_their_own_reads(
 def test_a_bad_object_is_a_miss_from_its_page_on_never_wrong_bytes(
     kind: str, case: str, hits: int, strategy: str, tmp_path: Path, mooncake: StorageConfig
 ) -> None:
+    """(tp2's page_first host pool: every read goes through staging)"""
     job = job_config(f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", f"storage={kind}")
     payload = (with_store(job, store(kind, tmp_path, mooncake)), case)
     reports = launch(l3fns.through_l3, payload, 2, backend="gloo", timeout_s=120)
@@ -153,6 +156,32 @@ def test_a_bad_object_is_a_miss_from_its_page_on_never_wrong_bytes(
     for r in reports:
         assert r["hits"] == hits and not r["fallback"]
         assert r["found"] == (hits if case == "missing" else 4)  # lookup sees only presence
+        assert r["loaded"] == "" and r["rest_untouched"] and r["device_tier_kept"] == ""
+
+
+@pytest.mark.parametrize("case", ["corrupted", "corrupted_first", "header", "truncated"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("topology.mem_layout=layer_first",),
+        ("topology.mem_layout=page_first_direct", "topology.io_backend=direct"),
+    ],
+)
+def test_a_bad_object_read_straight_into_pool_pages_is_a_miss_never_loaded(
+    layout: tuple[str, ...], strategy: str, case: str, tmp_path: Path
+) -> None:
+    """Host layouts whose pages the store reads straight into: a damaged object leaves some of
+    its bytes in the host page, which is then never loaded, nor any page after it."""
+    job = job_config(
+        f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", "storage=file", *layout
+    )
+    payload = (with_store(job, StorageConfig(kind=StorageKind.file, path=str(tmp_path))), case)
+    reports = launch(l3fns.through_l3, payload, 2, backend="gloo", timeout_s=120)
+    assert reports is not None
+    hits = {"corrupted": 2, "corrupted_first": 1, "header": 1, "truncated": 1}[case]
+    for r in reports:
+        assert (r["hits"], r["found"], r["fallback"]) == (hits, 4, False)
         assert r["loaded"] == "" and r["rest_untouched"] and r["device_tier_kept"] == ""
 
 

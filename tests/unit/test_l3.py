@@ -4,6 +4,7 @@ which object, the file store, the stage-order check, the store rule and the job'
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import socket
 from pathlib import Path
@@ -300,3 +301,39 @@ def test_store_knobs_out_of_range_are_refused_naming_the_key(override: str, mess
         pytest.raises(ConfigError, match=re.escape(message)),
     ):
         Session.compose(["storage=mooncake", override]).job()
+
+
+def test_the_file_store_never_follows_a_link_nor_reads_what_is_not_a_regular_file(
+    tmp_path: Path,
+) -> None:
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "key").write_bytes(b"theirs")
+    store = FileStore(str(root))
+    (root / "ns").symlink_to(outside)  # a planted folder link
+    with pytest.raises(OSError):
+        store.put("ns/key", [b"mine"])
+    assert store.get("ns/key") is None and store.exists(["ns/key"]) == [False]
+    assert not store.read("ns/key", 6, [(0, [memoryview(bytearray(6))])])
+    store.remove(["ns/key"])
+    assert (outside / "key").read_bytes() == b"theirs"  # untouched through the link
+    (root / "ns").unlink()
+    (root / "ns").mkdir()
+    (root / "ns" / "link").symlink_to(outside / "key")  # a planted file link
+    assert store.get("ns/link") is None and store.exists(["ns/link"]) == [False]
+    os.mkfifo(root / "ns" / "fifo")  # an open() that would block forever
+    assert not store.read("ns/fifo", 6, [(0, [memoryview(bytearray(6))])])
+    assert store.exists(["ns/fifo"]) == [False]
+    with pytest.raises(ValueError, match="not a store name"):
+        store.put("../outside/key", [b"x"])
+
+
+def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
+    """Format 1 named one object per writer under a 'v1-' namespace; format 2's names live
+    under 'v2-', so a store holding both serves each form to its own readers only."""
+    key = "ab" * 16
+    current = PageObject("", DSA.units).name(SPACE, key)
+    assert SPACE.startswith("v2-") and current.startswith(SPACE + "/")
+    first = SPACE.replace("v2-", "v1-", 1)
+    assert all(not current.startswith(first) for first in (f"{first}/ab/{key}/all", f"{first}/"))

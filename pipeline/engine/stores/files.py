@@ -137,7 +137,7 @@ class FileStore:
             folders, leaf = self._split(name)
             try:
                 folder = self._folder(folders, create=False)
-            except FileNotFoundError:
+            except OSError:  # absent, or not a real folder: nothing of ours to remove
                 continue
             try:
                 with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,61 @@
+"""One stored form, whoever wrote it: a file store written by every strategy at tp 1, 2 and 4
+(each with another host layout: the direct and the staged read paths) is found and loaded
+bit-exact by every other strategy and tp, on real gloo ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import l3fns
+import pytest
+from conftest import job_config
+
+from pipeline.config.job import Job
+from pipeline.jobs.launch import launch
+from pipeline.spec.storage import StorageConfig, StorageKind
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = {
+    1: ("topology.mem_layout=layer_first",),
+    2: ("topology.mem_layout=page_first",),  # token-major: read through staging
+    4: ("topology.mem_layout=page_first_direct", "topology.io_backend=direct"),
+}
+CONFIGS = [
+    (tp, strategy)
+    for tp in (1, 2, 4)
+    for strategy in (("replicated",) if tp == 1 else ("replicated", "single_source", "rotating"))
+]
+"""Every strategy that is active at each tp (tp 1 has no peers to deduplicate over)."""
+
+
+def grid_job(tp: int, strategy: str, folder: Path) -> Job:
+    job = job_config(
+        "model=tiny_dsa",
+        f"topology=tp{tp}",
+        f"strategy={strategy}",
+        "storage=file",
+        "workload.num_tokens=32",
+        "workload.device_tokens=64",
+        *LAYOUTS[tp],
+    )
+    assert job.strategy.config.name == strategy, "every config of the grid is active"
+    return dataclasses.replace(job, storage=StorageConfig(kind=StorageKind.file, path=str(folder)))
+
+
+def test_every_strategy_and_tp_reads_what_every_other_wrote(tmp_path: Path) -> None:
+    for index, (tp, strategy) in enumerate(CONFIGS):
+        job = grid_job(tp, strategy, tmp_path)
+        written = launch(l3fns.write_prefix, (job, index), tp, backend="gloo", timeout_s=120)
+        assert written == [l3fns.GRID_PAGES] * tp
+    for tp, strategy in CONFIGS:
+        job = grid_job(tp, strategy, tmp_path)
+        reports = launch(
+            l3fns.read_prefixes, (job, len(CONFIGS)), tp, backend="gloo", timeout_s=120
+        )
+        assert reports is not None
+        for rank, found in enumerate(reports):
+            for (found_pages, hits, mismatch), writer in zip(found, CONFIGS, strict=True):
+                where = f"tp{tp} {strategy} rank {rank} reading tp{writer[0]} {writer[1]}'s"
+                assert (found_pages, hits, mismatch) == (3, 3, ""), where
