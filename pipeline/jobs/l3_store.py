@@ -13,6 +13,8 @@ import ctypes
 import dataclasses
 import importlib.util
 import logging
+import mmap
+import os
 import shutil
 import signal
 import socket
@@ -28,6 +30,8 @@ from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
 from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.storage import StorageConfig, StorageKind
 
+DIRECT_BLOCK = 4096
+"""Bytes of the O_DIRECT probe: one page, aligned as such reads must be."""
 MASTER_START_S = 20.0
 MASTER_ATTEMPTS = 3
 """How long a master gets to listen."""
@@ -51,6 +55,7 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
     if temporary:
         folder = tempfile.mkdtemp(prefix="hicache-l3-")
         try:
+            check_direct_io(storage, folder)
             yield dataclasses.replace(storage, path=folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -63,7 +68,32 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
             if not answers(host, int(port)):
                 message = f"storage.master={storage.master}: nothing answers at that address"
                 raise ConfigError([Problem("storage.master", message)])
+        if storage.kind is StorageKind.file and storage.path is not None:
+            check_direct_io(storage, storage.path)
         yield storage
+
+
+def check_direct_io(storage: StorageConfig, folder: str) -> None:
+    """With storage.direct_io, ConfigError unless `folder`'s file system takes O_DIRECT reads
+    (tmpfs refuses them), tried on a block-sized file of its own, removed after."""
+    if not storage.direct_io:
+        return
+    probe = Path(folder) / f".direct-io-{os.getpid()}"
+    try:
+        probe.write_bytes(bytes(DIRECT_BLOCK))
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        try:
+            os.preadv(fd, [mmap.mmap(-1, DIRECT_BLOCK)], 0)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        message = (
+            f"storage.direct_io=true: the folder {folder} refuses O_DIRECT reads ({e.strerror}); "
+            "set storage.direct_io=false, or storage.path to a folder on a disk"
+        )
+        raise ConfigError([Problem("storage.direct_io", message)]) from e
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:

@@ -43,6 +43,9 @@ class StorageConfig:
     io_threads: int = 4
     """Objects each rank reads or writes at once (a store's reads and digests run outside
     Python's lock, so a few threads keep a disk or a network link busy)."""
+    direct_io: bool = False
+    """file: read objects bypassing the OS page cache (O_DIRECT, whole objects into aligned
+    buffers): faster for a store that is not cached, slower for one that is (BENCHMARKS.md)."""
     load_chunk_pages: int | None = None
     """Pages of a load from L3 agreed on and loaded to the device at a time, while the next
     are read (0: read every page, then load them all). null: 64 on cuda, where the copy is

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pipeline.engine.stores.files import FileStore
+from pipeline.engine.stores.files import DirectReads, FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
 from pipeline.engine.stores.parts import Check, Part, Range
 from pipeline.spec.storage import StorageConfig, StorageKind
@@ -52,7 +52,8 @@ def open_store(config: StorageConfig, largest_object: int = 1 << 20) -> ObjectSt
     objects of at most `largest_object` bytes moved `storage.io_threads` at a time."""
     if config.kind is StorageKind.file:
         assert config.path is not None, "the job gives a file store its folder"
-        return FileStore(config.path)
+        direct = DirectReads(largest_object, config.io_threads) if config.direct_io else None
+        return FileStore(config.path, direct)
     assert config.kind is StorageKind.mooncake and config.metadata_server is not None
     in_flight = 2 * config.io_threads * largest_object  # puts stage through it
     return MooncakeStore(

@@ -45,7 +45,7 @@ def l3_cases(session: Session) -> list[tuple[Job, dict]]:
     base = session.job()
     kept = [o for o in session.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
     found = []
-    for store, cache in store_caches(base.bench):
+    for store, cache, direct in store_caches(base.bench):
         for tokens in base.bench.sizes:
             per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
             for strategy in base.bench.strategies:
@@ -59,23 +59,28 @@ def l3_cases(session: Session) -> list[tuple[Job, dict]]:
                         "workload.host_ratio=0.5",
                         "strategy.keep_capacity=true",
                         f"storage.segment_bytes={max(int(per_rank), 64 << 20)}",
+                        f"storage.direct_io={str(direct).lower()}",
                     ]
                 ).job()
                 if not job.verdict.active:
                     why = [r.message for r in job.verdict.rules if not r.passed]
                     raise ValueError(f"strategy {strategy} is inactive here: {why}")
                 case = {"store": store.value, "cache": cache.value, "tokens": tokens}
+                case["io"] = "direct" if direct else "buffered"
                 found.append((job, {**case, "strategy": strategy}))
     return found
 
 
-def store_caches(bench: BenchConfig) -> list[tuple[StorageKind, PageCache]]:
-    """Each store with each page-cache state it has (only a file store can be cold)."""
-    return [
-        (store, cache)
-        for store in bench.stores
-        for cache in (bench.caches if store is StorageKind.file else [PageCache.warm])
-    ]
+def store_caches(bench: BenchConfig) -> list[tuple[StorageKind, PageCache, bool]]:
+    """Each store with each page-cache state it has (only a file store can be cold; a cold
+    one is read both through the page cache and around it, with O_DIRECT)."""
+    found = []
+    for store in bench.stores:
+        for cache in bench.caches if store is StorageKind.file else [PageCache.warm]:
+            found.append((store, cache, False))
+            if cache is PageCache.cold:
+                found.append((store, cache, True))
+    return found
 
 
 def run_l3_bench(session: Session) -> dict[str, Any]:
@@ -121,7 +126,7 @@ def bench_l3_rank(
                 device_tokens=job.workload.device_tokens,
                 host_ratio=job.workload.host_ratio,
                 storage=job.storage,
-                store=stores[case["store"]],
+                store=stores[store_key(case)],
             )
             try:
                 result["cases"].append(measure_l3_case(timer, engine, case, job.storage))
@@ -153,7 +158,9 @@ def with_stores(
             dataclasses.replace(
                 job,
                 storage=dataclasses.replace(
-                    made[case["store"]], segment_bytes=job.storage.segment_bytes
+                    made[case["store"]],
+                    segment_bytes=job.storage.segment_bytes,
+                    direct_io=job.storage.direct_io,
                 ),
             ),
             case,
@@ -162,13 +169,18 @@ def with_stores(
     ]
 
 
+def store_key(case: dict) -> str:
+    """Which opened store a case uses: its kind, and how a file store reads."""
+    return f"{case['store']}-{case['io']}"
+
+
 def _stores(cases: list[tuple[Job, dict]]) -> list[tuple[str, StorageConfig]]:
-    """Per store kind, its storage with the largest case's segment."""
+    """Per store kind and read mode, its storage with the largest case's segment."""
     found: dict[str, StorageConfig] = {}
     for job, case in cases:
-        held = found.get(case["store"])
+        held = found.get(store_key(case))
         if held is None or held.segment_bytes < job.storage.segment_bytes:
-            found[case["store"]] = job.storage
+            found[store_key(case)] = job.storage
     return list(found.items())
 
 

@@ -81,8 +81,9 @@ def _timed_loads(
 def _stored_prefix(
     timer: Timer, engine: Engine, n: int
 ) -> tuple[list[str], dict[int, torch.Tensor], float]:
-    """Fill `n` device pages, back them up, write them back (timed) and evict them from the
-    host tier: (their keys, their bytes, the write-back's seconds)."""
+    """Fill `n` device pages, back them up, write them back and evict them from the host
+    tier: (their keys, their bytes, the best write-back's seconds: each is timed from an
+    empty store, as often as each limit is, and the best of each is compared)."""
     size = engine.sizing.slots_per_page
     source = list(range(n))
     fill_random(engine, source, n * size + engine.runtime.replica_group[0])
@@ -90,15 +91,21 @@ def _stored_prefix(
     host = engine.host_allocator.alloc(n)
     engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
     keys = engine.l3_keys(range(n * size))
-    timer.line_up()
-    began = time.perf_counter()
-    engine.write_back(keys, page_tokens(host, size)).wait()
-    _drain(engine)
-    write_back_s = time.perf_counter() - began
+    tier = engine.l3
+    assert tier is not None
+    times = []
+    for _ in range(max(timer.bench.repeats // 2, 1)):  # as many as each limit is measured
+        if tier.rank == tier.roles.writer:
+            tier.store.remove([tier.name(k) for k in keys])
+        timer.line_up()
+        began = time.perf_counter()
+        engine.write_back(keys, page_tokens(host, size)).wait()
+        _drain(engine)
+        times.append(time.perf_counter() - began)
     poison_host(engine, host)
     engine.host_allocator.free(host)
     timer.line_up()
-    return keys, expected, write_back_s
+    return keys, expected, min(times)
 
 
 def limits_of(tier: L3Tier, keys: list[str], timer: Timer, storage: StorageConfig) -> dict:

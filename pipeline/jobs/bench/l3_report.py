@@ -14,6 +14,8 @@ def limit_of(limits: dict[str, Any], case: dict, io_threads: int) -> float | Non
     count (file), or the client's own loop (mooncake)."""
     if case["store"] == "mooncake":
         return limits["raw_gbps"]
+    if case["io"] == "direct":
+        return limits["direct_read_gbps"]
     if case["cache"] == "cold":
         return limits["cold_read_gbps"]
     return limits["warm_read_gbps"][str(io_threads)]
@@ -31,8 +33,8 @@ def summarize_l3(ranks: list[dict], cases: list[tuple[Job, dict]], base: Job) ->
         reference = next(
             r
             for r in rows
-            if (r["store"], r["cache"], r["tokens"], r["strategy"])
-            == (row["store"], row["cache"], row["tokens"], "replicated")
+            if (r["store"], r["cache"], r["io"], r["tokens"], r["strategy"])
+            == (row["store"], row["cache"], row["io"], row["tokens"], "replicated")
         )
         row["x_replicated"] = reference["ms"] / row["ms"]
     return {
@@ -86,16 +88,17 @@ def l3_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"{result['model']} on {result['topology']}: {result['ranks']} x {result['device_name']}",
         "",
-        "| store | cache | tokens | layout | strategy | load ms | of which L3 ms | GB/s "
+        "| store | cache | io | tokens | layout | strategy | load ms | of which L3 ms | GB/s "
         "| x limit | x ideal | x read+copy | x replicated | L3 read per rank | write-back ms "
         "| x write | bit-exact |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| ---: | ---: | --- |",
+        "| --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- | ---: | ---: | --- |",
     ]
     for r in result["rows"]:
         reads = " / ".join(f"{b / 1e6:.1f} MB" for b in r["l3_read_bytes_per_rank"])
         lines.append(
-            f"| {r['store']} | {r['cache']} | {r['tokens']} | {r['layout']} | {r['strategy']} "
+            f"| {r['store']} | {r['cache']} | {r['io']} | {r['tokens']} | {r['layout']} "
+            f"| {r['strategy']} "
             f"| {r['ms']:.1f} | {r['fetch_ms']:.1f} | {r['gbps']:.2f} | {_x(r['x_limit'])} "
             f"| {_x(r['x_ideal'])} | {_x(r['x_read_copy'])} | {r['x_replicated']:.3f} "
             f"| {reads} | {r['write_back_ms']:.1f} | {_x(r['x_write'])} "
@@ -109,9 +112,11 @@ def limits_markdown(rows: list[dict[str, Any]]) -> list[str]:
     """The limits table: what the machine did with each case's objects."""
     lines = ["", "Limits measured in the same run on each case's objects (GB/s):", ""]
     lines += [
-        "| store | cache | tokens | strategy | read 1 / io / all threads | cold read | to device "
+        "| store | cache | io | tokens | strategy | read 1 / io / all threads | cold read "
+        "| O_DIRECT read | to device "
         "| read+copy | ranged (every other unit) | whole | write | CRC-32C | Mooncake raw |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: |",
     ]
     for r in rows:
         lim = r["limits"]
@@ -121,6 +126,7 @@ def limits_markdown(rows: list[dict[str, Any]]) -> list[str]:
         cells = [
             r["store"],
             r["cache"],
+            r["io"],
             str(r["tokens"]),
             r["strategy"],
             warm,
@@ -128,6 +134,7 @@ def limits_markdown(rows: list[dict[str, Any]]) -> list[str]:
             *(
                 _x(v)
                 for v in (
+                    lim.get("direct_read_gbps"),
                     lim.get("h2d_gbps"),
                     lim.get("read_copy_gbps"),
                     lim.get("ranged_gbps"),

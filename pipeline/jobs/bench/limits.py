@@ -13,7 +13,9 @@ registered buffer.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
+import queue
 import secrets
 import shutil
 import time
@@ -26,6 +28,7 @@ import torch
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.stores import FileStore, MooncakeStore
+from pipeline.engine.stores.files import ALIGN
 from pipeline.spec.l3 import digest
 
 
@@ -110,8 +113,10 @@ def file_limits(
     cold_s = None
     if dropped := store.forget_cached(names):
         cold_s = min(_cold_read(store, names, paths, views, io_threads) for _ in range(repeats))
+    direct_s = direct_read(paths, sizes, io_threads, repeats)
     return {
         "bytes": total,
+        "direct_read_gbps": total / direct_s / 1e9 if direct_s else None,
         "warm_read_gbps": {str(t): g for t, g in warm.items()},
         "cold_read_gbps": total / cold_s / 1e9 if cold_s else None,
         "cold_note": "" if dropped else "the store lives in memory (tmpfs): nothing to drop",
@@ -123,6 +128,33 @@ def file_limits(
         "write_gbps": total / write_files(store, views, io_threads, repeats) / 1e9,
         "digest_gbps": total / best_of(repeats, lambda: digest(buffer.numpy().data)) / 1e9,
     }
+
+
+def direct_read(paths: list[str], sizes: list[int], threads: int, repeats: int) -> float | None:
+    """Seconds to read every file whole with O_DIRECT (around the page cache, into aligned
+    buffers, `threads` at a time); None where the file system refuses it (tmpfs)."""
+    whole = -(-max(sizes) // ALIGN) * ALIGN
+    buffers: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+    for _ in range(threads):
+        buffers.put(mmap.mmap(-1, whole))  # an anonymous mapping starts on a page
+
+    def one(path: str) -> None:
+        buffer = buffers.get()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECT)
+        try:
+            os.preadv(fd, [buffer], 0)
+        finally:
+            os.close(fd)
+            buffers.put(buffer)
+
+    def read_all() -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, paths))
+
+    try:
+        return best_of(repeats, read_all)
+    except OSError:
+        return None
 
 
 def device_copy(buffer: torch.Tensor, cuda: bool) -> Callable[[], None]:
