@@ -88,9 +88,12 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["rows"]
-    assert [(r["store"], r["cache"], r["strategy"]) for r in rows] == [
-        (store, cache, strategy)
-        for store, cache in (("file", "warm"), ("file", "cold"), ("mooncake", "warm"))
+    direct = not json.loads(done.stdout)["notes"]  # O_DIRECT cases unless tmpfs refused
+    stores = [("file", "warm", "buffered"), ("file", "cold", "buffered")]
+    stores += [("file", "cold", "direct")] if direct else []
+    assert [(r["store"], r["cache"], r["io"], r["strategy"]) for r in rows] == [
+        (*store, strategy)
+        for store in (*stores, ("mooncake", "warm", "buffered"))
         for strategy in ("replicated", "single_source", "rotating")
     ]
     unique = 256 * 272  # tiny_dsa bytes per token
@@ -107,7 +110,8 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
         side = next(
             q
             for q in rows
-            if (q["store"], q["cache"], q["strategy"]) == (r["store"], r["cache"], "replicated")
+            if (q["store"], q["cache"], q["io"], q["strategy"])
+            == (r["store"], r["cache"], r["io"], "replicated")
         )
         assert r["x_replicated"] == pytest.approx(side["ms"] / r["ms"])
         # every row is held to the limits measured in the same run on its own objects
@@ -118,8 +122,11 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
             assert limits["h2d_gbps"] > 0 and limits["write_gbps"] > 0
             assert limits["read_copy_gbps"] > 0 and limits["ranged_gbps"] > 0
             assert r["x_read_copy"] == pytest.approx(gbps / limits["read_copy_gbps"])
-            cold = limits["cold_read_gbps"] if r["cache"] == "cold" else None
-            limit = cold or limits["warm_read_gbps"]["4"]
+            limit = {
+                ("warm", "buffered"): limits["warm_read_gbps"]["4"],
+                ("cold", "buffered"): limits["cold_read_gbps"] or limits["warm_read_gbps"]["4"],
+                ("cold", "direct"): limits["direct_read_gbps"],
+            }[r["cache"], r["io"]]
             assert r["x_write"] > 0
         else:
             limit = limits["raw_gbps"]

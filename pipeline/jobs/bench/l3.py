@@ -29,9 +29,10 @@ from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.l3_case import measure_l3_case
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
 from pipeline.jobs.bench.rank import Timer
-from pipeline.jobs.l3_store import concrete
+from pipeline.jobs.l3_store import check_direct_io, concrete
 from pipeline.jobs.progress import progress
 from pipeline.jobs.run import start_runtime
+from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import largest_object
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.storage import StorageConfig, StorageKind
@@ -90,10 +91,11 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
     check_fit(cases)
     with contextlib.ExitStack() as stack:
         made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in kinds(cases)}
+        cases, notes = with_direct_io(cases, made)
         ranks = launch_cases(bench_l3_rank, base, with_stores(cases, made))
     if ranks is None:
         return {}
-    result = summarize_l3(ranks, cases, base)
+    result = {**summarize_l3(ranks, cases, base), "notes": notes}
     out = Path(base.bench.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_l3.json").write_text(json.dumps({**result, "raw": ranks}, indent=2))
@@ -138,6 +140,21 @@ def bench_l3_rank(
         if timer.cuda:
             result["device_name"] = torch.cuda.get_device_name(runtime.device)
         return result
+
+
+def with_direct_io(
+    cases: list[tuple[Job, dict]], made: dict[str, StorageConfig]
+) -> tuple[list[tuple[Job, dict]], list[str]]:
+    """The cases, less the O_DIRECT ones where the file store's folder refuses O_DIRECT
+    (tmpfs), with a note saying so."""
+    folder = made["file"].path if "file" in made else None
+    if folder is None or not any(case["io"] == "direct" for _, case in cases):
+        return cases, []
+    try:
+        check_direct_io(dataclasses.replace(made["file"], direct_io=True), folder)
+    except ConfigError as e:
+        return [c for c in cases if c[1]["io"] != "direct"], [f"no O_DIRECT cases: {e}"]
+    return cases, []
 
 
 def kinds(cases: list[tuple[Job, dict]]) -> list[tuple[str, Job]]:
