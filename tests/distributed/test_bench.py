@@ -132,6 +132,6 @@ def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> 
             limit = limits["raw_gbps"]
         assert r["x_limit"] == pytest.approx(gbps / limit)
     text = (out / "bench_l3.md").read_text()
-    assert re.search(r"\| mooncake \| warm \| 256 \| \w+ \| rotating \|", text)
+    assert re.search(r"\| mooncake \| warm \| buffered \| 256 \| \w+ \| rotating \|", text)
     assert "Limits measured in the same run" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
