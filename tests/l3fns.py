@@ -220,13 +220,14 @@ def write_prefix(args: tuple[Job, int], rank: int, world_size: int, local_rank: 
 
 def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> list:
     """Look up and load every writer's prefix from L3 into poisoned device pages: per writer,
-    (pages found, pages loaded, the first byte that differs from what it wrote, or '')."""
+    (pages found, pages loaded, the first byte that differs from what it wrote, or ''); then
+    where the reads landed ('pool' straight into pool rows, 'staging' through a buffer)."""
     job, writers = args
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job, rank, world_size, local_rank, keep_trace=True)
     try:
         size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
         target = [p + GRID_PAGES for p in pages]
-        found = []
+        found: list = []
         for index in range(writers):
             fill_random(engine, pages, 1000 + index)
             expected = snapshot(engine, pages)
@@ -242,6 +243,7 @@ def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank:
                 engine.poll()
             engine.host_allocator.free(fresh)
             found.append((hits, loaded.hits, first_mismatch(engine, target, expected)))
-        return found
+        reads = [op["into"] for op in engine.trace.ops if op["op"] == "l3_read"]
+        return [*found, sorted(set(reads))]
     finally:
         engine.close()

@@ -239,9 +239,19 @@ class L3Tier:
             stage.on_objects(job, self)
         return job
 
+    def memory(self) -> list[memoryview]:
+        """What reads land in: the host pool (where they land there directly) and the
+        scratch buffers (a store may need it registered: Mooncake)."""
+        place = self.placement(device=False)
+        found = list(place.buffers) if place.direct else []
+        for scratch in self.scratches.all:
+            found += [memoryview(scratch.head), scratch.bytes]
+        return found
+
     def close(self) -> None:
         self.stream.close()
         self.io.shutdown()
+        self.store.unregister(self.memory())
         if self.owns_store:
             self.store.close()
 
@@ -275,7 +285,7 @@ def open_tier(
     obj = PageObject(share_of(topology, model, runtime.rank), model.units)
     space = namespace(model)
     longest = obj.header_size(space, obj.name(space, "0" * 32))
-    return L3Tier(
+    tier = L3Tier(
         store=store or open_store(storage, largest_object(model)),
         owns_store=store is None,
         space=space,
@@ -290,3 +300,5 @@ def open_tier(
         batch_pages=2 * storage.io_threads,
         window_pages=window_pages(storage, runtime),
     )
+    tier.store.register(tier.memory())
+    return tier

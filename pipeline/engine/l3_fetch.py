@@ -31,12 +31,14 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
     (`stop` for a rank that reads nothing)."""
     if not job.reads:
         return stop
-    nbytes = sum(u.page_bytes for u in tier.reads(job.fallback))
+    units = tier.reads(job.fallback)
+    nbytes = sum(u.page_bytes for u in units)
+    into = "pool" if tier.page_map(units, device=job.fallback).direct else "staging"
     for i in range(first, stop):
         if not job.reads[i].result():
             tier.trace.op("l3_miss")
             return i
-        tier.trace.op("l3_read", bytes=nbytes)
+        tier.trace.op("l3_read", bytes=nbytes, into=into)  # straight into pool rows, or not
     return stop
 
 

@@ -147,8 +147,9 @@ class Scratches:
 
     def __init__(self, obj: PageObject, header_bytes: int, count: int) -> None:
         self._free: queue.SimpleQueue[Scratch] = queue.SimpleQueue()
-        for _ in range(count):
-            self._free.put(Scratch(obj, header_bytes))
+        self.all = [Scratch(obj, header_bytes) for _ in range(count)]
+        for scratch in self.all:
+            self._free.put(scratch)
 
     @contextmanager
     def taken(self) -> Iterator[Scratch]:

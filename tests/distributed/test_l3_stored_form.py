@@ -22,6 +22,8 @@ LAYOUTS = {
     2: ("topology.mem_layout=page_first",),  # token-major: read through staging
     4: ("topology.mem_layout=page_first_direct", "topology.io_backend=direct"),
 }
+INTO = {1: "pool", 2: "staging", 4: "pool"}
+"""Where each tp's layout's reads land: straight into the pool's rows, or through staging."""
 CONFIGS = [
     (tp, strategy)
     for tp in (1, 2, 4)
@@ -55,7 +57,10 @@ def test_every_strategy_and_tp_reads_what_every_other_wrote(tmp_path: Path) -> N
             l3fns.read_prefixes, (job, len(CONFIGS)), tp, backend="gloo", timeout_s=120
         )
         assert reports is not None
-        for rank, found in enumerate(reports):
+        for rank, (*found, landed) in enumerate(reports):
+            # a single_source peer reads nothing; every read lands where its layout allows
+            expected = [] if strategy == "single_source" and rank else [INTO[tp]]
+            assert landed == expected, f"tp{tp} {strategy} rank {rank}"
             for (found_pages, hits, mismatch), writer in zip(found, CONFIGS, strict=True):
                 where = f"tp{tp} {strategy} rank {rank} reading tp{writer[0]} {writer[1]}'s"
                 assert (found_pages, hits, mismatch) == (3, 3, ""), where

@@ -9,13 +9,14 @@ import re
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
-from pipeline.engine.stores import FileStore, open_store
+from pipeline.engine.stores import FileStore, MooncakeStore, open_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import concrete
 from pipeline.spec.checks import ConfigError
@@ -337,3 +338,32 @@ def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
     assert SPACE.startswith("v2-") and current.startswith(SPACE + "/")
     first = SPACE.replace("v2-", "v1-", 1)
     assert all(not current.startswith(first) for first in (f"{first}/ab/{key}/all", f"{first}/"))
+
+
+def test_mooncake_reads_land_in_registered_memory_without_a_copy_gaps_and_all() -> None:
+    """Buffers in registered memory get the object scattered straight into them (the bytes
+    no range asked for go to a scratch region); the same reads into unregistered memory go
+    through a staging buffer. Both give the same bytes."""
+    with concrete(StorageConfig(kind=StorageKind.mooncake, segment_bytes=64 << 20)) as storage:
+        store = open_store(storage, 1 << 20)
+        try:
+            assert isinstance(store, MooncakeStore)
+            parts = [memoryview(bytes([i]) * 4096) for i in range(40)]
+            store.put("ns/ab/key", parts)
+            pool = np.zeros(8 * 4096, dtype=np.uint8)
+            store.register([pool.data])
+            views = [pool.data[i * 4096 : (i + 1) * 4096] for i in range(3)]
+            ranges = [(4096 * 2, views[:1]), (4096 * 7, views[1:])]  # units 2, then 7 and 8
+            assert store._scatter(40 * 4096, ranges) is not None  # lands straight in the pool
+            seen: list[int] = []
+            assert store.read("ns/ab/key", 40 * 4096, ranges, lambda i: not seen.append(i))
+            assert [int(pool[i * 4096]) for i in range(3)] == [2, 7, 8] and seen == [0, 1]
+            assert not store.read("ns/ab/key", 40 * 4096, ranges, lambda i: i == 0)  # a check
+            loose = [memoryview(bytearray(4096))]
+            assert store._scatter(40 * 4096, [(4096 * 5, loose)]) is None  # not registered
+            assert store.read("ns/ab/key", 40 * 4096, [(4096 * 5, loose)])
+            assert bytes(loose[0]) == bytes([5]) * 4096
+            store.unregister([pool.data])
+            assert store._scatter(40 * 4096, ranges) is None
+        finally:
+            store.close()

@@ -43,6 +43,11 @@ class ObjectStore(Protocol):
     def remove(self, names: list[str]) -> None:
         """Drop these blobs (absent ones are fine)."""
 
+    def register(self, buffers: Sequence[memoryview]) -> None:
+        """Memory that reads may land in directly (a pool, headers), until `unregister`."""
+
+    def unregister(self, buffers: Sequence[memoryview]) -> None: ...
+
     def close(self) -> None:
         """Let go of the store's resources."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import queue
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +18,11 @@ OBJECT_NOT_FOUND = -704
 class MooncakeStore:
     """A Mooncake Store client over TCP (RDMA where the machine has it), lending
     `segment_bytes` of this process's memory to the store. Puts pass through the client's own
-    buffer of `buffer_bytes` (a put finding it full fails); reads land in `num_staging`
-    buffers registered with the client (`get_into`: no allocation per object), from which
-    each range is copied into its pool rows."""
+    buffer of `buffer_bytes` (a put finding it full fails). A read whose buffers all lie in
+    memory registered with `register` (the tier's host pool and headers) lands there with no
+    copy (`batch_get_into_multi_buffers`: the object scattered into its header and unit rows,
+    the bytes of units not asked for into a scratch region); any other read lands in one of
+    `num_staging` registered buffers and is copied out."""
 
     def __init__(
         self,
@@ -55,6 +58,46 @@ class MooncakeStore:
                 raise RuntimeError(f"Mooncake refused to register a {staging_bytes} B buffer")
             self._registered.append(buf)
             self._staging.put(buf)
+        self._discard = np.empty(staging_bytes, dtype=np.uint8)
+        self._regions: list[tuple[int, int]] = []
+        """Registered (start, end) addresses that reads land in directly, sorted."""
+        self.register([self._discard.data])
+
+    def register(self, buffers: Sequence[memoryview]) -> None:
+        """Let reads land in these buffers directly (they must outlive the registration)."""
+        for buf in buffers:
+            start = np.frombuffer(buf, np.uint8).ctypes.data
+            if self.client.register_buffer(start, buf.nbytes) != 0:
+                raise RuntimeError(f"Mooncake refused to register a {buf.nbytes} B buffer")
+            bisect.insort(self._regions, (start, start + buf.nbytes))
+
+    def unregister(self, buffers: Sequence[memoryview]) -> None:
+        for buf in buffers:
+            start = np.frombuffer(buf, np.uint8).ctypes.data
+            self.client.unregister_buffer(start)
+            self._regions.remove((start, start + buf.nbytes))
+
+    def _scatter(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], list[int]] | None:
+        """(addresses, lengths) that cover the whole object in order: each range's buffers,
+        the gaps between them into the discard region; None unless every buffer is
+        registered."""
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        at, discard, most = 0, self._discard.ctypes.data, self._discard.nbytes
+        for offset, buffers in [*ranges, (size, [])]:
+            while at < offset:  # bytes no buffer asked for, up to this range (or the end)
+                ptrs.append(discard)
+                sizes.append(min(offset - at, most))
+                at += sizes[-1]
+            for view in buffers:
+                start = np.frombuffer(view, np.uint8).ctypes.data
+                i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
+                if i < 0 or start + view.nbytes > self._regions[i][1]:
+                    return None
+                ptrs.append(start)
+                sizes.append(view.nbytes)
+                at += view.nbytes
+        return (ptrs, sizes) if at == size else None
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
         status = self.client.upsert_parts(name, *bytes_views(parts))
@@ -63,6 +106,18 @@ class MooncakeStore:
 
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
+        scatter = self._scatter(size, ranges)
+        if scatter is None:
+            return self._read_staged(name, size, ranges, check)
+        try:
+            (got,) = self.client.batch_get_into_multi_buffers([name], [scatter[0]], [scatter[1]])
+        except Exception:  # an unreachable master or peer: a miss
+            return False
+        return got == size and (check is None or all(check(i) for i in range(len(ranges))))
+
+    def _read_staged(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None
     ) -> bool:
         staging = self._staging.get()
         try:
@@ -105,4 +160,5 @@ class MooncakeStore:
     def close(self) -> None:
         for buf in self._registered:
             self.client.unregister_buffer(buf.ctypes.data)
+        self.client.unregister_buffer(self._discard.ctypes.data)
         self.client.close()
