@@ -16,7 +16,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch.distributed as dist
 
 from pipeline.engine.l3_jobs import ObjectsJob
-from pipeline.engine.l3_pages import PageMap, Placement, Runs, Scratches, copy_runs
+from pipeline.engine.l3_pages import (
+    PageMap,
+    Placement,
+    Runs,
+    Scratches,
+    copy_runs,
+    pool_runs,
+)
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
@@ -34,7 +41,7 @@ from pipeline.spec.l3 import (
     share_of,
     unit_digests,
 )
-from pipeline.spec.model import ModelGeometry, Unit, by_pool_kind
+from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
@@ -104,9 +111,7 @@ class L3Tier:
 
     def agree(self, value: Any) -> list[Any]:
         """Every replica-group member's `value`, in group order (a collective of all ranks)."""
-        gathered: list[Any] = [None] * dist.get_world_size(self.cpu_group)
-        dist.all_gather_object(gathered, (self.group[0], value), group=self.cpu_group)
-        return [v for first, v in gathered if first == self.group[0]]
+        return self.agree_while(value, False)[0]
 
     def agree_while(self, value: Any, going: bool) -> tuple[list[Any], bool]:
         """`agree`, and whether any rank at all is still `going` (a round of a loop that
@@ -127,17 +132,7 @@ class L3Tier:
         return self._placements[device]
 
     def runs(self, units: tuple[Unit, ...], page: int, *, device: bool) -> Runs:
-        """A page of `units`, as few pool tensors as the pool allows (each run of one pool
-        kind that its buffer stacks is one), each with its units."""
-        pool = self.device_pool if device else self.host_pool
-        found: Runs = []
-        for run in by_pool_kind(units):
-            stack = pool.stacked(run) if len(run) > 1 else None
-            if stack is None:
-                found.extend((pool.words[u.ordinal][page], (u,)) for u in run)
-            else:
-                found.append((stack[:, page], run))
-        return found
+        return pool_runs(self.device_pool if device else self.host_pool, units, page)
 
     def page_map(self, units: tuple[Unit, ...], *, device: bool) -> PageMap:
         """`units`' page map in the host (or device) pool, made once per set of units (found

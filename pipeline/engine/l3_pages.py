@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.engine.pools import stack_views
+from pipeline.engine.pools import DevicePool, HostPool, stack_views
 from pipeline.spec.l3 import PageObject
-from pipeline.spec.model import Unit
+from pipeline.spec.model import Unit, by_pool_kind
 
 Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
 """A page of some units as few pool tensors as the pool allows, each with its units."""
@@ -158,6 +158,19 @@ class Scratches:
             yield scratch
         finally:
             self._free.put(scratch)
+
+
+def pool_runs(pool: DevicePool | HostPool, units: tuple[Unit, ...], page: int) -> Runs:
+    """A page of `units`, as few pool tensors as the pool allows (each run of one pool kind
+    that its buffer stacks is one), each with its units."""
+    found: Runs = []
+    for run in by_pool_kind(units):
+        stack = pool.stacked(run) if len(run) > 1 else None
+        if stack is None:
+            found.extend((pool.words[u.ordinal][page], (u,)) for u in run)
+        else:
+            found.append((stack[:, page], run))
+    return found
 
 
 def copy_runs(sources: Sequence[torch.Tensor], targets: Runs) -> None:
