@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema_check import value_problems
@@ -47,6 +50,25 @@ FETCH_ORDER = {
 }
 
 
+def check_own_stages() -> None:
+    """ValueError unless `stages` is this project's own package (the folder beside the
+    `pipeline` package): a `stages/` folder in the current directory, or anywhere earlier on
+    sys.path, would otherwise be imported (and its `__init__` run) in its place. Checked
+    before it is imported."""
+    own = Path(__file__).resolve().parents[2] / STAGE_PACKAGE / "__init__.py"
+    loaded = sys.modules.get(STAGE_PACKAGE)
+    origin = loaded.__file__ if loaded is not None else None
+    if loaded is None:
+        spec = importlib.util.find_spec(STAGE_PACKAGE)
+        origin = spec.origin if spec is not None else None
+    if origin is None or Path(origin).resolve() != own:
+        raise ValueError(
+            f"the '{STAGE_PACKAGE}' package found first is {origin}, not this project's "
+            f"({own.parent}): a folder of that name shadows it (run from another folder, or "
+            "use the installed hicache-pipeline command)"
+        )
+
+
 def stage_class(target: Any, list_name: str) -> type:
     """The stage class a `_target_` names; ValueError for anything else."""
     if not isinstance(target, str):
@@ -59,6 +81,7 @@ def stage_class(target: Any, list_name: str) -> type:
         )
     if class_name.startswith("_"):
         raise ValueError(f"_target_ {target!r} names a private name; configs name stage classes")
+    check_own_stages()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -334,3 +336,23 @@ def test_no_config_mistake_reaches_a_rank(command, knobs, world, capsys, caplog)
     said = refused(command, args, world, capsys, caplog)
     key = args[-1].split("=")[0]
     assert key.rpartition(".")[0] in said or key in said, said
+
+
+def test_a_stages_folder_in_the_working_directory_is_never_imported(tmp_path: Path) -> None:
+    """`python -m pipeline` puts the current folder first on sys.path: a `stages/` there would
+    shadow the project's own and run its `__init__` (S1). It is refused before any import."""
+    planted = tmp_path / "stages"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (planted / "evil.py").write_text("class Evil:\n    def on_step(self, t, step, stream): ...\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "explain", "strategy=rotating"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert not marker.exists()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "not this project's" in done.stderr and "shadows it" in done.stderr
