@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import COMMANDS, run_command
+from pipeline.jobs.outputs import write_output
 from pipeline.jobs.resources import RANKS_PER_CORE
 
 SECRET = "s3cr3t-token-9f2c"
@@ -356,3 +357,28 @@ def test_a_stages_folder_in_the_working_directory_is_never_imported(tmp_path: Pa
     assert not marker.exists()
     assert done.returncode == 2, done.stdout + done.stderr
     assert "not this project's" in done.stderr and "shadows it" in done.stderr
+
+
+def test_bench_outputs_never_follow_a_planted_link(tmp_path: Path) -> None:
+    """S6: a link planted at bench.out_dir/bench.md is refused before any rank starts, and a
+    link planted later (between the check and the write) is never written through."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    victim.write_text("keep me")
+    (out / "bench.md").symlink_to(victim)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "bench", "model=tiny_mla", f"bench.out_dir={out}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "bench.out_dir" in done.stderr and "is a link" in done.stderr
+    assert victim.read_text() == "keep me"
+    with pytest.raises(OSError):
+        write_output(out / "bench.md", "overwritten?")
+    os.mkfifo(out / "fifo")
+    with pytest.raises(OSError):
+        write_output(out / "fifo", "blocked?")  # without a reader: refused, never blocks
+    assert victim.read_text() == "keep me"

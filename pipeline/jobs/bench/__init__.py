@@ -22,6 +22,7 @@ from pipeline.engine.runtime import pick_device
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.output import markdown, plot
 from pipeline.jobs.bench.rank import bench_rank
+from pipeline.jobs.outputs import check_outputs, write_output
 
 LAYOUT_FOR_IO = {"direct": "page_first_direct", "kernel": "layer_first"}
 """The host layout each io backend is measured with (the pairs rotating accepts)."""
@@ -148,6 +149,8 @@ def run_bench(session: Session) -> dict[str, Any]:
     device = pick_device(base.topology.device, 0)
     runnable, skipped = cases(session, base.bench, device.type == "cuda")
     check_fit(runnable)
+    outputs = ["bench.json", "bench.md", "bench.png"]
+    check_outputs("bench.out_dir", Path(base.bench.out_dir), outputs)
     ranks = launch_cases(bench_rank, base, runnable)
     if ranks is None:
         return {}
@@ -156,7 +159,7 @@ def run_bench(session: Session) -> dict[str, Any]:
     result["raw"] = ranks
     out = Path(base.bench.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    (out / "bench.md").write_text(markdown(result))
+    write_output(out / "bench.json", json.dumps(result, indent=2))
+    write_output(out / "bench.md", markdown(result))
     result["png"] = plot(result, out / "bench.png")
     return result

@@ -30,6 +30,7 @@ from pipeline.jobs.bench.l3_case import measure_l3_case
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.l3_store import check_direct_io, concrete
+from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.progress import progress
 from pipeline.jobs.run import start_runtime
 from pipeline.spec.checks import ConfigError
@@ -89,6 +90,7 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
     `bench.out_dir`."""
     base, cases = session.job(), l3_cases(session)
     check_fit(cases)
+    check_outputs("bench.out_dir", Path(base.bench.out_dir), ["bench_l3.json", "bench_l3.md"])
     with contextlib.ExitStack() as stack:
         made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in kinds(cases)}
         cases, notes = with_direct_io(cases, made)
@@ -98,8 +100,8 @@ def run_l3_bench(session: Session) -> dict[str, Any]:
     result = {**summarize_l3(ranks, cases, base), "notes": notes}
     out = Path(base.bench.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_l3.json").write_text(json.dumps({**result, "raw": ranks}, indent=2))
-    (out / "bench_l3.md").write_text(l3_markdown(result))
+    write_output(out / "bench_l3.json", json.dumps({**result, "raw": ranks}, indent=2))
+    write_output(out / "bench_l3.md", l3_markdown(result))
     return result
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
+
+from pipeline.jobs.outputs import write_output
 
 
 def graphs(row: dict[str, Any]) -> str:
@@ -108,6 +111,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
     ax.set_title(f"{result['model']}, {result['ranks']} x {result['device_name']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    write_output(path, png.getvalue())
     return str(path)
