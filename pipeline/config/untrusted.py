@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +57,14 @@ class UserOption:
 def read_yaml(path: Path) -> tuple[dict[str, Any] | None, dict[str, int], list[Problem]]:
     """(data, key lines, problems) of one YAML file; data is None when it cannot be read."""
     shown = str(path)
-    if path.stat().st_size > MAX_FILE_BYTES:
+    try:
+        raw = read_capped(path)
+    except OSError as e:
+        return None, {}, [Problem("", f"not read: {e.strerror or e}").at(shown)]
+    if len(raw) > MAX_FILE_BYTES:
         return None, {}, [Problem("", f"larger than {MAX_FILE_BYTES} bytes").at(shown)]
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None, {}, [Problem("", "not UTF-8 text").at(shown)]
     found = [
@@ -83,6 +89,23 @@ def read_yaml(path: Path) -> tuple[dict[str, Any] | None, dict[str, int], list[P
     if not isinstance(data, dict):
         return None, {}, [Problem("", "must be a mapping of config keys").at(shown)]
     return data, dict(_key_lines(node, "")), []
+
+
+def read_capped(path: Path) -> bytes:
+    """At most `MAX_FILE_BYTES` + 1 bytes of the regular file `path`, opened without following
+    a link (a link could name any file the user can read, and its values would be echoed in
+    errors) and without blocking (a FIFO); OSError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file (a link, a FIFO or a device is refused)")
+        chunks, left = [], MAX_FILE_BYTES + 1
+        while left and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _refused_tokens(text: str, shown: str) -> list[Problem]:

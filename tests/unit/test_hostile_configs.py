@@ -382,3 +382,29 @@ def test_bench_outputs_never_follow_a_planted_link(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_output(out / "fifo", "blocked?")  # without a reader: refused, never blocks
     assert victim.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo", "device"])
+@pytest.mark.parametrize("command", ["validate", "explain"])
+def test_a_config_file_is_read_only_if_it_is_a_regular_file(
+    planted: str, command: str, world, capsys, caplog
+) -> None:
+    """S8: a link in --config-dir to a file elsewhere is not read (its contents would be
+    echoed in the errors), a FIFO never blocks, a device (a link to /dev/zero) is refused."""
+    secret = world["victim"].parent / "secret.yaml"
+    secret.write_text("num_layers: hunter2-secret\n")
+    folder = world["dir"] / "model"
+    folder.mkdir(parents=True)
+    option = folder / "planted.yaml"
+    if planted == "link":
+        option.symlink_to(secret)
+    elif planted == "fifo":
+        os.mkfifo(option)
+    else:
+        option.symlink_to("/dev/zero")
+    args = ["--config-dir", str(world["dir"])]
+    said = refused(
+        command, [*args, "model=planted"] if command == "explain" else args, world, capsys, caplog
+    )
+    assert "hunter2" not in said
+    assert "planted.yaml" in said and "not read: " in said
