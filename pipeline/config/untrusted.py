@@ -132,6 +132,25 @@ def _key_lines(node: Any, prefix: str) -> Iterator[tuple[str, int]]:
             yield from _key_lines(value, f"{prefix}[{i}]")
 
 
+ENDPOINT_KEYS = ("master", "metadata_server")
+"""storage keys that name a network endpoint every rank would connect to."""
+
+
+def endpoint_problems(data: dict[str, Any]) -> list[Problem]:
+    """A config file (someone else's, perhaps) may not point the ranks at a network address:
+    store addresses come from the command line or the library call (`master: auto` is fine,
+    it starts a master on loopback)."""
+    return [
+        Problem(
+            f"storage.{key}",
+            f"storage.{key} may not be set in a config file (every rank would connect there): "
+            f"give it on the command line, storage.{key}=...",
+        )
+        for key in ENDPOINT_KEYS
+        if key in data and not (key == "master" and data[key] == "auto")
+    ]
+
+
 def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list[Problem]:
     """What an option file of `group` may not hold: `hydra` keys, resolver calls, a defaults
     list that reaches beyond its group's options, and keys or types its schema refuses."""
@@ -150,6 +169,8 @@ def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list
                 f"(options: {', '.join(sorted(options))})",
             )
         )
+    if group == "storage":
+        found += endpoint_problems(data)
     for key, value in _strings(data, group):
         if RESOLVER.search(value):
             found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))

@@ -13,6 +13,13 @@ from enum import Enum
 from pipeline.spec.checks import Problem, at_least, raise_problems
 
 MAX_IO_THREADS = 64
+METADATA_URL = re.compile(r"https?://[\w.-]+:\d+(/[\w./-]*)?")
+"""A metadata server's URL: scheme, host, port, path; no user or password."""
+
+
+def shown_url(url: str) -> str:
+    """`url` as it may be printed: any user and password replaced."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 class StorageKind(Enum):
@@ -64,6 +71,15 @@ class StorageConfig:
         if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
             found.append(
                 Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")
+            )
+        if self.metadata_server is not None and not METADATA_URL.fullmatch(self.metadata_server):
+            shown = shown_url(self.metadata_server)
+            found.append(
+                Problem(
+                    "storage.metadata_server",
+                    f"storage.metadata_server={shown!r}: http://host:port/path, without "
+                    "credentials in it (a URL is printed and logged)",
+                )
             )
         if self.master != "auto" and self.metadata_server is None:
             found.append(

@@ -408,3 +408,29 @@ def test_a_config_file_is_read_only_if_it_is_a_regular_file(
     )
     assert "hunter2" not in said
     assert "planted.yaml" in said and "not read: " in said
+
+
+@pytest.mark.parametrize("command", ["validate", "explain"])
+def test_a_config_file_cannot_point_the_ranks_at_a_network_address(
+    command: str, world, capsys, caplog
+) -> None:
+    """S7: storage.master and storage.metadata_server come from the command line only."""
+    folder = world["dir"] / "storage"
+    folder.mkdir(parents=True)
+    (folder / "theirs.yaml").write_text(
+        "defaults:\n  - base_storage\nkind: mooncake\nmaster: 10.0.0.66:50051\n"
+        "metadata_server: http://10.0.0.66:8080/metadata\n"
+    )
+    args = ["--config-dir", str(world["dir"])]
+    said = refused(
+        command, [*args, "storage=theirs"] if command == "explain" else args, world, capsys, caplog
+    )
+    assert "storage.master may not be set in a config file" in said
+
+
+def test_credentials_in_a_metadata_url_are_refused_and_never_printed(world, capsys, caplog) -> None:
+    url = "storage.metadata_server=http://admin:hunter2@127.0.0.1:8080/metadata"
+    said = refused(
+        "explain", ["storage=mooncake", "storage.master=127.0.0.1:5", url], world, capsys, caplog
+    )
+    assert "hunter2" not in said and "without credentials" in said

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.stores.parts import Check, Part, Range, bytes_views
+from pipeline.spec.storage import shown_url
 
 OBJECT_NOT_FOUND = -704
 """Mooncake's error code for a name that holds nothing."""
@@ -47,7 +48,8 @@ class MooncakeStore:
         )
         if status != 0:
             raise RuntimeError(
-                f"cannot join the Mooncake master at {master} (metadata {metadata_server}): "
+                f"cannot join the Mooncake master at {master} (metadata "
+                f"{shown_url(metadata_server)}): "
                 f"setup returned {status}"
             )
         self._staging: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
