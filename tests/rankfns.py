@@ -413,3 +413,25 @@ def after_close(job: Job, rank: int, world_size: int, local_rank: int) -> list[s
         except RuntimeError as e:
             said.append(str(e))
     return said
+
+
+def engines_made_and_closed(
+    args: tuple[Job, int], rank: int, world_size: int, local_rank: int
+) -> list:
+    """Open and close `count` engines (each backs up and loads one page): (open fds, OS
+    threads) after 10 and after all of them."""
+    job, count = args
+    seen = []
+    for i in range(count):
+        engine = open_engine(job, rank, world_size, local_rank)
+        size = engine.sizing.slots_per_page
+        fill_random(engine, [0], i)
+        host = engine.host_allocator.alloc(1)
+        engine.backup(page_tokens(host, size), page_tokens([0], size)).wait()
+        engine.load(page_tokens(host, size), page_tokens([1], size)).done().wait()
+        while engine.acks.pending:
+            engine.poll()
+        engine.close()
+        if i + 1 in (10, count):
+            seen.append((len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))))
+    return seen

@@ -85,6 +85,8 @@ class Runtime:
     timeout_s: float
     copy_pages: CopyPages
     """One copy call per run of pages (a strided DMA on cuda)."""
+    groups: tuple[dist.ProcessGroup, ...] = ()
+    """Every group `start` made, destroyed by `close` (each holds sockets and threads)."""
 
     @classmethod
     def start(
@@ -106,9 +108,10 @@ class Runtime:
             )
         timeout = timedelta(seconds=timeout_s)
         replica = topology.replica_group(rank, model)
-        transfer = None
+        transfer, made = None, []
         for group in topology.replica_groups(model):
             pg = dist.new_group(list(group), backend=backend, timeout=timeout)
+            made.append(pg)
             if group == replica and len(group) > 1:
                 transfer = pg
         if transfer is not None and device.type == "cuda":
@@ -117,6 +120,7 @@ class Runtime:
             dist.broadcast(torch.zeros(1, device=device), src=replica[0], group=transfer)
         cpu_group = dist.new_group(backend="gloo", timeout=timeout)
         l3_group = dist.new_group(backend="gloo", timeout=timeout)
+        made += [cpu_group, l3_group]
         copy = (
             cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
         )
@@ -136,6 +140,7 @@ class Runtime:
             forward,
             timeout_s=timeout_s,
             copy_pages=copy,
+            groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),
         )
 
     @property
@@ -154,8 +159,13 @@ class Runtime:
         )
 
     def close(self) -> None:
+        """Stop the streams, then destroy this runtime's groups (not the caller's default
+        group): an engine made and closed again and again keeps no sockets open."""
         for stream in self.streams:
             stream.close()
+        for group in self.groups:
+            dist.destroy_process_group(group)
+        self.groups = ()
 
 
 def _streams(
