@@ -51,7 +51,16 @@ def namespace(model: ModelGeometry) -> str:
 def prefix_keys(tokens: Sequence[int] | np.ndarray, slots_per_page: int, space: str) -> list[str]:
     """One key per page: SHA-256 over the previous page's key and this page's token ids, from
     the namespace on, so each key stands for the whole prefix that ends with its page."""
-    ids = np.asarray(tokens, dtype=np.int64)
+    try:
+        ids = np.asarray(tokens)
+    except (OverflowError, ValueError) as e:
+        raise ValueError(f"tokens: integer token ids only ({e})") from e
+    if ids.ndim != 1 or (len(ids) and (ids.dtype.kind not in "iu" or ids.dtype == np.uint64)):
+        raise ValueError(
+            f"tokens: a flat sequence of integer token ids (int64), got {ids.dtype} of shape "
+            f"{ids.shape}: floats or strings would name other prefixes"
+        )
+    ids = ids.astype(np.int64)
     if len(ids) % slots_per_page:
         raise ValueError(
             f"{len(ids)} token ids are not whole pages of {slots_per_page} (page_size x dcp_size)"
@@ -75,6 +84,9 @@ def check_keys(keys: Sequence[str], num_pages: int) -> None:
     bad = [k for k in keys if not isinstance(k, str) or not KEY.fullmatch(k)]
     if bad:
         raise ValueError(f"keys {bad[:3]!r} are not page keys (32 hex digits, see Engine.l3_keys)")
+    if len(set(keys)) != len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"keys repeat ({twice[:2]!r}): one key per page, each page once")
 
 
 @dataclass(frozen=True)

@@ -367,3 +367,17 @@ def test_mooncake_reads_land_in_registered_memory_without_a_copy_gaps_and_all() 
             assert store._scatter(40 * 4096, ranges) is None
         finally:
             store.close()
+
+
+@pytest.mark.parametrize(
+    "tokens", [[1.5, 2.0, 3.0, 4.0], [2**64, 1, 2, 3], ["a", "b", "c", "d"], [[1, 2], [3, 4]]]
+)
+def test_only_integer_token_ids_make_keys(tokens: list) -> None:
+    with pytest.raises(ValueError, match="tokens: "):
+        prefix_keys(tokens, 4, SPACE)
+
+
+def test_a_key_may_name_one_page_only() -> None:
+    keys = prefix_keys(list(range(8)), 4, SPACE)
+    with pytest.raises(ValueError, match="keys repeat"):
+        check_keys([keys[0], keys[0]], 2)
