@@ -220,7 +220,8 @@ def write_prefix(args: tuple[Job, int], rank: int, world_size: int, local_rank: 
 
 def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> list:
     """Look up and load every writer's prefix from L3 into poisoned device pages: per writer,
-    (pages found, pages loaded, the first byte that differs from what it wrote, or ''); then
+    (pages found, pages loaded, the first byte of them that differs from what it wrote, or
+    ''); then
     where the reads landed ('pool' straight into pool rows, 'staging' through a buffer)."""
     job, writers = args
     engine = open_engine(job, rank, world_size, local_rank, keep_trace=True)
@@ -242,7 +243,9 @@ def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank:
             while engine.acks.pending:
                 engine.poll()
             engine.host_allocator.free(fresh)
-            found.append((hits, loaded.hits, first_mismatch(engine, target, expected)))
+            n = loaded.hits
+            exact = {u: e[:n] for u, e in expected.items()}
+            found.append((hits, n, first_mismatch(engine, target[:n], exact) if n else ""))
         reads = [op["into"] for op in engine.trace.ops if op["op"] == "l3_read"]
         return [*found, sorted(set(reads))]
     finally:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from pipeline.engine.l3_jobs import ObjectsJob
+from pipeline.engine.l3_jobs import ObjectsJob, window_pages
 from pipeline.engine.l3_pages import (
     PageMap,
     Placement,
@@ -27,13 +27,14 @@ from pipeline.engine.l3_pages import (
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.engine.stores.files import read_key_file
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
 from pipeline.spec.l3 import (
+    Checks,
     PageObject,
     PageRoles,
     check_keys,
-    digest,
     header,
     largest_object,
     namespace,
@@ -74,6 +75,7 @@ class L3Tier:
         owners: OwnerMap,
         batch_pages: int,
         window_pages: int,
+        checks: Checks,
     ) -> None:
         self.store = store
         self.owns_store = owns_store
@@ -102,6 +104,8 @@ class L3Tier:
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
+        self.checks = checks
+        self.digest = checks.unit()
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, int | tuple[int, ...]], PageMap] = {}
 
@@ -152,9 +156,9 @@ class L3Tier:
         bytes, and must not be used)."""
         obj, name, pages = self.object, self.name(key), self.page_map(units, device=device)
         with self.scratches.taken() as scratch:
-            head = memoryview(scratch.head)[: obj.header_size(self.space, name)]
+            head = memoryview(scratch.head)[: obj.header_size(self.space, name, self.checks)]
             views = pages.views(page) if pages.direct else scratch.views(units)
-            first, groups, rows = head.nbytes, pages.groups, pages.rows
+            first, groups, rows, digest = head.nbytes, pages.groups, pages.rows, self.digest
             ranges = [(first + at, [views[j] for j in units_at]) for at, units_at in groups]
             if groups and groups[0][0] == 0:  # the header and the first units in one read
                 ranges[0] = (0, [head, *ranges[0][1]])
@@ -165,10 +169,10 @@ class L3Tier:
 
             def check(i: int) -> bool:
                 if not i:
-                    found = unit_digests(head, obj, self.space, name)
+                    found = unit_digests(head, obj, self.space, name, self.checks)
                     if found is None:
                         return False
-                    table.extend(found.tolist())
+                    table.extend(found)
                 return all(digest(views[j]) == table[rows[j]] for j in groups[i][1])
 
             if not self.store.read(name, first + obj.page_bytes, ranges, check):
@@ -194,7 +198,8 @@ class L3Tier:
                 mine = scratch.views(own)
             views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
-            head = header(self.space, name, [digest(v) for v in parts], obj.page_bytes)
+            digests = [self.digest(v) for v in parts]
+            head = header(self.space, name, digests, obj.page_bytes, self.checks)
             self.store.put(name, [head, *parts])
 
     def write_back(
@@ -251,18 +256,6 @@ class L3Tier:
             self.store.close()
 
 
-CUDA_WINDOW_PAGES = 64
-"""`storage.load_chunk_pages` on cuda when not given: a few windows per prefix, so the DMA of
-one overlaps the reads of the next without a load issued per handful of pages."""
-
-
-def window_pages(storage: StorageConfig, runtime: Runtime) -> int:
-    """`storage.load_chunk_pages`, or its default for this rank's device."""
-    if storage.load_chunk_pages is not None:
-        return storage.load_chunk_pages
-    return CUDA_WINDOW_PAGES if runtime.device.type == "cuda" else 0
-
-
 def open_tier(
     storage: StorageConfig | None,
     runtime: Runtime,
@@ -279,7 +272,8 @@ def open_tier(
         return None
     obj = PageObject(share_of(topology, model, runtime.rank), model.units)
     space = namespace(model)
-    longest = obj.header_size(space, obj.name(space, "0" * 32))
+    key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
+    longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
     tier = L3Tier(
         store=store or open_store(storage, largest_object(model)),
         owns_store=store is None,
@@ -294,6 +288,7 @@ def open_tier(
         owners=owners,
         batch_pages=2 * storage.io_threads,
         window_pages=window_pages(storage, runtime),
+        checks=Checks(key),
     )
     tier.store.register(tier.memory())
     return tier

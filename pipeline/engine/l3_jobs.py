@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pipeline.engine.runtime import Runtime
 from pipeline.spec.l3 import check_keys
 from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
+from pipeline.spec.storage import StorageConfig
 
 
 @dataclass
@@ -71,3 +73,15 @@ def objects_job(
     if held := sorted(set(host.tolist()) - set(empty)):
         raise ValueError(f"host_indices name pages that hold data (a fetch overwrites): {held[:8]}")
     return ObjectsJob(keys, host, device)
+
+
+CUDA_WINDOW_PAGES = 64
+"""`storage.load_chunk_pages` on cuda when not given: a few windows per prefix, so the DMA of
+one overlaps the reads of the next without a load issued per handful of pages."""
+
+
+def window_pages(storage: StorageConfig, runtime: Runtime) -> int:
+    """`storage.load_chunk_pages`, or its default for this rank's device."""
+    if storage.load_chunk_pages is not None:
+        return storage.load_chunk_pages
+    return CUDA_WINDOW_PAGES if runtime.device.type == "cuda" else 0

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
 from pipeline.spec.checks import ConfigError, Problem
@@ -42,6 +43,11 @@ log = logging.getLogger("hicache-pipeline")
 @contextlib.contextmanager
 def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
     """The store with its folder or master in place, for the length of the block."""
+    if storage.auth_key_file is not None:
+        try:
+            read_key_file(storage.auth_key_file)
+        except ValueError as e:
+            raise ConfigError([Problem("storage.auth_key_file", str(e))]) from e
     temporary = storage.kind is StorageKind.file and storage.path is None
     auto_master = storage.kind is StorageKind.mooncake and storage.master == "auto"
     if under_torchrun() and (temporary or auto_master):

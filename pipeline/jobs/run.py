@@ -229,6 +229,7 @@ class L3Counts:
             "l3_write_bytes": moved.get(("l3_write", ""), 0),
             "l3_send_bytes": moved.get(("l3_send", ""), 0),
             "l3_read_bytes": moved.get(("l3_read", ""), 0),
+            "l3_misses": engine.trace.counts.get("l3_miss", 0),
             "l3_hit_pages": self.hit_pages,
             "l3_fallbacks": self.fallbacks,
         }

@@ -34,10 +34,10 @@ FORMAT_VERSION = 2
 """2: one object per page for every strategy, a CRC-32C per unit (1: one object per writer,
 CRC-32 over the payload; its namespace differs, so its objects are never found)."""
 MAGIC = b"HCPL3"
-HEADER = struct.Struct("<5sHHHIQI")
-"""magic, format version, namespace length, name length, units, payload length, and the
-CRC-32C of the rest of the header (these fields with it zero, namespace, name, unit digests)."""
-DIGEST = np.dtype("<u4")
+HEADER = struct.Struct("<5sHHHBIQ16s")
+"""magic, format version, namespace length, name length, check kind (`Checks.kind`), units,
+payload length, and the check of the whole header (these fields with it zero, then the
+namespace, the name and one digest per unit)."""
 
 
 def namespace(model: ModelGeometry) -> str:
@@ -120,8 +120,9 @@ class PageObject:
         """Per unit ordinal, its row in the header's digest table."""
         return {u.ordinal: i for i, u in enumerate(self.units)}
 
-    def header_size(self, space: str, name: str) -> int:
-        return HEADER.size + len(space.encode()) + len(name.encode()) + 4 * len(self.units)
+    def header_size(self, space: str, name: str, checks: Checks | None = None) -> int:
+        width = (checks or Checks()).width
+        return HEADER.size + len(space.encode()) + len(name.encode()) + width * len(self.units)
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:
@@ -152,43 +153,76 @@ def page_roles(owners: OwnerMap, units: tuple[Unit, ...], rank: int) -> PageRole
     return PageRoles(reads=owners.owned(rank, units), writer=owners.group[0], senders=senders)
 
 
-digest: Callable[[memoryview | bytes], int] = crc32c.crc32c
-"""CRC-32C of a unit's bytes: the CPU's own instruction, outside Python's lock, so the I/O
-threads check in parallel what they read (zlib's CRC-32 was several times slower, XXH3 held
-the lock; see BENCHMARKS.md)."""
+@dataclass(frozen=True)
+class Checks:
+    """How an object's bytes are checked. Without a key: a CRC-32C per unit and over the
+    header (accidents: a torn, truncated or flipped object). With a key (`storage.auth_key_
+    file`): a keyed BLAKE2b-128 per unit and over the header, so whoever lacks the key cannot
+    plant KV that a model would attend to."""
+
+    key: bytes | None = None
+
+    @property
+    def kind(self) -> int:
+        return 0 if self.key is None else 1
+
+    @property
+    def width(self) -> int:
+        """Bytes of one digest in the header."""
+        return 4 if self.key is None else 16
+
+    def unit(self) -> Callable[[memoryview | bytes], int]:
+        """The digest of one unit's bytes. CRC-32C is the CPU's own instruction and runs
+        outside Python's lock, so the I/O threads check what they read in parallel (zlib's
+        CRC-32 was several times slower, XXH3 held the lock; see BENCHMARKS.md); BLAKE2b
+        also leaves the lock, at about a tenth of the speed."""
+        if self.key is None:
+            return crc32c.crc32c
+        key = self.key
+        return lambda view: int.from_bytes(
+            hashlib.blake2b(view, key=key, digest_size=16).digest(), "little"
+        )
 
 
-def header(space: str, name: str, digests: Sequence[int], payload_bytes: int) -> bytes:
+digest = Checks().unit()
+"""CRC-32C of a buffer (the unkeyed unit digest)."""
+
+
+def header(
+    space: str, name: str, digests: Sequence[int], payload_bytes: int, checks: Checks
+) -> bytes:
     """What comes before an object's payload: the fixed fields, the namespace, the name, one
-    digest per unit, with the CRC-32C of all of it in the fixed fields."""
+    digest per unit, with the check of all of it in the fixed fields."""
     ns, nm = space.encode(), name.encode()
-    table = np.asarray(digests, dtype=DIGEST).tobytes()
-    fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), len(digests), payload_bytes)
+    table = b"".join(d.to_bytes(checks.width, "little") for d in digests)
+    fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), checks.kind, len(digests), payload_bytes)
     rest = ns + nm + table
-    check = digest(HEADER.pack(*fields, 0) + rest)
+    check = checks.unit()(HEADER.pack(*fields, bytes(16)) + rest).to_bytes(16, "little")
     return HEADER.pack(*fields, check) + rest
 
 
 def unit_digests(
-    head: bytes | bytearray | memoryview, obj: PageObject, space: str, name: str
-) -> np.ndarray | None:
+    head: bytes | bytearray | memoryview, obj: PageObject, space: str, name: str, checks: Checks
+) -> list[int] | None:
     """The digest table of `head` if it is exactly a header of object `name` of `space` with
-    `obj`'s units and length and its own check holds; None otherwise (a miss)."""
+    `obj`'s units and length, checked as `checks` says, and its own check holds; None
+    otherwise (a miss: another kind of check, with or without a key, is one too)."""
     head = bytes(head)
-    if len(head) != obj.header_size(space, name):
+    if len(head) != obj.header_size(space, name, checks):
         return None
     *fields, check = HEADER.unpack_from(head)
     ns, nm = space.encode(), name.encode()
-    want = [MAGIC, FORMAT_VERSION, len(ns), len(nm), len(obj.units), obj.page_bytes]
+    want = [MAGIC, FORMAT_VERSION, len(ns), len(nm), checks.kind, len(obj.units), obj.page_bytes]
     rest = head[HEADER.size :]
     if fields != want or not rest.startswith(ns + nm):
         return None
-    if digest(HEADER.pack(*fields, 0) + rest) != check:
+    if checks.unit()(HEADER.pack(*fields, bytes(16)) + rest).to_bytes(16, "little") != check:
         return None
-    return np.frombuffer(rest, dtype=DIGEST, offset=len(ns) + len(nm))
+    table, width = rest[len(ns) + len(nm) :], checks.width
+    return [int.from_bytes(table[i : i + width], "little") for i in range(0, len(table), width)]
 
 
 def largest_object(model: ModelGeometry) -> int:
     """At least the bytes of any object of `model`'s pages, header included (a namespace and
     a name take far less than the room left for them)."""
-    return 4096 + 4 * len(model.units) + sum(u.page_bytes for u in model.units)
+    return 4096 + 16 * len(model.units) + sum(u.page_bytes for u in model.units)

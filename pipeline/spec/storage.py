@@ -50,6 +50,10 @@ class StorageConfig:
     io_threads: int = 4
     """Objects each rank reads or writes at once (a store's reads and digests run outside
     Python's lock, so a few threads keep a disk or a network link busy)."""
+    auth_key_file: str | None = None
+    """A file holding a secret key (16-64 bytes): objects then carry a keyed BLAKE2b-128 MAC
+    per unit and over their header, and an object without a valid one is a miss; null: a
+    CRC-32C (accidents only). Every writer and reader of a store needs the same key."""
     direct_io: bool = False
     """file: read objects bypassing the OS page cache (O_DIRECT, whole objects into aligned
     buffers): faster for a store that is not cached, slower for one that is (BENCHMARKS.md)."""

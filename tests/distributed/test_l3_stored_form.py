@@ -5,6 +5,7 @@ bit-exact by every other strategy and tp, on real gloo ranks."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import l3fns
@@ -64,3 +65,30 @@ def test_every_strategy_and_tp_reads_what_every_other_wrote(tmp_path: Path) -> N
             for (found_pages, hits, mismatch), writer in zip(found, CONFIGS, strict=True):
                 where = f"tp{tp} {strategy} rank {rank} reading tp{writer[0]} {writer[1]}'s"
                 assert (found_pages, hits, mismatch) == (3, 3, ""), where
+
+
+def test_a_keyed_store_serves_its_objects_only_to_readers_with_its_key(tmp_path: Path) -> None:
+    """S4: with storage.auth_key_file, objects carry keyed MACs; a reader without the key, or
+    with another, finds them present but loads none (each a counted miss), never bytes."""
+    store = tmp_path / "store"
+    store.mkdir()
+    keys = {}
+    for name in ("ours", "theirs"):
+        keys[name] = tmp_path / name
+        keys[name].write_bytes(os.urandom(32))
+
+    def keyed(key: str | None) -> Job:
+        job = grid_job(2, "rotating", store)
+        return dataclasses.replace(
+            job,
+            storage=dataclasses.replace(
+                job.storage, auth_key_file=None if key is None else str(keys[key])
+            ),
+        )
+
+    assert launch(l3fns.write_prefix, (keyed("ours"), 0), 2, backend="gloo", timeout_s=120)
+    for reader, hits in (("ours", 3), (None, 0), ("theirs", 0)):
+        reports = launch(l3fns.read_prefixes, (keyed(reader), 1), 2, backend="gloo", timeout_s=120)
+        assert reports is not None
+        for (found, loaded, mismatch), _landed in reports:
+            assert (found, loaded, mismatch) == (3, hits, ""), reader

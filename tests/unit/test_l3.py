@@ -21,6 +21,7 @@ from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import concrete
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
+    Checks,
     PageObject,
     check_keys,
     digest,
@@ -87,25 +88,41 @@ def test_keys_that_could_name_other_files_are_refused(bad: object) -> None:
         check_keys(["0" * 32], 2)
 
 
-def test_a_header_is_trusted_only_when_it_is_exactly_the_one_asked_for() -> None:
+@pytest.mark.parametrize("checks", [Checks(), Checks(b"k" * 32)], ids=["crc32c", "keyed"])
+def test_a_header_is_trusted_only_when_it_is_exactly_the_one_asked_for(checks: Checks) -> None:
     obj = PageObject("", DSA.units)
     name = obj.name(SPACE, "0" * 32)
     digests = list(range(1, len(DSA.units) + 1))
-    head = header(SPACE, name, digests, obj.page_bytes)
-    assert len(head) == obj.header_size(SPACE, name)
-    table = unit_digests(head, obj, SPACE, name)
-    assert table is not None and table.tolist() == digests
+    head = header(SPACE, name, digests, obj.page_bytes, checks)
+    assert len(head) == obj.header_size(SPACE, name, checks)
+    assert unit_digests(head, obj, SPACE, name, checks) == digests
     for i in range(len(head)):  # any flipped bit, in a field, the name or the table
         bad = bytearray(head)
         bad[i] ^= 0x10
-        assert unit_digests(bad, obj, SPACE, name) is None, i
-    assert unit_digests(head[:-1], obj, SPACE, name) is None  # truncated
-    assert unit_digests(head, obj, SPACE, obj.name(SPACE, "1" * 32)) is None  # another's
+        assert unit_digests(bad, obj, SPACE, name, checks) is None, i
+    assert unit_digests(head[:-1], obj, SPACE, name, checks) is None  # truncated
+    assert unit_digests(head, obj, SPACE, obj.name(SPACE, "1" * 32), checks) is None  # another's
     other = namespace(dataclasses.replace(DSA, page_size=8))
-    assert unit_digests(head, obj, other, name) is None
-    longer = header(SPACE, name, digests, obj.page_bytes + 1)
-    assert unit_digests(longer, obj, SPACE, name) is None  # another length
+    assert unit_digests(head, obj, other, name, checks) is None
+    longer = header(SPACE, name, digests, obj.page_bytes + 1, checks)
+    assert unit_digests(longer, obj, SPACE, name, checks) is None  # another length
     assert digest(b"a" * 100) != digest(b"a" * 99 + b"b")
+
+
+def test_a_keyed_store_trusts_only_objects_made_with_its_key() -> None:
+    """S4: CRC-32C is public, so anyone can make an object that passes it; with a key, an
+    object checked without it, or with another key, is a miss."""
+    obj = PageObject("", DSA.units)
+    name = obj.name(SPACE, "0" * 32)
+    mine, theirs, plain = Checks(b"m" * 32), Checks(b"t" * 32), Checks()
+    payload = [b"x" * u.page_bytes for u in DSA.units]
+    for made in (theirs, plain):
+        forged = header(SPACE, name, [made.unit()(p) for p in payload], obj.page_bytes, made)
+        assert unit_digests(forged, obj, SPACE, name, mine) is None
+    good = header(SPACE, name, [mine.unit()(p) for p in payload], obj.page_bytes, mine)
+    table = unit_digests(good, obj, SPACE, name, mine)
+    assert table is not None and table[0] == mine.unit()(payload[0]) != plain.unit()(payload[0])
+    assert unit_digests(good, obj, SPACE, name, plain) is None  # no key: not readable either
 
 
 def test_one_object_per_page_whoever_writes_it_and_who_reads_which_units() -> None:

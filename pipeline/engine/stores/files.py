@@ -60,6 +60,31 @@ class DirectReads:
             self._free.put(staging)
 
 
+KEY_BYTES = (16, 64)
+"""A MAC key's length in bytes: at least 128 bits, at most what BLAKE2b takes."""
+
+
+def read_key_file(path: str) -> bytes:
+    """The key in the regular file `path` (its raw bytes), opened without following a link;
+    ValueError naming storage.auth_key_file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"storage.auth_key_file={path}: {e.strerror}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"storage.auth_key_file={path}: not a regular file")
+        key = os.read(fd, KEY_BYTES[1] + 1)
+    finally:
+        os.close(fd)
+    if not KEY_BYTES[0] <= len(key) <= KEY_BYTES[1]:
+        raise ValueError(
+            f"storage.auth_key_file={path}: {len(key)} bytes; a key is {KEY_BYTES[0]} to "
+            f"{KEY_BYTES[1]} bytes (e.g. head -c 32 /dev/urandom > key)"
+        )
+    return key
+
+
 class FileStore:
     """One file per object under a folder; a write lands whole or not at all (a temporary
     file in the same folder, then a rename). Every open below the root is relative to its
