@@ -29,7 +29,7 @@ from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
 from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
 
 DIRECT_BLOCK = 4096
 """Bytes of the O_DIRECT probe: one page, aligned as such reads must be."""
@@ -135,11 +135,13 @@ def _die_with_parent() -> None:  # runs in the master's process before exec
 
 @contextlib.contextmanager
 def master_on_loopback() -> Iterator[tuple[str, str]]:
-    """(master host:port, metadata URL) of a fresh master on loopback, for the block. Ports
-    are picked free, then bound by the master: if another process took one in between, the
-    master exits and a new one starts on other ports."""
+    """(master host:port, metadata) of a fresh master on loopback, for the block: its RPC
+    and metrics ports bound to 127.0.0.1, and no HTTP metadata server (that one listened on
+    every address whatever its host flag said): the clients exchange their metadata directly
+    (Mooncake's P2PHANDSHAKE). Ports are picked free, then bound by the master: if another
+    process took one in between, the master exits and a new one starts on other ports."""
     for attempt in range(MASTER_ATTEMPTS):
-        process, rpc, http = _start_master()
+        process, rpc = _start_master()
         if process.poll() is None:
             break
         if attempt == MASTER_ATTEMPTS - 1:
@@ -149,7 +151,7 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
             )
     try:
         log.info("mooncake_master (pid %d) on 127.0.0.1:%d for this job", process.pid, rpc)
-        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+        yield f"127.0.0.1:{rpc}", P2P_METADATA
     finally:
         process.terminate()
         try:
@@ -159,30 +161,28 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
             process.wait()
 
 
-def _start_master() -> tuple[subprocess.Popen, int, int]:
-    """A master on fresh ports, once it answers on both (or once it has exited)."""
-    rpc, http, metrics = free_port(), free_port(), free_port()
+def _start_master() -> tuple[subprocess.Popen, int]:
+    """A master on fresh ports, once it answers (or once it has exited)."""
+    rpc, metrics = free_port(), free_port()
     process = subprocess.Popen(
         [
             master_binary(),
-            "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1",
-            f"--http_metadata_server_port={http}",
             "--rpc_address=127.0.0.1",
             f"--rpc_port={rpc}",
             f"--metrics_port={metrics}",
+            "--metrics_host=127.0.0.1",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,
     )
     deadline = time.monotonic() + MASTER_START_S
-    while not (answers("127.0.0.1", rpc, 0.2) and answers("127.0.0.1", http, 0.2)):
+    while not answers("127.0.0.1", rpc, 0.2):
         if process.poll() is not None:
-            return process, rpc, http
+            return process, rpc
         if time.monotonic() > deadline:
             process.kill()
             process.wait()
-            return process, rpc, http
+            return process, rpc
         time.sleep(0.1)
-    return process, rpc, http
+    return process, rpc

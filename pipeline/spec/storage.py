@@ -13,8 +13,10 @@ from enum import Enum
 from pipeline.spec.checks import Problem, at_least, raise_problems
 
 MAX_IO_THREADS = 64
-METADATA_URL = re.compile(r"https?://[\w.-]+:\d+(/[\w./-]*)?")
-"""A metadata server's URL: scheme, host, port, path; no user or password."""
+P2P_METADATA = "P2PHANDSHAKE"
+"""Mooncake's metadata without a server: the clients exchange it directly."""
+METADATA_URL = re.compile(r"https?://[\w.-]+:\d+(/[\w./-]*)?|" + P2P_METADATA)
+"""A metadata server's URL (scheme, host, port, path; no user or password), or P2PHANDSHAKE."""
 
 
 def shown_url(url: str) -> str:
@@ -43,8 +45,8 @@ class StorageConfig:
     """mooncake: the master's host:port, or auto (the job starts one on loopback and stops
     it at the end)."""
     metadata_server: str | None = None
-    """mooncake with a given master: the HTTP metadata server's URL (with master=auto, the
-    master serves it)."""
+    """mooncake with a given master: the HTTP metadata server's URL, or P2PHANDSHAKE (the
+    clients exchange it directly; what master=auto uses)."""
     segment_bytes: int = 256 << 20
     """mooncake: the memory each rank lends the store (objects live in the ranks' segments)."""
     io_threads: int = 4

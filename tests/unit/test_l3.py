@@ -3,6 +3,7 @@ which object, the file store, the stage-order check, the store rule and the job'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -18,7 +19,7 @@ from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
 from pipeline.engine.stores import FileStore, MooncakeStore, open_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
-from pipeline.jobs.l3_store import concrete
+from pipeline.jobs.l3_store import concrete, master_on_loopback
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
     Checks,
@@ -398,3 +399,43 @@ def test_a_key_may_name_one_page_only() -> None:
     keys = prefix_keys(list(range(8)), 4, SPACE)
     with pytest.raises(ValueError, match="keys repeat"):
         check_keys([keys[0], keys[0]], 2)
+
+
+def listening(pid: int) -> list[str]:
+    """The local addresses a process listens on (TCP, from /proc: no tool needed)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1].rpartition(":")[0])
+    return found
+
+
+def test_the_master_a_job_starts_listens_on_loopback_only() -> None:
+    """S3: its RPC and metrics ports on 127.0.0.1, and no HTTP metadata server at all (it
+    listened on every address whatever its host flag said; clients handshake directly)."""
+    with master_on_loopback() as (master, metadata):
+        assert metadata == "P2PHANDSHAKE" and master.startswith("127.0.0.1:")
+        (pid,) = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and f"rpc_port={master.rpartition(':')[2]}" in _cmdline(p)
+        ]
+        addresses = listening(pid)
+        assert addresses and all(
+            a in ("0100007F", "00000000000000000000000001000000") for a in addresses
+        )
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
