@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from pipeline.engine.runtime import Backend
-from pipeline.spec.checks import Problem, at_least, non_empty, raise_problems
+from pipeline.spec.checks import Problem, at_least, finite, non_empty, raise_problems
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
@@ -61,7 +61,8 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         found = at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
-        if isinstance(self.host_ratio, int | float) and self.host_ratio <= 0:
+        found += finite("workload", self, "host_ratio")
+        if isinstance(self.host_ratio, int | float) and not found and self.host_ratio <= 0:
             found.append(
                 Problem("workload.host_ratio", f"workload.host_ratio={self.host_ratio} must be > 0")
             )
@@ -82,9 +83,11 @@ class RuntimeConfig:
     """All-gather the inputs of every rank-replicated decision and raise on divergence."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.timeout_s, int | float) and self.timeout_s <= 0:
+        found = finite("runtime", self, "timeout_s")
+        if isinstance(self.timeout_s, int | float) and not found and self.timeout_s <= 0:
             key = "runtime.timeout_s"
-            raise_problems([Problem(key, f"{key}={self.timeout_s} must be > 0")])
+            found.append(Problem(key, f"{key}={self.timeout_s} must be > 0"))
+        raise_problems(found)
 
 
 @dataclass(kw_only=True)

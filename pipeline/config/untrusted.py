@@ -266,8 +266,12 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
         raise ConfigError(
             [Problem("", f"cannot parse the overrides: {str(e).splitlines()[0]}", "overrides")]
         ) from None
+    # at most one job more than allowed from each sweep: a range of millions is never built
     choices = [
-        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+        [
+            f"{o.get_key_element()}={v}"
+            for v in itertools.islice(o.sweep_string_iterator(), MAX_SWEEP_JOBS + 1)
+        ]
         if o.is_sweep_override()
         else [text]
         for o, text in zip(parsed, overrides, strict=True)
@@ -275,6 +279,12 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     count = math.prod(len(c) for c in choices)
     if count > MAX_SWEEP_JOBS:
         raise ConfigError(
-            [Problem("", f"a sweep of {count} jobs: at most {MAX_SWEEP_JOBS}", "overrides")]
+            [
+                Problem(
+                    "",
+                    f"a sweep of more than {MAX_SWEEP_JOBS} jobs: at most {MAX_SWEEP_JOBS}",
+                    "overrides",
+                )
+            ]
         )
     return [list(job) for job in itertools.product(*choices)]

@@ -108,12 +108,9 @@ class Runtime:
             )
         timeout = timedelta(seconds=timeout_s)
         replica = topology.replica_group(rank, model)
-        transfer, made = None, []
-        for group in topology.replica_groups(model):
-            pg = dist.new_group(list(group), backend=backend, timeout=timeout)
-            made.append(pg)
-            if group == replica and len(group) > 1:
-                transfer = pg
+        groups = topology.replica_groups(model)
+        made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in groups]
+        transfer = made[groups.index(replica)] if len(replica) > 1 else None
         if transfer is not None and device.type == "cuda":
             # NCCL makes a communicator on its first collective, which must not be one that a
             # CUDA graph captures
@@ -126,18 +123,8 @@ class Runtime:
         )
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s)
         return cls(
-            rank,
-            world_size,
-            device,
-            replica,
-            transfer,
-            cpu_group,
-            l3_group,
-            load,
-            write,
-            exchange,
-            gather,
-            forward,
+            *(rank, world_size, device, replica, transfer, cpu_group, l3_group),
+            *(load, write, exchange, gather, forward),
             timeout_s=timeout_s,
             copy_pages=copy,
             groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),

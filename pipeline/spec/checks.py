@@ -8,6 +8,7 @@ were not asked to check (a mistake elsewhere in a config may hold a secret).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,18 +49,31 @@ def raise_problems(problems: list[Problem]) -> None:
         raise ConfigError(problems)
 
 
+LARGEST_NUMBER = 1e15
+"""No knob means anything beyond this (a timeout of 31 million years, a quadrillion bytes):
+larger values, nan and inf are refused before they overflow somewhere downstream."""
+
+
 def at_least(section: str, obj: object, **least: int | float) -> list[Problem]:
-    """Each named number of `obj` that is below its least value (non-numbers are left to the
-    schema's type check)."""
+    """Each named number of `obj` that is below its least value, not finite, or beyond
+    `LARGEST_NUMBER` (non-numbers are left to the schema's type check)."""
     found = []
     for name, floor in least.items():
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        if value < floor:
+        if not math.isfinite(value) or abs(value) > LARGEST_NUMBER:
+            key = f"{section}.{name}"
+            found.append(Problem(key, f"{key}={value!r} must be a finite number below 1e15"))
+        elif value < floor:
             key = f"{section}.{name}"
             found.append(Problem(key, f"{key}={value!r} must be >= {floor}"))
     return found
+
+
+def finite(section: str, obj: object, *names: str) -> list[Problem]:
+    """Each named number that is nan, inf or beyond `LARGEST_NUMBER`."""
+    return at_least(section, obj, **dict.fromkeys(names, -LARGEST_NUMBER))
 
 
 def positive(section: str, obj: object, *names: str) -> list[Problem]:

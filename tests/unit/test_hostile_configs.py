@@ -434,3 +434,25 @@ def test_credentials_in_a_metadata_url_are_refused_and_never_printed(world, caps
         "explain", ["storage=mooncake", "storage.master=127.0.0.1:5", url], world, capsys, caplog
     )
     assert "hunter2" not in said and "without credentials" in said
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("runtime.timeout_s=nan", "runtime.timeout_s"),
+        ("runtime.timeout_s=1e300", "runtime.timeout_s"),
+        ("workload.host_ratio=inf", "workload.host_ratio"),
+        ("soak.max_rss_growth_mb=nan", "soak.max_rss_growth_mb"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_refused_naming_the_key(
+    override: str, key: str, world, capsys, caplog
+) -> None:
+    said = refused("explain", [override], world, capsys, caplog)
+    assert f"{key}=" in said and "finite" in said
+
+
+def test_a_sweep_is_counted_before_it_is_built(world, capsys, caplog) -> None:
+    """A range of 300 million jobs is refused at once (it was expanded first: MemoryError)."""
+    said = refused("explain", ["-m", "workload.seed=range(0,300000000)"], world, capsys, caplog)
+    assert "a sweep of more than 256 jobs" in said
