@@ -157,7 +157,45 @@ def stage_problems(
                 except ValueError as e:
                     found.append(Problem(key, f"{key}: {e}"))
     fetch = directions.get("l3", {}).get("fetch", [])
-    return found + fetch_problems(fetch, ownership)
+    broken = {p.key.rpartition("[")[0] for p in found}  # a list whose entries are wrong may
+    lacking = [p for p in required_problems(directions, ownership) if p.key not in broken]
+    return found + fetch_problems(fetch, ownership) + lacking  # lack what they meant to name
+
+
+COPY, ACK = "stages.copy.Copy", "stages.record_event.RecordEvent"
+REQUIRED: Mapping[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("backup", "per_step"): ((COPY,), "nothing would be copied"),
+    ("backup", "finish"): ((ACK,), "the backup would never ack"),
+    ("load", "per_step"): ((COPY,), "nothing would be copied"),
+    ("load", "finish"): ((ACK,), "the load would never ack"),
+    ("l3", "write_back"): (("stages.write_objects.WriteObjects",), "nothing would reach L3"),
+    ("l3", "fetch"): (
+        ("stages.read_objects.ReadObjects",),
+        "a fetch would report pages it never read as hits",
+    ),
+}
+"""What every strategy's lists must hold to move its bytes, and what would go wrong without."""
+EXCHANGED = (
+    ("stages.gather.Gather", "stages.broadcast.Broadcast", "stages.scatter.Scatter", ACK),
+    "a layer would never reach the peers, or never be usable there",
+)
+"""What a deduplicated load's exchange must hold."""
+
+
+def required_problems(
+    directions: Mapping[str, Mapping[str, list[Any]]], ownership: Ownership | None
+) -> list[Problem]:
+    """Each stage a strategy's ownership needs that its lists lack, naming the list."""
+    needed = dict(REQUIRED)
+    if ownership in (Ownership.single_source, Ownership.rotating):
+        needed["load", "exchange"] = EXCHANGED
+    found = []
+    for (direction, list_name), (stages, why) in needed.items():
+        entries = directions.get(direction, {}).get(list_name, [])
+        targets = {e.get("_target_") for e in entries if isinstance(e, Mapping)}
+        key = f"strategy.{direction}.{list_name}"
+        found += [Problem(key, f"{key} lacks {s}: {why}") for s in stages if s not in targets]
+    return found
 
 
 def fetch_problems(entries: list[Any], ownership: Ownership | None) -> list[Problem]:

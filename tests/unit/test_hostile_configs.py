@@ -456,3 +456,24 @@ def test_a_sweep_is_counted_before_it_is_built(world, capsys, caplog) -> None:
     """A range of 300 million jobs is refused at once (it was expanded first: MemoryError)."""
     said = refused("explain", ["-m", "workload.seed=range(0,300000000)"], world, capsys, caplog)
     assert "a sweep of more than 256 jobs" in said
+
+
+@pytest.mark.parametrize(
+    ("override", "lacks"),
+    [
+        ("strategy.l3.fetch=[]", "strategy.l3.fetch lacks stages.read_objects.ReadObjects"),
+        ("strategy.backup.per_step=[]", "strategy.backup.per_step lacks stages.copy.Copy"),
+        ("strategy.load.per_step=[]", "strategy.load.per_step lacks stages.copy.Copy"),
+        ("strategy.load.finish=[]", "strategy.load.finish lacks stages.record_event.RecordEvent"),
+        ("strategy.load.exchange=[]", "strategy.load.exchange lacks stages.broadcast.Broadcast"),
+        ("strategy.l3.write_back=[]", "strategy.l3.write_back lacks stages.write_objects.Write"),
+    ],
+)
+def test_a_strategy_that_cannot_move_its_bytes_is_refused_naming_the_missing_stage(
+    override: str, lacks: str, world, capsys, caplog
+) -> None:
+    """Each of these was accepted: an empty fetch reported every page a hit, an empty backup
+    acked with nothing copied, empty load lists timed out, rotating without a broadcast
+    mismatched."""
+    said = refused("explain", ["strategy=rotating", override], world, capsys, caplog)
+    assert lacks in said
