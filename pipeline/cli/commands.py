@@ -144,8 +144,11 @@ def run(inv: Invocation) -> int:
         job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
     )
     trace = job.runtime.trace_file
-    if trace is not None and Path(trace).exists():
+    if trace is not None and (Path(trace).exists() or Path(trace).is_symlink()):
         message = f"runtime.trace_file={trace!r} exists: name a new file (a run overwrites none)"
+        guards.append(Problem("runtime.trace_file", message))
+    elif trace is not None and not Path(trace).parent.is_dir():
+        message = f"runtime.trace_file={trace!r}: no folder {str(Path(trace).parent)!r}"
         guards.append(Problem("runtime.trace_file", message))
     raise_problems(guards)
     ranks = launch_ranks(run_rank, job)

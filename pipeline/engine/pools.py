@@ -7,6 +7,7 @@ Constructors are pure; `allocate` classmethods create the tensors.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -131,6 +132,7 @@ class DevicePool:
                     f"device_kv[{key!r}]: need a contiguous {want[0]} {want[1]} tensor on "
                     f"{device} (pages, rows per page, row elements); got {got}"
                 )
+        check_disjoint(tensors)
         return cls({u.ordinal: tensors[k] for k, u in units.items()}, num_pages)
 
     def layer(self, unit: Unit) -> torch.Tensor:
@@ -139,6 +141,20 @@ class DevicePool:
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
+
+
+def check_disjoint(tensors: Mapping[tuple[str, int], torch.Tensor]) -> None:
+    """ValueError naming both tensors where two share any byte (one layer's copies would
+    write into another's)."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.nbytes, key) for key, t in tensors.items() if t.nbytes
+    )
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise ValueError(
+                f"device_kv[{first!r}] and device_kv[{second!r}] share memory: give each "
+                "(pool kind, layer) a tensor of its own"
+            )
 
 
 class HostPool:

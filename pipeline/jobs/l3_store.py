@@ -75,6 +75,9 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
                 message = f"storage.master={storage.master}: nothing answers at that address"
                 raise ConfigError([Problem("storage.master", message)])
         if storage.kind is StorageKind.file and storage.path is not None:
+            if not Path(storage.path).is_dir():
+                message = f"storage.path={storage.path!r}: not a folder (create it, or name one)"
+                raise ConfigError([Problem("storage.path", message)])
             check_direct_io(storage, storage.path)
         yield storage
 

@@ -74,6 +74,12 @@ class StorageConfig:
                     f"storage.io_threads={self.io_threads}: at most {MAX_IO_THREADS}",
                 )
             )
+        if self.path is not None and not self.path.strip():
+            found.append(
+                Problem(
+                    "storage.path", "storage.path='': name a folder, or null for a temporary one"
+                )
+            )
         if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
             found.append(
                 Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")

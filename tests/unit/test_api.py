@@ -109,6 +109,22 @@ def kv(pages: int = 8) -> dict[tuple[str, int], torch.Tensor]:
             "contiguous",
         ),
         (lambda t: t.update({("kv", 1): torch.zeros(())}), r"\('kv', 1\).*got \(\)"),
+        (  # one tensor for two layers: one layer's loads would write into the other
+            lambda t: t.update({("kv", 4): t[("kv", 3)]}),
+            r"device_kv\[\('kv', 3\)\] and device_kv\[\('kv', 4\)\] share memory",
+        ),
+        (  # overlapping views of one buffer
+            lambda t: t.update(
+                dict(
+                    zip(
+                        [("kv", 0), ("kv", 1)],
+                        (lambda b: (b[:8], b[4:12]))(torch.zeros(12, 4, 32, dtype=torch.bfloat16)),
+                        strict=True,
+                    )
+                )
+            ),
+            "share memory",
+        ),
     ],
 )
 def test_adopted_kv_that_does_not_fit_is_refused_naming_it(change, message: str) -> None:  # type: ignore[no-untyped-def]

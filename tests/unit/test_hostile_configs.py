@@ -477,3 +477,20 @@ def test_a_strategy_that_cannot_move_its_bytes_is_refused_naming_the_missing_sta
     mismatched."""
     said = refused("explain", ["strategy=rotating", override], world, capsys, caplog)
     assert lacks in said
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said_part"),
+    [
+        (["storage=file", "storage.path="], "storage.path='': name a folder"),
+        (["storage=file", "storage.path=victim.txt"], "not a folder"),
+        (["runtime.trace_file=missing/ops.jsonl"], "no folder 'missing'"),
+    ],
+)
+def test_where_a_run_writes_is_checked_before_any_rank_starts(
+    overrides: list[str], said_part: str, world, capsys, caplog
+) -> None:
+    """storage.path='' wrote objects into the current folder; a file as storage.path and a
+    trace file in a missing folder failed only after the whole run (its report lost)."""
+    said = refused("run", overrides, world, capsys, caplog)
+    assert said_part in said
