@@ -5,6 +5,7 @@ failed check)."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from importlib.metadata import version
 
@@ -103,9 +104,16 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO,
         format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s",
     )
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # so every cleanup runs, as on Ctrl-C
     code = run_command(COMMANDS[command], args, command)
     if code:
         raise SystemExit(code)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM ends the job as SystemExit does: ranks stopped, a temporary store and the ranks'
+    folder removed, a master the job started stopped (the default action left them all)."""
+    raise SystemExit(128 + signum)
 
 
 def run_command(handler: Handler, args: list[str], name: str = "") -> int:

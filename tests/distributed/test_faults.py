@@ -158,3 +158,32 @@ def test_a_soak_of_2000_rounds_on_4_ranks_stays_bit_exact_and_flat() -> None:
     result = soak(4, "soak.cycles=2000", "soak.warmup_cycles=200")
     assert result["verified"]
     assert all(r["rss_growth_mb"] < 5 for r in result["ranks"]), result["ranks"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_job_leaves_no_store_nor_rank_folder_behind(sig: int, tmp_path: Path) -> None:
+    """SIGTERM (the default action skipped every cleanup: 2049 object files and the ranks'
+    folder were left in $TMPDIR) and SIGINT end the job with its temporary store removed."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "storage=file", "workload.cycles=100000"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert job.stderr is not None
+    said = ""
+    while "starting 2 ranks" not in said:
+        line = job.stderr.readline()
+        assert line, said
+        said += line
+    time.sleep(2)  # the ranks are running cycles against the store
+    assert any(p.name.startswith("hicache-l3-") for p in tmp_path.iterdir())
+    job.send_signal(sig)
+    job.communicate(timeout=60)
+    pids = rank_pids(said)
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in pids)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("hicache-")] == []
