@@ -107,7 +107,7 @@ class L3Tier:
         self.checks = checks
         self.digest = checks.unit()
         self._placements: dict[bool, Placement] = {}
-        self._maps: dict[tuple[bool, int | tuple[int, ...]], PageMap] = {}
+        self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
 
     def reads(self, fallback: bool) -> tuple[Unit, ...]:
         """The units this rank reads: its roles', or every unit (fallback)."""
@@ -139,15 +139,11 @@ class L3Tier:
         return pool_runs(self.device_pool if device else self.host_pool, units, page)
 
     def page_map(self, units: tuple[Unit, ...], *, device: bool) -> PageMap:
-        """`units`' page map in the host (or device) pool, made once per set of units (found
-        by identity first: a read asks for the same tuple every time)."""
-        found = self._maps.get((device, id(units)))
-        if found is None or found.units is not units:
-            key = (device, tuple(u.ordinal for u in units))
-            if key not in self._maps:
-                self._maps[key] = PageMap(self.object, units, self.placement(device=device))
-            found = self._maps[(device, id(units))] = self._maps[key]
-        return found
+        """`units`' page map in the host (or device) pool, made once per set of units."""
+        key = (device, tuple(u.ordinal for u in units))
+        if key not in self._maps:
+            self._maps[key] = PageMap(self.object, units, self.placement(device=device))
+        return self._maps[key]
 
     def read(self, key: str, page: int, units: tuple[Unit, ...], *, device: bool) -> bool:
         """Read `units` of one page's object into a host page (or a device page), each unit
@@ -185,8 +181,8 @@ class L3Tier:
     def write(self, key: str, page: int, received: Mapping[int, memoryview]) -> None:
         """Store one page's object: this rank's units from its host page, the rest from
         `received` (rotating: the other owners' bytes, by unit ordinal)."""
-        obj, name = self.object, self.name(key)
-        own = tuple(u for u in obj.units if u.ordinal not in received)
+        obj, name, own = self.object, self.name(key), self.roles.reads  # the units it holds
+        assert len(own) + len(received) == len(obj.units), "the writer holds what it reads"
         pages = self.page_map(own, device=False)
         with self.scratches.taken() as scratch:
             if pages.direct:
