@@ -118,6 +118,7 @@ class Runtime:
         cpu_group = dist.new_group(backend="gloo", timeout=timeout)
         l3_group = dist.new_group(backend="gloo", timeout=timeout)
         made += [cpu_group, l3_group]
+        dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
         copy = (
             cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
         )
