@@ -20,13 +20,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
+from pipeline.jobs.scratch import made_folder
 from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
 from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
@@ -59,7 +59,7 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
         )
         raise ConfigError([Problem(key, message)])
     if temporary:
-        folder = tempfile.mkdtemp(prefix="hicache-l3-")
+        folder = made_folder("hicache-l3-")
         try:
             check_direct_io(storage, folder)
             yield dataclasses.replace(storage, path=folder)

@@ -16,10 +16,10 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from pipeline.jobs.scratch import made_folder
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -159,8 +161,8 @@ def spawn(
     ctx = mp.get_context("spawn")
     results, beats = ctx.Queue(), ctx.Array("d", world_size, lock=False)
     # the ranks meet through a file, not a port another job could take between pick and bind
-    folder, parent = tempfile.TemporaryDirectory(prefix="hicache-ranks-"), os.getpid()
-    rendezvous = os.path.join(folder.name, "rendezvous")
+    folder, parent = made_folder("hicache-ranks-"), os.getpid()
+    rendezvous = os.path.join(folder, "rendezvous")
     procs = [
         ctx.Process(
             target=rank_entry,
@@ -188,7 +190,7 @@ def spawn(
         _supervise(watch, results, job_s, timeout_s)
     finally:
         _stop(procs)
-        folder.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
     if watch.failed:
         raise RankFailure(_blame(watch, timeout_s))
     return [watch.done[r] for r in range(world_size)]

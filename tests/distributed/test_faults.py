@@ -18,6 +18,7 @@ import pytest
 import rankfns
 from conftest import job_config
 
+from pipeline.jobs import scratch
 from pipeline.jobs.launch import launch
 from pipeline.jobs.soak import soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
@@ -187,3 +188,32 @@ def test_a_stopped_job_leaves_no_store_nor_rank_folder_behind(sig: int, tmp_path
         time.sleep(0.1)
     assert all(gone(pid) for pid in pids)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("hicache-")] == []
+
+
+def test_a_killed_jobs_folders_are_removed_by_the_next_job(tmp_path: Path) -> None:
+    """SIGKILL leaves a job no chance to clean up; the next job removes this user's hicache-*
+    folders whose maker is gone (by pid and start time), and nothing else."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan, alive, foreign = (
+        tmp_path / n for n in ("hicache-l3-x", "hicache-ranks-y", "hicache-z")
+    )
+    for folder in (orphan, alive, foreign):
+        folder.mkdir()
+    (orphan / "object").write_bytes(b"left behind")
+    (orphan / ".owner").write_text(f"{dead.pid} 12345")
+    (alive / ".owner").write_text(f"{os.getpid()} {scratch.started(os.getpid())}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", "storage=file"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hicache-")) == [
+        "hicache-ranks-y",
+        "hicache-z",  # no owner named: not ours to judge
+    ]
