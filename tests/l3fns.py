@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
+from pipeline.engine.loads import L3Load
 from pipeline.engine.stores import FileStore
 from pipeline.jobs.contents import (
     POISON,
@@ -63,6 +64,18 @@ def damage(engine: Engine, keys: list[str], case: str) -> None:
     dist.barrier()
 
 
+def loaded_from_l3(engine: Engine, keys: list[str], target: list[int]) -> tuple[L3Load, list[int]]:
+    """Load `keys` from L3 into fresh host pages and the `target` device pages, a forward
+    waiting per layer, until the ack: (what it loaded, the host pages it took)."""
+    size = engine.sizing.slots_per_page
+    fresh = engine.host_allocator.alloc(len(target))
+    loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
+    if loaded.handle is not None:
+        forward(engine, loaded.handle)
+        loaded.handle.done(engine.runtime.forward_stream).wait()
+    return loaded, fresh
+
+
 def through_l3(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> dict:
     """Fill and back up 4 pages, write them back, evict them from the host tier, damage the
     store (`case`), then look up and load from L3 into poisoned device pages.
@@ -95,11 +108,7 @@ def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
     target = [p + shift for p in source]
     poison(engine, target)
     found = engine.lookup(keys)
-    fresh = engine.host_allocator.alloc(PAGES)
-    loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
-    if loaded.handle is not None:
-        forward(engine, loaded.handle)
-        loaded.handle.done(engine.runtime.forward_stream).wait()
+    loaded, _ = loaded_from_l3(engine, keys, target)
     hits = loaded.hits
     rest = snapshot(engine, target[hits:]) if hits < PAGES else {}
     while engine.acks.pending:
@@ -115,6 +124,7 @@ def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
         "device_tier_kept": first_mismatch(engine, source, expected),
         "l3_read_bytes": engine.trace.bytes.get(("l3_read", ""), 0),
         "fallback_ops": engine.trace.counts.get("l3_fallback", 0),
+        "windows": len(loaded.handle.loads) if loaded.handle is not None else 0,
     }
 
 
@@ -235,11 +245,7 @@ def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank:
             poison(engine, target)
             keys = engine.l3_keys(grid_tokens(index, GRID_PAGES * size))
             hits = engine.lookup(keys)
-            fresh = engine.host_allocator.alloc(GRID_PAGES)
-            loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
-            if loaded.handle is not None:
-                forward(engine, loaded.handle)
-                loaded.handle.done(engine.runtime.forward_stream).wait()
+            loaded, fresh = loaded_from_l3(engine, keys, target)
             while engine.acks.pending:
                 engine.poll()
             engine.host_allocator.free(fresh)

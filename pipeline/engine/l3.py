@@ -156,11 +156,7 @@ class L3Tier:
             views = pages.views(page) if pages.direct else scratch.views(units)
             first, groups, rows, digest = head.nbytes, pages.groups, pages.rows, self.digest
             ranges = [(first + at, [views[j] for j in units_at]) for at, units_at in groups]
-            if groups and groups[0][0] == 0:  # the header and the first units in one read
-                ranges[0] = (0, [head, *ranges[0][1]])
-            else:
-                ranges.insert(0, (0, [head]))
-                groups = [(0, []), *groups]
+            ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
             table: list[int] = []
 
             def check(i: int) -> bool:

@@ -75,10 +75,14 @@ class PageMap:
         """Each unit's offset in the payload."""
         self.rows = [obj.index[u.ordinal] for u in units]
         """Each unit's row in the header's digest table."""
-        self.groups = _groups(self.payload, [u.page_bytes for u in units])
-        """Runs of units adjacent in the payload: one read call each (a whole object is one,
-        with its header; a call per unit, or per 256 KiB that the CPU's cache would still
-        hold, made the reads slower: each call is a turn of Python's lock)."""
+        groups = _groups(self.payload, [u.page_bytes for u in units])
+        if not groups or groups[0][0] != 0:
+            groups.insert(0, (0, []))
+        self.groups = groups
+        """Runs of units adjacent in the payload: one read call each; the first starts at the
+        payload and is read with the header, in one call (a whole object is one call: a call
+        per unit, or per 256 KiB that the CPU's cache would still hold, made the reads
+        slower, each call being a turn of Python's lock)."""
         self.direct = placement.direct
         rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
         self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]

@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import mmap
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -84,13 +85,20 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
 
 def check_direct_io(storage: StorageConfig, folder: str) -> None:
     """With storage.direct_io, ConfigError unless `folder`'s file system takes O_DIRECT reads
-    (tmpfs refuses them), tried on a block-sized file of its own, removed after."""
+    (tmpfs refuses them), tried on a block-sized file of its own (a fresh name, created with
+    O_EXCL: nothing planted there is written through or removed), removed after."""
     if not storage.direct_io:
         return
-    probe = Path(folder) / f".direct-io-{os.getpid()}"
+    probe = Path(folder) / f".direct-io-{secrets.token_hex(8)}"
+    created = False
     try:
-        probe.write_bytes(bytes(DIRECT_BLOCK))
-        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        created = True
+        try:
+            os.write(fd, bytes(DIRECT_BLOCK))
+        finally:
+            os.close(fd)
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT | os.O_NOFOLLOW)
         try:
             os.preadv(fd, [mmap.mmap(-1, DIRECT_BLOCK)], 0)
         finally:
@@ -102,7 +110,8 @@ def check_direct_io(storage: StorageConfig, folder: str) -> None:
         )
         raise ConfigError([Problem("storage.direct_io", message)]) from e
     finally:
-        probe.unlink(missing_ok=True)
+        if created:
+            probe.unlink(missing_ok=True)
 
 
 def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:

@@ -185,6 +185,23 @@ def test_a_bad_object_read_straight_into_pool_pages_is_a_miss_never_loaded(
         assert r["loaded"] == "" and r["rest_untouched"] and r["device_tier_kept"] == ""
 
 
+@pytest.mark.parametrize(("chunk_pages", "windows"), [(0, 1), (1, 4), (3, 2)])
+@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
+def test_a_load_from_l3_is_loaded_in_the_windows_it_claims(
+    chunk_pages: int, windows: int, strategy: str, tmp_path: Path
+) -> None:
+    """storage.load_chunk_pages=0 is one window (read everything, then load); n > 0 loads 4
+    pages in ceil(4 / n) windows: the bench's sides with and without windows are what they
+    say. Every window bit-exact."""
+    job = job_config(f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", "storage=file")
+    storage = StorageConfig(kind=StorageKind.file, path=str(tmp_path), load_chunk_pages=chunk_pages)
+    payload = (with_store(job, storage), "none")
+    reports = launch(l3fns.through_l3, payload, 2, backend="gloo", timeout_s=120)
+    assert reports is not None
+    for r in reports:
+        assert (r["hits"], r["windows"], r["loaded"]) == (4, windows, "")
+
+
 def test_l3_calls_that_would_lose_data_are_refused_before_any_byte_moves(
     tmp_path: Path,
 ) -> None:

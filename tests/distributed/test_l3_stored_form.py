@@ -86,7 +86,8 @@ def test_a_keyed_store_serves_its_objects_only_to_readers_with_its_key(tmp_path:
             ),
         )
 
-    assert launch(l3fns.write_prefix, (keyed("ours"), 0), 2, backend="gloo", timeout_s=120)
+    written = launch(l3fns.write_prefix, (keyed("ours"), 0), 2, backend="gloo", timeout_s=120)
+    assert written == [l3fns.GRID_PAGES] * 2
     for reader, hits in (("ours", 3), (None, 0), ("theirs", 0)):
         reports = launch(l3fns.read_prefixes, (keyed(reader), 1), 2, backend="gloo", timeout_s=120)
         assert reports is not None

@@ -19,7 +19,7 @@ from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
 from pipeline.engine.stores import FileStore, MooncakeStore, open_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
-from pipeline.jobs.l3_store import concrete, master_on_loopback
+from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import (
     Checks,
@@ -439,3 +439,32 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_a_direct_io_store_reads_around_the_page_cache_and_a_buffered_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's O_DIRECT and buffered sides are what they say: only the first opens with
+    O_DIRECT and reads through the aligned buffers; both give the object's bytes."""
+    storage = StorageConfig(kind=StorageKind.file, path=str(tmp_path), direct_io=True)
+    try:
+        check_direct_io(storage, str(tmp_path))
+    except ConfigError:
+        pytest.skip("this folder's file system refuses O_DIRECT (tmpfs)")
+    opened: list[int] = []
+    real_open = os.open
+    monkeypatch.setattr(
+        os,
+        "open",
+        lambda path, flags, *a, **k: opened.append(flags) or real_open(path, flags, *a, **k),
+    )
+    parts = [memoryview(bytes([i]) * 4096) for i in range(3)]
+    for direct in (True, False):
+        store = open_store(dataclasses.replace(storage, direct_io=direct), 1 << 20)
+        store.put(f"ns/ab/{direct}", parts)
+        opened.clear()
+        into = [memoryview(bytearray(4096)) for _ in range(2)]
+        assert store.read(f"ns/ab/{direct}", 3 * 4096, [(4096, into)])
+        assert [bytes(v)[0] for v in into] == [1, 2]
+        assert any(f & os.O_DIRECT for f in opened) == direct
+        assert (store.direct is not None) == direct  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views
+from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views, copy_out
 
 COMPONENT = re.compile(r"[\w-][\w.-]*")
 """One folder or file name of an object name: no separators, nothing hidden, never '..'."""
@@ -48,14 +48,7 @@ class DirectReads:
             whole = -(-size // ALIGN) * ALIGN
             if os.preadv(fd, [staging.data[:whole]], 0) != size:  # a short read ends at EOF
                 return False
-            for i, (offset, buffers) in enumerate(ranges):
-                at = offset
-                for view in buffers:  # numpy copies outside Python's lock
-                    np.frombuffer(view, np.uint8)[:] = staging[at : at + view.nbytes]
-                    at += view.nbytes
-                if check is not None and not check(i):
-                    return False
-            return True
+            return copy_out(staging, ranges, check)
         finally:
             self._free.put(staging)
 

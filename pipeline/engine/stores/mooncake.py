@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.stores.parts import Check, Part, Range, bytes_views
+from pipeline.engine.stores.parts import Check, Part, Range, bytes_views, copy_out
 from pipeline.spec.storage import shown_url
 
 OBJECT_NOT_FOUND = -704
@@ -127,14 +127,7 @@ class MooncakeStore:
                 return False
             if self.client.get_into(name, staging.ctypes.data, size) != size:
                 return False
-            for i, (offset, buffers) in enumerate(ranges):
-                at = offset
-                for view in buffers:  # numpy copies outside Python's lock
-                    np.frombuffer(view, np.uint8)[:] = staging[at : at + view.nbytes]
-                    at += view.nbytes
-                if check is not None and not check(i):
-                    return False
-            return True
+            return copy_out(staging, ranges, check)
         except Exception:  # an unreachable master or peer: a miss
             return False
         finally:

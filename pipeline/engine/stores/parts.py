@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
+import numpy as np
+
 Part: TypeAlias = bytes | bytearray | memoryview
 """A buffer a blob is written from (a header, or a page's bytes in host memory)."""
 IOV_MAX = 1024
@@ -28,3 +30,16 @@ def advance(views: list[memoryview], done: int) -> list[memoryview]:
 
 def bytes_views(parts: Sequence[Part]) -> list[memoryview]:
     return [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+
+
+def copy_out(staging: np.ndarray, ranges: Sequence[Range], check: Check | None) -> bool:
+    """Fill each range's buffers from a staging buffer that holds the whole object, calling
+    `check` after each (numpy copies run outside Python's lock); False once a check fails."""
+    for i, (offset, buffers) in enumerate(ranges):
+        at = offset
+        for view in buffers:
+            np.frombuffer(view, np.uint8)[:] = staging[at : at + view.nbytes]
+            at += view.nbytes
+        if check is not None and not check(i):
+            return False
+    return True
