@@ -232,10 +232,13 @@ class L3Tier:
         return job
 
     def memory(self) -> list[memoryview]:
-        """What reads land in: the host pool (where they land there directly) and the
-        scratch buffers (a store may need it registered: Mooncake)."""
-        place = self.placement(device=False)
-        found = list(place.buffers) if place.direct else []
+        """What reads land in: the pools where they land there directly (the host pool; a
+        CPU device pool after a fallback) and the scratch buffers (a store may need it
+        registered: Mooncake), so a read's `into` is where its bytes really land."""
+        found = []
+        for device in (False, True):
+            place = self.placement(device=device)
+            found += place.buffers if place.direct else []
         for scratch in self.scratches.all:
             found += [memoryview(scratch.head), scratch.bytes]
         return found
