@@ -28,7 +28,7 @@ def hear_missing(tier: L3Tier, num_pages: int) -> list[bool]:
 def send_share(tier: L3Tier, host_pages: Sequence[int]) -> None:
     """Send the writer this rank's units of `host_pages`, page after page, each page's
     units in ordinal order."""
-    owned = tier.owners.owned(tier.rank, tier.object.units)
+    owned = tier.roles.reads  # a rotating owner reads what it holds
     out = torch.empty((len(host_pages), sum(u.page_bytes for u in owned)), dtype=torch.uint8)
     for row, page in zip(out, host_pages, strict=True):
         first = 0

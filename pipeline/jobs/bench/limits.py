@@ -12,6 +12,7 @@ registered buffer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
 import os
@@ -51,7 +52,7 @@ def _slices(buffer: torch.Tensor, sizes: list[int]) -> list[memoryview]:
     return found
 
 
-def _read_whole(paths: list[str], views: list[memoryview], threads: int) -> None:
+def _read_whole(pool: ThreadPoolExecutor, paths: list[str], views: list[memoryview]) -> None:
     def one(i: int) -> None:
         fd = os.open(paths[i], os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -59,11 +60,10 @@ def _read_whole(paths: list[str], views: list[memoryview], threads: int) -> None
         finally:
             os.close(fd)
 
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, range(len(paths))))
+    list(pool.map(one, range(len(paths))))
 
 
-def _read_ranged(paths: list[str], spans: list[tuple[int, int]], threads: int) -> int:
+def _read_ranged(pool: ThreadPoolExecutor, paths: list[str], spans: list[tuple[int, int]]) -> int:
     """Read the byte `spans` of every file (one preadv each, into one reused buffer per
     thread); the bytes read."""
     largest = max(n for _, n in spans)
@@ -77,30 +77,48 @@ def _read_ranged(paths: list[str], spans: list[tuple[int, int]], threads: int) -
         finally:
             os.close(fd)
 
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, paths))
+    list(pool.map(one, paths))
     return len(paths) * sum(n for _, n in spans)
 
 
 def file_limits(
     tier: L3Tier, store: FileStore, keys: list[str], *, io_threads: int, repeats: int, cuda: bool
 ) -> dict[str, Any]:
-    """The file store's limits for the objects of `keys` (GB/s; None where not measurable)."""
+    """The file store's limits for the objects of `keys` (GB/s; None where not measurable).
+    Each thread count's threads are started once, outside the timed regions, as the tier's
+    are."""
+    cores = os.cpu_count() or 1
+    with contextlib.ExitStack() as stack:
+        pools = {
+            t: stack.enter_context(ThreadPoolExecutor(t)) for t in sorted({1, io_threads, cores})
+        }
+        return _file_limits(tier, store, keys, pools, io_threads, repeats, cuda)
+
+
+def _file_limits(
+    tier: L3Tier,
+    store: FileStore,
+    keys: list[str],
+    pools: dict[int, ThreadPoolExecutor],
+    io_threads: int,
+    repeats: int,
+    cuda: bool,
+) -> dict[str, Any]:
     names = [tier.name(k) for k in keys]
     paths = [os.path.join(store.root, n) for n in names]
     sizes = [os.stat(p).st_size for p in paths]
     total = sum(sizes)
     buffer = torch.empty(total, dtype=torch.uint8, pin_memory=cuda)
     views = _slices(buffer, sizes)
-    cores = os.cpu_count() or 1
+    io = pools[io_threads]
     warm = {}
-    for threads in sorted({1, io_threads, cores}):
-        seconds = best_of(repeats, functools.partial(_read_whole, paths, views, threads))
+    for threads, pool in pools.items():
+        seconds = best_of(repeats, functools.partial(_read_whole, pool, paths, views))
         warm[threads] = total / seconds / 1e9
     copy = device_copy(buffer, cuda)
 
     def read_and_copy() -> None:
-        _read_whole(paths, views, io_threads)
+        _read_whole(io, paths, views)
         copy()
 
     copy_s = best_of(repeats, copy)
@@ -108,12 +126,12 @@ def file_limits(
     obj = tier.object
     head = obj.header_size(tier.space, names[0])
     spans = [(head + obj.offsets[u.ordinal], u.page_bytes) for u in obj.units[::2]]
-    ranged_s = best_of(repeats, lambda: _read_ranged(paths, spans, io_threads))
+    ranged_s = best_of(repeats, lambda: _read_ranged(io, paths, spans))
     ranged_bytes = len(paths) * sum(n for _, n in spans)
     cold_s = None
     if dropped := store.forget_cached(names):
-        cold_s = min(_cold_read(store, names, paths, views, io_threads) for _ in range(repeats))
-    direct_s = direct_read(paths, sizes, io_threads, repeats)
+        cold_s = min(_cold_read(store, names, io, paths, views) for _ in range(repeats))
+    direct_s = direct_read(io, io_threads, paths, sizes, repeats)
     return {
         "bytes": total,
         "direct_read_gbps": total / direct_s / 1e9 if direct_s else None,
@@ -125,12 +143,14 @@ def file_limits(
         "ranged_gbps": ranged_bytes / ranged_s / 1e9,
         "ranged_s": ranged_s,
         "whole_s": total / warm[io_threads] / 1e9,
-        "write_gbps": total / write_files(store, views, io_threads, repeats) / 1e9,
+        "write_gbps": total / write_files(store, io, views, repeats) / 1e9,
         "digest_gbps": total / best_of(repeats, lambda: digest(buffer.numpy().data)) / 1e9,
     }
 
 
-def direct_read(paths: list[str], sizes: list[int], threads: int, repeats: int) -> float | None:
+def direct_read(
+    pool: ThreadPoolExecutor, threads: int, paths: list[str], sizes: list[int], repeats: int
+) -> float | None:
     """Seconds to read every file whole with O_DIRECT (around the page cache, into aligned
     buffers, `threads` at a time); None where the file system refuses it (tmpfs)."""
     whole = -(-max(sizes) // ALIGN) * ALIGN
@@ -148,8 +168,7 @@ def direct_read(paths: list[str], sizes: list[int], threads: int, repeats: int) 
             buffers.put(buffer)
 
     def read_all() -> None:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(one, paths))
+        list(pool.map(one, paths))
 
     try:
         return best_of(repeats, read_all)
@@ -170,15 +189,21 @@ def device_copy(buffer: torch.Tensor, cuda: bool) -> Callable[[], None]:
 
 
 def _cold_read(
-    store: FileStore, names: list[str], paths: list[str], views: list[memoryview], threads: int
+    store: FileStore,
+    names: list[str],
+    pool: ThreadPoolExecutor,
+    paths: list[str],
+    views: list[memoryview],
 ) -> float:
     store.forget_cached(names)
     began = time.perf_counter()
-    _read_whole(paths, views, threads)
+    _read_whole(pool, paths, views)
     return time.perf_counter() - began
 
 
-def write_files(store: FileStore, views: list[memoryview], threads: int, repeats: int) -> float:
+def write_files(
+    store: FileStore, pool: ThreadPoolExecutor, views: list[memoryview], repeats: int
+) -> float:
     """Seconds to write `views` as new files (each written whole with writev, `threads` at a
     time) in a folder of the store's own, removed after: the page-cache write limit."""
     folder = os.path.join(store.root, f"limit-{secrets.token_hex(4)}")
@@ -193,8 +218,7 @@ def write_files(store: FileStore, views: list[memoryview], threads: int, repeats
             finally:
                 os.close(fd)
 
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(one, range(len(views))))
+        list(pool.map(one, range(len(views))))
 
     try:
         times = []
