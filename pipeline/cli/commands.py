@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.cli.catalog import catalog_text, options_by_group
+from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
 from pipeline.config.compose import Session
 from pipeline.config.job import Job
@@ -34,7 +34,7 @@ from pipeline.jobs.simulate import summarize as summarize_simulation
 from pipeline.jobs.soak import soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
 from pipeline.jobs.spawn import RankFn
-from pipeline.spec.checks import Problem, raise_problems
+from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -52,6 +52,11 @@ class Invocation:
     def job(self) -> Job:
         """The whole config, checked (ConfigError before anything runs)."""
         return self.session().job()
+
+    def config_text(self) -> str:
+        """`--cfg job`: the config that runs, as YAML (`--json`: a JSON document)."""
+        session = self.session()
+        return json.dumps(session.as_plain(), indent=2) if self.line.as_json else session.as_yaml()
 
 
 Handler = Callable[[Invocation], int]
@@ -83,13 +88,14 @@ def inactive(job: Job) -> str | None:
     return "; ".join(f"{r.name}: {r.message}" for r in verdict.rules if not r.passed)
 
 
-def strict_refusal(job: Job) -> bool:
-    """With strict=true, an inactive strategy is an error (said on stderr) instead of a
-    fallback: every subcommand that resolves a strategy asks this first."""
+def strict_refusal(job: Job, as_json: bool = False) -> bool:
+    """With strict=true, an inactive strategy is an error (said on stderr, and as JSON on
+    stdout with `--json`) instead of a fallback: every subcommand that resolves a strategy
+    asks this first."""
     why = inactive(job)
     if job.strict and why is not None:
         strategy = printable(job.verdict.strategy)
-        print(f"error: strict: strategy {strategy} is inactive ({why})", file=sys.stderr)
+        failed(as_json, Refused(f"strict: strategy {strategy} is inactive ({why})"), 1)
         return True
     return False
 
@@ -98,7 +104,7 @@ def runnable_job(inv: Invocation) -> Job | None:
     """The job of a subcommand that starts ranks: None when strict refuses its fallback,
     ConfigError when this machine cannot hold its pools."""
     job = inv.job()
-    if strict_refusal(job):
+    if strict_refusal(job, inv.line.as_json):
         return None
     workload = job.workload
     raise_problems(
@@ -122,7 +128,7 @@ def explain(inv: Invocation) -> int:
 def plan(inv: Invocation) -> int:
     """Per-rank bytes, ops and host capacity of the effective strategy; moves nothing."""
     job = inv.job()
-    if strict_refusal(job):
+    if strict_refusal(job, inv.line.as_json):
         return 1
     emit(inv, {**job.verdict.as_dict(), **plan_report(job)}, report.plan_text)
     return 0
@@ -132,7 +138,7 @@ def run(inv: Invocation) -> int:
     """Back up, evict and load back on real ranks; exit 0 only when every rank is bit-exact."""
     job = inv.job()
     verdict, why = job.verdict, inactive(job)
-    if strict_refusal(job):
+    if strict_refusal(job, inv.line.as_json):
         return 1
     if why is not None:
         log.warning(
@@ -186,7 +192,7 @@ def validate(inv: Invocation) -> int:
 def check_ordering(inv: Invocation) -> int:
     """Model one sharded load against the forward's collectives under each ordering design."""
     job = inv.job()
-    if strict_refusal(job):
+    if strict_refusal(job, inv.line.as_json):
         return 1
     per_layer, group = broadcasts_per_layer(job)
     configured = job.strategy.config.ordering.value
@@ -252,6 +258,13 @@ def soak(inv: Invocation) -> int:
 
 def list_options(inv: Invocation) -> int:
     """Every option of every config group with its one-line description (`*`: the default)."""
+    if inv.line.overrides:
+        shown = printable(" ".join(inv.line.overrides))
+        message = (
+            f"list shows every option and takes no overrides (got {shown}): give them to the "
+            "subcommand that composes a config (e.g. explain, plan, --cfg job)"
+        )
+        raise ConfigError([Problem("", message, "command line")])
     result = {"groups": options_by_group(inv.sources)}
     emit(inv, result, catalog_text)
     return 0

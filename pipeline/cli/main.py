@@ -4,19 +4,27 @@ failed check)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 
 from pipeline.cli.commands import COMMANDS, Handler, Invocation
+from pipeline.cli.failure import failed
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
 from pipeline.spec.checks import ConfigError
 
-FLAGS = "[--json] [--config-dir DIR] [--cfg job] [--help] [OVERRIDE ...]"
+CLOSED_PIPE = 128 + signal.SIGPIPE
+"""The exit code when stdout's reader went away (`| head`): what a process that SIGPIPE
+ended reports."""
+
+FLAGS = "[--json] [--config-dir DIR] [--cfg job] [--verbose] [--help] [OVERRIDE ...]"
 
 HELP: dict[str, tuple[str, str, str]] = {
     "run": (
@@ -59,7 +67,7 @@ HELP: dict[str, tuple[str, str, str]] = {
     ),
     "soak": (
         "thousands of rounds on real ranks: every one bit-exact, each rank's memory flat",
-        "soak.cycles, soak.warmup, soak.max_growth_mb",
+        "soak.cycles, soak.warmup_cycles, soak.max_rss_growth_mb",
         "hicache-pipeline soak soak.cycles=500",
     ),
     "list": (
@@ -89,7 +97,10 @@ def command_help(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a bare invocation is a mistake, not a request for help
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    if args[0] in ("-h", "--help"):
         print(USAGE)
         return
     if args[0] == "--version":
@@ -105,7 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s",
     )
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so every cleanup runs, as on Ctrl-C
-    code = run_command(COMMANDS[command], args, command)
+    try:
+        code = run_command(COMMANDS[command], args, command)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of stdout is gone: nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        code = CLOSED_PIPE
     if code:
         raise SystemExit(code)
 
@@ -119,17 +135,31 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def run_command(handler: Handler, args: list[str], name: str = "") -> int:
     """Parse, compose and run one subcommand: 2 for a config mistake (one line), 1 for a
     failed rank, the handler's own code otherwise."""
+    as_json = "--json" in args
     try:
         line = CommandLine.parse(args)
         if line.help:
             print(command_help(name) if name in HELP else USAGE)
             return 0
-        if line.multirun:
-            return run_sweep(lambda one: run_parsed(handler, one), line)
-        return run_parsed(handler, line)
+        with verbose(line.verbose):
+            if line.multirun:
+                return run_sweep(lambda one: run_parsed(handler, one), line)
+            return run_parsed(handler, line)
     except (ConfigError, ValueError) as e:
-        print(f"error: {printable(str(e))}", file=sys.stderr)
-        return 2
+        return failed(as_json, e, 2)
+
+
+@contextlib.contextmanager
+def verbose(on: bool) -> Iterator[None]:
+    """`--verbose`: this project's debug logs (Hydra's own words among them) for the block."""
+    logger = logging.getLogger("hicache-pipeline")
+    level = logger.level
+    if on:
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def run_parsed(handler: Handler, line: CommandLine) -> int:
@@ -138,12 +168,10 @@ def run_parsed(handler: Handler, line: CommandLine) -> int:
         with configs(line.config_dir) as sources:
             inv = Invocation(line, sources)
             if line.cfg is not None:
-                print(inv.session().as_yaml())
+                print(inv.config_text())
                 return 0
             return handler(inv)
     except (ConfigError, ValueError) as e:
-        print(f"error: {printable(str(e))}", file=sys.stderr)
-        return 2
+        return failed(line.as_json, e, 2)
     except RankFailure as e:
-        print(f"error: {printable(str(e), keep_lines=True)}", file=sys.stderr)
-        return 1
+        return failed(line.as_json, e, 1)

@@ -48,6 +48,8 @@ def one_job(run_one: Runner, line: CommandLine) -> dict[str, Any]:
         result = None
     said = [s for s in err.getvalue().splitlines() if s.strip()]
     why = said[-1].removeprefix("error: ") if code and said else ""
+    if code and isinstance(result, dict) and "error" in result:  # why it failed, not a result
+        why, result = printable(result["error"]), None
     return {
         "exit_code": code,
         "verdict": VERDICTS.get(code, "failed"),

@@ -18,7 +18,7 @@ from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
 from pipeline.config.sources import ConfigSources
-from pipeline.config.untrusted import override_problems
+from pipeline.config.validate import checked_config
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 FLAGS_WITH_VALUES = {"--config-dir": "config_dir", "--cfg": "cfg"}
@@ -30,6 +30,8 @@ class CommandLine:
 
     as_json: bool = False
     help: bool = False
+    verbose: bool = False
+    """`--verbose`: debug logs, Hydra's and OmegaConf's own words included."""
     multirun: bool = False
     """`-m`: one job per combination of the overrides' values (`key=a,b`)."""
     cfg: str | None = None
@@ -49,6 +51,8 @@ class CommandLine:
                 line.as_json = True
             elif arg in ("-h", "--help"):
                 line.help = True
+            elif arg in ("-v", "--verbose"):
+                line.verbose = True
             elif arg in ("-m", "--multirun"):
                 line.multirun = True
             elif name in FLAGS_WITH_VALUES:
@@ -66,8 +70,8 @@ class CommandLine:
 
 def refused_flag(arg: str) -> str:
     return (
-        f"{arg}: not an option of this command (options: --json, --help, -m, --cfg job, "
-        "--config-dir DIR; everything else is a key=value override)"
+        f"{arg}: not an option of this command (options: --json, --help, --verbose, -m, "
+        "--cfg job, --config-dir DIR; everything else is a key=value override)"
     )
 
 
@@ -83,5 +87,7 @@ def configs(config_dir: str | None) -> Iterator[ConfigSources]:
 def checked_session(line: CommandLine, sources: ConfigSources) -> Session:
     """The composed config, once the user folder and the overrides are clean (ConfigError
     listing every problem otherwise)."""
-    raise_problems([*sources.problems, *override_problems(line.overrides)])
-    return Session.compose(line.overrides)
+    session, problems = checked_config(line.overrides, sources)
+    raise_problems(problems)
+    assert session is not None, "no session without a problem"
+    return session

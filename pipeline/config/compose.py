@@ -8,7 +8,9 @@ starts on a config that cannot run.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -18,17 +20,27 @@ from hydra import compose
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline.config.assemble import assemble, stage_problems
-from pipeline.config.eligibility import Verdict, decide, normalize
-from pipeline.config.job import Job, job_problems
+from pipeline.config.build import built
+from pipeline.config.checked import job_of, unknown_keys
+from pipeline.config.eligibility import Verdict
+from pipeline.config.job import Job
 from pipeline.config.schema import GROUP_SCHEMAS, Config
-from pipeline.config.schema_check import not_a_field
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import Topology
 
+log = logging.getLogger("hicache-pipeline.config")
 GROUP_CHOICE_PREFIXES = ("strategy=", "+strategy=", "++strategy=")
-DIRECTIONS = ("backup", "load", "l3")
+HYDRA_SAYS = (
+    (
+        r"Could not append to config\. An item is already at '([^']+)'",
+        "+{0}: {0} is set already: drop the '+' ({0}=...)",
+    ),
+    (r"Could not delete from config\. .*?'([^']+)'", "~{0}: no such key to delete"),
+    (r"Key '[^']+' not in '\w+'.*?full_key: (\S+)", "{0}: no such key (`--cfg job` shows them)"),
+)
+"""Hydra's words for the override mistakes that only it finds -> ours (the rest are checked
+before Hydra sees them, see `overrides`)."""
 
 
 def register_schemas() -> None:
@@ -51,6 +63,22 @@ def message_of(e: BaseException) -> str:
     return ": ".join(parts)
 
 
+def hydra_problem(e: BaseException) -> Problem:
+    """A composition error in the project's words (Hydra's own go to the debug log, which
+    `--verbose` shows)."""
+    said = message_of(e)
+    log.debug("Hydra said: %s", said)
+    for pattern, ours in HYDRA_SAYS:
+        if found := re.search(pattern, said):
+            key = found.group(1)
+            return Problem(key, ours.format(key), "overrides")
+    message = (
+        "the overrides do not compose: check each key with `hicache-pipeline list` and "
+        "`--cfg job` (--verbose shows Hydra's own message)"
+    )
+    return Problem("", message, "overrides")
+
+
 def composed(overrides: list[str], *, hydra_node: bool = False) -> DictConfig:
     """`config` with overrides; a composition error becomes a ConfigError."""
     try:
@@ -58,30 +86,14 @@ def composed(overrides: list[str], *, hydra_node: bool = False) -> DictConfig:
     except ConfigError:
         raise
     except Exception as e:  # Hydra's composition errors: missing options, bad values
-        raise ConfigError([Problem("", message_of(e), "overrides")]) from None
+        raise ConfigError([hydra_problem(e)]) from None
 
 
 def typed(node: DictConfig, key: str) -> Any:
-    """The schema object of a composed node; any mistake becomes a ConfigError (the range
-    checks' own, or OmegaConf's: a missing required field)."""
-    try:
-        return OmegaConf.to_object(node)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError([Problem(key, f"{key}: {message_of(e)}")]) from None
-
-
-def typed_groups(cfg: DictConfig) -> dict[str, Any]:
-    """Every group's schema object (ConfigError with the problems of every group at once)."""
-    groups, found = {}, []
-    for group in GROUP_SCHEMAS:
-        try:
-            groups[group] = typed(cfg[group], group)
-        except ConfigError as e:
-            found += e.problems
-    raise_problems(found)
-    return groups
+    """The schema object of a composed group; ConfigError with every problem of it."""
+    result = built(node, GROUP_SCHEMAS[key], key)
+    raise_problems(list(result.problems))
+    return result.obj
 
 
 @dataclass(frozen=True)
@@ -106,16 +118,24 @@ class Session:
     def strategy_option(self) -> str:
         return self.choices["strategy"]
 
+    def runs(self) -> tuple[str | None, DictConfig]:
+        """(a note when the requested strategy falls back, the config that runs)."""
+        verdict = self.verdict()
+        if verdict.active:
+            return None, self.cfg
+        note = f"strategy {verdict.strategy} is inactive here: {verdict.effective_strategy} runs"
+        return note, self.with_strategy(verdict.effective_strategy)
+
     def as_yaml(self) -> str:
         """The config that runs, as YAML (`--cfg job`): the effective strategy's where the
         requested one falls back, with a comment saying so."""
-        verdict = self.verdict()
-        if verdict.active:
-            return OmegaConf.to_yaml(self.cfg)
-        said = (
-            f"# strategy {verdict.strategy} is inactive here: {verdict.effective_strategy} runs\n"
-        )
-        return said + OmegaConf.to_yaml(self.with_strategy(verdict.effective_strategy))
+        note, cfg = self.runs()
+        return (f"# {note}\n" if note else "") + OmegaConf.to_yaml(cfg)
+
+    def as_plain(self) -> dict[str, Any]:
+        """The config that runs as plain data (`--cfg job --json`), and the note if any."""
+        note, cfg = self.runs()
+        return {"note": note, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
 
     def with_strategy(self, option: str) -> DictConfig:
         """The same config with another strategy option (keeping strategy.* knob overrides)."""
@@ -133,60 +153,20 @@ class Session:
         """Is the requested strategy active, and what runs instead (ConfigError first for keys
         that no schema declares)."""
         raise_problems(unknown_keys(self.cfg))
+        _, problems, verdict = self.checked
+        raise_problems(problems if verdict is None else [])
+        assert verdict is not None, "no verdict without a problem"
+        return verdict
 
-        def lookup(option: str) -> tuple[list[str], str | None]:
-            node = (
-                self.cfg.strategy
-                if option == self.strategy_option
-                else self.with_strategy(option).strategy
-            )
-            return list(node.requires), node.fallback
-
-        storage = typed(self.cfg.storage, "storage")
-        return decide(self.strategy_option, self.topology(), self.model(), storage, lookup)
+    @functools.cached_property
+    def checked(self) -> tuple[Job | None, list[Problem], Verdict | None]:
+        """(Job, every problem, verdict) of this config: computed once per session."""
+        return job_of(self.cfg, self.strategy_option, self.with_strategy)
 
     def job(self) -> Job:
         """What runs, typed once and checked whole: the effective strategy's stages on the
         normalized topology (ConfigError listing every problem otherwise)."""
-        verdict = self.verdict()
-        cfg = self.cfg if verdict.active else self.with_strategy(verdict.effective_strategy)
-        raise_problems(strategy_stage_problems(cfg))
-        groups = typed_groups(cfg)
-        topology, _ = normalize(groups["topology"])
-        job = Job(
-            model=groups["model"],
-            topology=topology,
-            strategy=assemble(groups["strategy"]),
-            workload=groups["workload"],
-            runtime=groups["runtime"],
-            bench=groups["bench"],
-            simulate=groups["simulate"],
-            soak=groups["soak"],
-            storage=groups["storage"],
-            verdict=verdict,
-            strict=bool(cfg.strict),
-        )
-        raise_problems(job_problems(job))
+        job, problems, _ = self.checked
+        raise_problems(problems)
+        assert job is not None, "no job without a problem"
         return job
-
-
-def strategy_stage_problems(cfg: DictConfig) -> list[Problem]:
-    """Every problem of the stage lists of the config's strategy."""
-    plain: Any = {d: OmegaConf.to_container(cfg.strategy[d], resolve=True) for d in DIRECTIONS}
-    return stage_problems(plain, OmegaConf.select(cfg, "strategy.ownership", default=None))
-
-
-def unknown_keys(node: DictConfig, path: str = "") -> list[Problem]:
-    """Keys that a typed node's schema does not declare (`+key=` can sneak them in)."""
-    schema = OmegaConf.get_type(node)
-    if schema is None or not dataclasses.is_dataclass(schema):
-        return []
-    declared = {f.name for f in dataclasses.fields(schema)}
-    found = []
-    for key in map(str, node):
-        full = f"{path}.{key}" if path else key
-        if key not in declared:
-            found.append(not_a_field(full, schema))
-        elif isinstance(node._get_node(key), DictConfig):
-            found += unknown_keys(node[key], full)
-    return found

@@ -48,13 +48,16 @@ class Job:
 def job_problems(job: Job) -> list[Problem]:
     """The rules that join groups, which a rank would otherwise find only after it started:
     workload and bench sizes in whole pages that fit the pools, and staging for a page."""
-    return _alignment_problems(job) or _capacity_problems(job)
+    aligned = alignment_problems(job.model, job.topology, job.workload, job.bench)
+    return aligned or capacity_problems(job)
 
 
-def _alignment_problems(job: Job) -> list[Problem]:
-    slots = job.model.page_size * job.topology.dcp_size
+def alignment_problems(
+    model: ModelGeometry, topology: Topology, workload: WorkloadConfig, bench: BenchConfig
+) -> list[Problem]:
+    """Transfer and pool sizes in whole pages (they read only the page size and dcp)."""
+    slots = model.page_size * topology.dcp_size
     aligned = f"a multiple of page_size x dcp_size = {slots}"
-    workload = job.workload
     found = [
         Problem(key, f"{key}={tokens} must be {aligned}")
         for key, tokens in (
@@ -63,13 +66,14 @@ def _alignment_problems(job: Job) -> list[Problem]:
         )
         if tokens % slots
     ]
-    misaligned = [size for size in job.bench.sizes if size % slots]
+    misaligned = [size for size in bench.sizes if size % slots]
     if misaligned:
         found.append(Problem("bench.sizes", f"bench.sizes {misaligned} must each be {aligned}"))
     return found
 
 
-def _capacity_problems(job: Job) -> list[Problem]:
+def capacity_problems(job: Job) -> list[Problem]:
+    """Pools that hold what moves, and staging for a page (they read every group)."""
     model, topology, workload = job.model, job.topology, job.workload
     config = job.strategy.config
     owners = owner_map(config.ownership, topology.replica_group(0, model), model.units)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import types
 import typing
+from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
@@ -31,10 +33,19 @@ def shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """'; did you mean X?' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def not_a_field(path: str, schema: type) -> Problem:
-    """A key the schema does not declare (names the fields it does)."""
-    known = ", ".join(f.name for f in dataclasses.fields(schema))
-    return Problem(path, f"{path}: not a field of {schema.__name__} (known: {known})")
+    """A key the schema does not declare (names the fields it does, and the closest)."""
+    names = [f.name for f in dataclasses.fields(schema)]
+    head, _, last = path.rpartition(".")
+    guess = did_you_mean(last, names, f"{head}." if head else "")
+    message = f"{path}: not a field of {schema.__name__} (known: {', '.join(names)}){guess}"
+    return Problem(path, message)
 
 
 def schema_problems(data: Any, schema: type, prefix: str) -> list[Problem]:
@@ -74,11 +85,14 @@ def value_problems(value: Any, hint: Any, path: str) -> list[Problem]:
     if isinstance(hint, type) and issubclass(hint, Enum):
         if isinstance(value, str) and value in hint.__members__:
             return []
-        return [Problem(path, f"{path}={shown(value)} is not one of {sorted(hint.__members__)}")]
+        names = sorted(hint.__members__)
+        guess = did_you_mean(value, names) if isinstance(value, str) else ""
+        return [Problem(path, f"{path}={shown(value)} is not one of {names}{guess}")]
     accepted = SCALARS[hint]
     if isinstance(value, accepted) and not (isinstance(value, bool) and bool not in accepted):
         return []
-    return [Problem(path, f"{path}={shown(value)} is not a {hint.__name__}")]
+    article = "an" if hint.__name__[0] in "aeiou" else "a"
+    return [Problem(path, f"{path}={shown(value)} is not {article} {hint.__name__}")]
 
 
 def without(data: dict[str, Any], problems: list[Problem], prefix: str) -> dict[str, Any]:

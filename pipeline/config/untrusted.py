@@ -3,9 +3,9 @@
 A user config folder is read here, never by Hydra: each file is size-capped and scanned as YAML
 tokens before anything is built (tags, anchors and aliases, directives and `@package` headers
 are refused, so no tag constructs an object and no alias bomb expands), then checked against
-its group's schema. Only checked data reaches Hydra, through the ConfigStore. Overrides are
-parsed with Hydra's grammar and refused where they touch `hydra.*`, call a resolver or sweep.
-No message quotes a resolver call's result: refused values are never resolved.
+its group's schema. Only checked data reaches Hydra, through the ConfigStore (overrides are
+checked in `overrides`). No message quotes a resolver call's result: refused values are never
+resolved.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ MAX_FILE_BYTES = 64 * 1024
 """Largest config file read (the shipped ones are under 2 KiB)."""
 RESOLVER = re.compile(r"\$\{[^}]*:")
 """`${name:...}`: a resolver call (oc.env reads the environment); plain `${a.b}` is fine."""
-ALLOWED_HYDRA_KEYS: frozenset[str] = frozenset()
-"""`hydra.*` keys a user may set: none (this CLI composes configs; Hydra runs no job)."""
 REFUSED_TOKENS: dict[type, str] = {
     yaml.TagToken: "YAML tags are not allowed",
     yaml.AnchorToken: "YAML anchors are not allowed",
@@ -171,22 +169,22 @@ def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list
         )
     if group == "storage":
         found += endpoint_problems(data)
-    for key, value in _strings(data, group):
+    for key, value in strings(data, group):
         if RESOLVER.search(value):
             found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
     fields = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
     return found + schema_problems(fields, GROUP_SCHEMAS[group], group)
 
 
-def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+def strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _strings(v, f"{path}.{k}")
+            yield from strings(v, f"{path}.{k}")
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from _strings(v, f"{path}[{i}]")
+            yield from strings(v, f"{path}[{i}]")
 
 
 def read_config_dir(
@@ -222,35 +220,6 @@ def read_config_dir(
             options.append(UserOption(group, name, str(path), clean, lines))
         found += [p.at(str(path), p.line or lines.get(p.key.partition(".")[2])) for p in problems]
     return options, found
-
-
-def override_problems(overrides: list[str]) -> list[Problem]:
-    """Every override that sets `hydra.*`, calls a resolver, sweeps, or does not parse."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as e:  # Hydra's grammar errors: report the text, not a traceback
-        return [Problem("", f"cannot parse the overrides: {str(e).splitlines()[0]}", "overrides")]
-    found = []
-    for override, text in zip(parsed, overrides, strict=True):
-        key = override.key_or_group
-        root = re.split(r"[./@]", key.lstrip("+~"), maxsplit=1)[0]
-        if (root == "hydra" and key not in ALLOWED_HYDRA_KEYS) or override.package == "hydra":
-            found.append(Problem(key, f"{key}: hydra.* cannot be set (Hydra runs no job here)"))
-        elif override.is_sweep_override():
-            found.append(Problem(key, f"{key}: a sweep; give one value per invocation"))
-        elif any(RESOLVER.search(s) for _, s in _strings(override.value(), key)):
-            found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
-        elif key in GROUP_SCHEMAS and str(override.value()).startswith("base_"):
-            found.append(
-                Problem(
-                    key,
-                    f"{key}={override.value()}: that is the group's schema, not an option "
-                    "(`hicache-pipeline list` shows the options)",
-                )
-            )
-        elif root not in (*GROUP_SCHEMAS, "strict"):
-            found.append(Problem(key, f"{key}: no config group or key of that name ({text!r})"))
-    return [p.at("overrides") for p in found]
 
 
 MAX_SWEEP_JOBS = 256

@@ -9,46 +9,27 @@ Nothing beyond the typed config is built: no stage runs, no device is touched.
 
 from __future__ import annotations
 
-from pipeline.config.compose import Session, strategy_stage_problems, typed_groups, unknown_keys
-from pipeline.config.eligibility import RULES
+from pipeline.config.checked import strategy_stage_problems
+from pipeline.config.compose import Session
+from pipeline.config.overrides import checked_overrides
 from pipeline.config.sources import ConfigSources
-from pipeline.config.untrusted import override_problems
 from pipeline.spec.checks import ConfigError, Problem
 
 
 def config_problems(session: Session, strategies: set[str]) -> list[Problem]:
     """Every problem of one composed config, each naming its key (no file yet)."""
     cfg = session.cfg
-    found = unknown_keys(cfg)
-    try:
-        typed_groups(cfg)
-    except ConfigError as e:
-        found += e.problems
-    # the requested strategy's own stages, active or not (job() checks the effective one's)
-    found += strategy_stage_problems(cfg)
-    unknown = [r for r in cfg.strategy.requires if r not in RULES]
-    if unknown:
-        found.append(
-            Problem(
-                "strategy.requires",
-                f"strategy.requires: unknown rules {unknown}; known rules: {sorted(RULES)}",
-            )
-        )
+    # the requested strategy's own stages, active or not (the job checks the effective one's)
+    found = strategy_stage_problems(cfg)
     fallback = cfg.strategy.fallback
     if fallback is not None and fallback not in strategies:
         known = ", ".join(sorted(strategies))
         found.append(
             Problem("strategy.fallback", f"strategy.fallback: {fallback!r} is not one of {known}")
         )
-    if found:
-        return found
-    try:
-        session.job()  # the effective strategy, and the rules that join groups
-    except ConfigError as e:
-        found += e.problems
-    except ValueError as e:  # a fallback chain that ends nowhere
-        found.append(Problem("strategy.fallback", str(e)))
-    return found
+    _, problems, _ = session.checked
+    said = {p.key for p in found}
+    return found + [p for p in problems if not (p.key == "strategy.fallback" in said)]
 
 
 def placed(problem: Problem, file: str, lines: dict[str, int], group: str | None) -> Problem:
@@ -66,6 +47,13 @@ def in_order(problems: list[Problem]) -> list[Problem]:
     return sorted(unique, key=lambda p: (p.file or "", p.line or 0))
 
 
+def consequences_dropped(said: list[Problem], more: list[Problem]) -> list[Problem]:
+    """`more` without the problems of a key that `said` (a file's or an override's own
+    problems) already names: a value left out for its mistake is then missing, or a default."""
+    named = {(p.file, p.key) for p in said if p.key}
+    return [p for p in more if (p.file, p.key) not in named]
+
+
 def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem]]:
     """(checked files, problems) over every option of every group."""
     options = sources.options()
@@ -80,24 +68,45 @@ def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem]]:
             found += [p.at(path) for p in e.problems]
             continue
         lines = sources.file_of(group, option)[1]
-        found += [placed(p, path, lines, group) for p in config_problems(session, strategies)]
+        more = [placed(p, path, lines, group) for p in config_problems(session, strategies)]
+        found += consequences_dropped(found, more)
     return checked, in_order(found)
+
+
+def group_options(sources: ConfigSources) -> dict[str, list[str]]:
+    """Each group's options, shipped and the user's."""
+    found: dict[str, list[str]] = {}
+    for group, name, _ in sources.options():
+        found.setdefault(group, []).append(name)
+    return found
+
+
+def checked_config(
+    overrides: list[str], sources: ConfigSources
+) -> tuple[Session | None, list[Problem]]:
+    """The session the overrides compose (None if even their clean part cannot), and every
+    problem of the config: the user folder's, the overrides', and the composed config's, each
+    in the file or override it comes from."""
+    options = group_options(sources)
+    refused, kept = checked_overrides(overrides, options)
+    found = [*sources.problems, *refused]
+    try:
+        session = Session.compose(kept)
+    except ConfigError as e:
+        return None, in_order(found + e.problems)
+    set_here = {o.lstrip("+~").partition("=")[0] for o in kept} - set(options)
+    more = []
+    for problem in config_problems(session, set(options.get("strategy", []))):
+        group, key = problem.key.partition(".")[0].split("[")[0], problem.key.split("[")[0]
+        if any(key == k or key.startswith(k + ".") for k in set_here):
+            problem = problem.at("overrides")
+        elif group in session.choices:
+            path, lines = sources.file_of(group, session.choices[group])
+            problem = placed(problem, path, lines, group)
+        more.append(problem)
+    return session, in_order(found + consequences_dropped(found, more))
 
 
 def validate_one(overrides: list[str], sources: ConfigSources) -> list[Problem]:
     """The problems of the one config the overrides compose, each in the file it comes from."""
-    found = [*sources.problems, *override_problems(overrides)]
-    if found:
-        return found
-    try:
-        session = Session.compose(overrides)
-    except ConfigError as e:
-        return e.problems
-    strategies = {name for group, name, _ in sources.options() if group == "strategy"}
-    for problem in config_problems(session, strategies):
-        group = problem.key.partition(".")[0].split("[")[0]
-        if group in session.choices:
-            path, lines = sources.file_of(group, session.choices[group])
-            problem = placed(problem, path, lines, group)
-        found.append(problem)
-    return in_order(found)
+    return checked_config(overrides, sources)[1]

@@ -63,5 +63,5 @@ def test_everything_else_is_refused(entry, list_name: str, message: str) -> None
 def test_arguments_must_fit_their_annotated_types(typed_stage: str) -> None:
     assert checked_entry({"_target_": typed_stage, "every": 3}, "finish")[1] == {"every": 3}
     for bad in ("abc", 1.5, True, {"_target_": "os.getcwd"}, [1]):
-        with pytest.raises(ValueError, match=r"every=.* is not a int"):
+        with pytest.raises(ValueError, match=r"every=.* is not an int"):
             checked_entry({"_target_": typed_stage, "every": bad}, "finish")
