@@ -9,6 +9,7 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
@@ -20,9 +21,11 @@ from pipeline.engine.l3_pages import (
     PageMap,
     Placement,
     Runs,
+    Scratch,
     Scratches,
     copy_runs,
     pool_runs,
+    read_checked,
 )
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
@@ -32,6 +35,7 @@ from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
 from pipeline.spec.l3 import (
     Checks,
+    CrcRuns,
     PageObject,
     PageRoles,
     check_keys,
@@ -106,6 +110,8 @@ class L3Tier:
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
         self.checks = checks
         self.digest = checks.unit()
+        self.runs_crc = CrcRuns() if checks.key is None else None
+        """Checks runs of units with one CRC call (unkeyed objects: a MAC does not combine)."""
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
 
@@ -153,26 +159,28 @@ class L3Tier:
         obj, name, pages = self.object, self.name(key), self.page_map(units, device=device)
         with self.scratches.taken() as scratch:
             head = memoryview(scratch.head)[: obj.header_size(self.space, name, self.checks)]
-            views = pages.views(page) if pages.direct else scratch.views(units)
-            first, groups, rows, digest = head.nbytes, pages.groups, pages.rows, self.digest
-            ranges = [(first + at, [views[j] for j in units_at]) for at, units_at in groups]
-            ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
-            table: list[int] = []
-
-            def check(i: int) -> bool:
-                if not i:
-                    found = unit_digests(head, obj, self.space, name, self.checks)
-                    if found is None:
-                        return False
-                    table.extend(found)
-                return all(digest(views[j]) == table[rows[j]] for j in groups[i][1])
-
-            if not self.store.read(name, first + obj.page_bytes, ranges, check):
+            spans = None if self.runs_crc is None else self._spans(pages, page, scratch)
+            views = None if spans is not None else self._views(pages, page, scratch)
+            table = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
+            ranges, check = read_checked(
+                head, pages, table, self.digest, views, spans, self.runs_crc
+            )
+            if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
                 return False
             if not pages.direct:
                 targets = self.runs(units, page, device=device)
                 copy_runs(scratch.like(targets), targets)
         return True
+
+    @staticmethod
+    def _spans(pages: PageMap, page: int, scratch: Scratch) -> list[memoryview] | None:
+        """Each group of units as one buffer in the pool, or staged; None where the pool holds
+        them apart."""
+        return pages.spans(page) if pages.direct else scratch.spans(pages)
+
+    @staticmethod
+    def _views(pages: PageMap, page: int, scratch: Scratch) -> list[memoryview]:
+        return pages.views(page) if pages.direct else scratch.views(pages.units)
 
     def write(self, key: str, page: int, received: Mapping[int, memoryview]) -> None:
         """Store one page's object: this rank's units from its host page, the rest from

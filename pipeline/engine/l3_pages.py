@@ -10,7 +10,7 @@ through a staging buffer laid out as the payload, one torch copy per run of unit
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from pipeline.engine.pools import DevicePool, HostPool, stack_views
-from pipeline.spec.l3 import PageObject
+from pipeline.engine.stores.parts import Check, Range
+from pipeline.spec.l3 import CrcRuns, PageObject
 from pipeline.spec.model import Unit, by_pool_kind
 
 Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
@@ -83,13 +84,43 @@ class PageMap:
         payload and is read with the header, in one call (a whole object is one call: a call
         per unit, or per 256 KiB that the CPU's cache would still hold, made the reads
         slower, each call being a turn of Python's lock)."""
+        self.sizes = [[units[j].page_bytes for j in at] for _, at in groups]
+        """Each group's units' sizes, in order."""
         self.direct = placement.direct
         rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
         self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]
+        self._spans = _spans(self._where, groups) if self.direct else None
 
     def views(self, page: int) -> list[memoryview]:
         """Each unit's bytes of `page` in the pool (direct placements only)."""
         return [buf[f + page * s : f + page * s + n] for buf, f, s, n in self._where]
+
+    def spans(self, page: int) -> list[memoryview] | None:
+        """Each group's bytes of `page` in the pool as one buffer, where every group's units
+        lie end to end there as in the payload (page_first_direct); None otherwise."""
+        if self._spans is None:
+            return None
+        return [buf[f + page * s : f + page * s + n] for buf, f, s, n in self._spans]
+
+
+def _spans(
+    where: list[tuple[memoryview, int, int, int]], groups: list[tuple[int, list[int]]]
+) -> list[tuple[memoryview, int, int, int]] | None:
+    """(buffer, first, stride, bytes) of each group's units as one run of memory, or None
+    unless, on every page, each unit starts where the one before it ends."""
+    found = []
+    for _, at in groups:
+        if not at:
+            found.append((memoryview(b""), 0, 0, 0))
+            continue
+        buf, first, stride, total = where[at[0]]
+        for j in at[1:]:
+            b, f, s, n = where[j]
+            if b is not buf or s != stride or f != first + total:
+                return None
+            total += n
+        found.append((buf, first, stride, total))
+    return found
 
 
 def _groups(payload: list[int], sizes: list[int]) -> list[tuple[int, list[int]]]:
@@ -125,6 +156,15 @@ class Scratch:
                 self.bytes[offsets[u.ordinal] : offsets[u.ordinal] + u.page_bytes] for u in units
             ]
         return self._bytes[key]
+
+    def spans(self, pages: PageMap) -> list[memoryview]:
+        """Each of `pages`' groups in the staging buffer as one buffer (at its payload offset;
+        a group's units are adjacent there by definition)."""
+        offsets, found = self.obj.offsets, []
+        for (_, at), sizes in zip(pages.groups, pages.sizes, strict=True):
+            first = offsets[pages.units[at[0]].ordinal] if at else 0
+            found.append(self.bytes[first : first + sum(sizes)])
+        return found
 
     def like(self, runs: Runs) -> list[torch.Tensor]:
         """The staging buffer viewed as each of `runs`' tensors (made once per set of runs)."""
@@ -181,3 +221,43 @@ def copy_runs(sources: Sequence[torch.Tensor], targets: Runs) -> None:
     """One torch copy per run (outside Python's lock)."""
     for source, (target, _) in zip(sources, targets, strict=True):
         target.copy_(source)
+
+
+def read_checked(
+    head: memoryview,
+    pages: PageMap,
+    header: Callable[[], list[int] | None],
+    digest: Callable[[memoryview], int],
+    views: list[memoryview] | None,
+    spans: list[memoryview] | None,
+    runs_crc: CrcRuns | None = None,
+) -> tuple[list[Range], Check]:
+    """The byte ranges of one page's read (the header with the first group, then one range
+    per group) and the check of each range as it lands: the header's own check and its digest
+    table first, then each unit's digest (`views`), or each group's one CRC over its span
+    against the CRC its units' digests combine to (`spans`, with `runs_crc`)."""
+    groups, rows, sizes = pages.groups, pages.rows, pages.sizes
+    if spans is not None:
+        buffers = [[span] if span.nbytes else [] for span in spans]
+    else:
+        assert views is not None, "a read lands in its units' views or in its groups' spans"
+        buffers = [[views[j] for j in at] for _, at in groups]
+    ranges: list[Range] = [
+        (head.nbytes + at, bufs) for (at, _), bufs in zip(groups, buffers, strict=True)
+    ]
+    ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
+    table: list[int] = []
+
+    def check(i: int) -> bool:
+        if not i:
+            found = header()
+            if found is None:
+                return False
+            table.extend(found)
+        at = groups[i][1]
+        if spans is None or runs_crc is None:
+            assert views is not None
+            return all(digest(views[j]) == table[rows[j]] for j in at)
+        return not at or runs_crc.check(spans[i], [table[rows[j]] for j in at], sizes[i])
+
+    return ranges, check
