@@ -18,6 +18,7 @@ from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
 from pipeline.engine.stores import FileStore, MooncakeStore, open_store
+from pipeline.engine.stores.beneath import Beneath
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
 from pipeline.spec.checks import ConfigError
@@ -323,14 +324,20 @@ def test_store_knobs_out_of_range_are_refused_naming_the_key(override: str, mess
         Session.compose(["storage=mooncake", override]).job()
 
 
+@pytest.mark.parametrize("one_call", [True, False])
 def test_the_file_store_never_follows_a_link_nor_reads_what_is_not_a_regular_file(
-    tmp_path: Path,
+    tmp_path: Path, one_call: bool
 ) -> None:
+    """Both ways of opening below the store's folder: openat2 resolving beneath it with no
+    link (one call), and the walk of openat calls with O_NOFOLLOW where a kernel lacks it."""
     root, outside = tmp_path / "store", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
     (outside / "key").write_bytes(b"theirs")
     store = FileStore(str(root))
+    if one_call and not store.beneath.one_call:
+        pytest.skip("this kernel (or its sandbox) has no openat2")
+    store.beneath.one_call = one_call
     (root / "ns").symlink_to(outside)  # a planted folder link
     with pytest.raises(OSError):
         store.put("ns/key", [b"mine"])
@@ -347,6 +354,14 @@ def test_the_file_store_never_follows_a_link_nor_reads_what_is_not_a_regular_fil
     assert store.exists(["ns/fifo"]) == [False]
     with pytest.raises(ValueError, match="not a store name"):
         store.put("../outside/key", [b"x"])
+    (root / "ns" / "deep").symlink_to(outside)  # a link in the middle of a walk
+    (outside / "ab").mkdir()
+    with pytest.raises(OSError):
+        store.put("ns/deep/ab/key", [b"mine"])
+    assert store.get("ns/deep/ab/x") is None and not (outside / "ab" / "key").exists()
+    store.put("ns/ab/key", [b"mine"])  # and a real folder still works
+    assert store.get("ns/ab/key") == b"mine"
+    store.close()
 
 
 def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
@@ -453,11 +468,11 @@ def test_a_direct_io_store_reads_around_the_page_cache_and_a_buffered_one_does_n
     except ConfigError:
         pytest.skip("this folder's file system refuses O_DIRECT (tmpfs)")
     opened: list[int] = []
-    real_open = os.open
+    real_open = Beneath.open  # every open below a store's folder
     monkeypatch.setattr(
-        os,
+        Beneath,
         "open",
-        lambda path, flags, *a, **k: opened.append(flags) or real_open(path, flags, *a, **k),
+        lambda self, parts, flags, *a: opened.append(flags) or real_open(self, parts, flags, *a),
     )
     parts = [memoryview(bytes([i]) * 4096) for i in range(3)]
     for direct in (True, False):

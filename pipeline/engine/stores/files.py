@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views, copy_out
 
 COMPONENT = re.compile(r"[\w-][\w.-]*")
 """One folder or file name of an object name: no separators, nothing hidden, never '..'."""
-FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
@@ -87,6 +87,8 @@ class FileStore:
     def __init__(self, root: str, direct: DirectReads | None = None) -> None:
         self.root = Path(root)
         self.direct = direct
+        self.beneath = Beneath(root)
+        """The root, kept open: every path below it is opened without following a link."""
 
     def _split(self, name: str) -> tuple[list[str], str]:
         parts = name.split("/")
@@ -95,30 +97,27 @@ class FileStore:
         return parts[:-1], parts[-1]
 
     def _folder(self, folders: list[str], *, create: bool) -> int:
-        """A descriptor of the object's folder, walked from the root without following a
-        link (made where `create`); OSError where a part is missing or not a real folder."""
-        fd = os.open(self.root, FOLDER_FLAGS & ~os.O_NOFOLLOW)  # the operator's own path
+        """A descriptor of the object's folder, below the root with no link followed (made
+        where `create`); OSError where a part is missing or not a real folder."""
         try:
-            for part in folders:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, dir_fd=fd)
-                inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = inner
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+            return self.beneath.open(folders, FOLDER_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+        for depth in range(len(folders)):  # the first write into a folder: make what is missing
+            parent = self.beneath.open(folders[:depth], FOLDER_FLAGS) if depth else None
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folders[depth], dir_fd=self.beneath.fd if parent is None else parent)
+            finally:
+                if parent is not None:
+                    os.close(parent)
+        return self.beneath.open(folders, FOLDER_FLAGS)
 
     def _open(self, name: str, flags: int = READ_FLAGS) -> int:
         """A descriptor of the regular file `name`; OSError otherwise."""
         folders, leaf = self._split(name)
-        folder = self._folder(folders, create=False)
-        try:
-            fd = os.open(leaf, flags, dir_fd=folder)
-        finally:
-            os.close(folder)
+        fd = self.beneath.open([*folders, leaf], flags)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise OSError(f"{name} is not a regular file")
@@ -227,7 +226,7 @@ class FileStore:
         pass
 
     def close(self) -> None:
-        pass
+        self.beneath.close()
 
 
 def _in_memory(path: Path) -> bool:
