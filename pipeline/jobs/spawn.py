@@ -189,7 +189,7 @@ def spawn(
     try:
         _supervise(watch, results, job_s, timeout_s)
     finally:
-        _stop(procs)
+        _stop(procs, set(watch.done))
         shutil.rmtree(folder, ignore_errors=True)
     if watch.failed:
         raise RankFailure(_blame(watch, timeout_s))
@@ -216,9 +216,14 @@ def _supervise(watch: Watch, results: Any, job_s: float, timeout_s: float) -> No
             watch.look()
 
 
-def _stop(procs: list[Any]) -> None:
-    """End every rank still running: SIGTERM, then SIGKILL after a grace (a stopped process
-    ignores SIGTERM until continued; SIGKILL ends it anyway)."""
+def _stop(procs: list[Any], reported: set[int]) -> None:
+    """End every rank still running: the ranks that reported get a grace to exit on their own
+    (a SIGTERM while they clean up leaves their semaphores to the resource tracker's
+    warning), then SIGTERM, then SIGKILL after a grace (a stopped process ignores SIGTERM
+    until continued; SIGKILL ends it anyway)."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    for rank in reported:
+        procs[rank].join(max(0.0, deadline - time.monotonic()))
     alive = [p for p in procs if p.exitcode is None]
     for p in alive:
         p.terminate()

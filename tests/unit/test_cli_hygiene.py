@@ -90,11 +90,6 @@ def test_list_refuses_overrides_it_would_ignore(capsys: pytest.CaptureFixture) -
     assert "list shows every option and takes no overrides (got strategy=rotating)" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ranks are SIGTERMed right after reporting, before they release tqdm's lock; "
-    "the fix lies in pipeline/jobs/spawn.py (join reported ranks before stopping them)",
-)
 def test_a_spawned_run_leaves_no_leaked_semaphore_warning() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "run", "topology=tp1"],
