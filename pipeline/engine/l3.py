@@ -110,8 +110,7 @@ class L3Tier:
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
         self.checks = checks
         self.digest = checks.unit()
-        self.runs_crc = CrcRuns() if checks.key is None else None
-        """Checks runs of units with one CRC call (unkeyed objects: a MAC does not combine)."""
+        self.runs_crc = CrcRuns() if checks.key is None else None  # a MAC does not combine
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
 

@@ -180,12 +180,16 @@ def soak_text(result: dict[str, Any]) -> str:
 
 
 def validate_text(result: dict[str, Any]) -> str:
-    lines = [f"checked {len(result['checked'])} configs"]
+    lines = [f"checked {counted(len(result['checked']), 'config')}"]
     for e in result["errors"]:
         where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
         lines.append(printable(f"error: {where}: {e['message']}" if where else e["message"]))
-    lines.append("valid" if result["valid"] else f"{len(result['errors'])} errors")
+    lines.append("valid" if result["valid"] else counted(len(result["errors"]), "error"))
     return "\n".join(lines)
+
+
+def counted(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
 def write_trace(path: str, ranks: list[dict[str, Any]]) -> None:

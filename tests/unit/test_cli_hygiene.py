@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from pipeline.cli import COMMANDS, main, run_command
+from pipeline.jobs.report import validate_text
 
 
 def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
@@ -99,3 +100,12 @@ def test_a_spawned_run_leaves_no_leaked_semaphore_warning() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "leaked semaphore" not in done.stderr
+
+
+def test_validate_counts_one_config_and_one_error_in_the_singular() -> None:
+    one = {"file": "overrides", "line": None, "message": "x"}
+    assert (
+        validate_text({"checked": ["a"], "errors": [], "valid": True}) == "checked 1 config\nvalid"
+    )
+    text = validate_text({"checked": ["a", "b"], "errors": [one], "valid": False})
+    assert text.startswith("checked 2 configs\n") and text.endswith("\n1 error")

@@ -21,6 +21,9 @@ FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class OpenHow(ctypes.Structure):
+    """openat2's `struct open_how`: the open flags, the mode of a file it creates, and how
+    the path may be resolved."""
+
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
