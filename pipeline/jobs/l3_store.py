@@ -27,8 +27,9 @@ from pathlib import Path
 
 from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
+from pipeline.jobs.rank_start import PR_SET_PDEATHSIG
 from pipeline.jobs.scratch import made_folder
-from pipeline.jobs.spawn import PR_SET_PDEATHSIG, free_port
+from pipeline.jobs.spawn import free_port
 from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
 

@@ -11,16 +11,14 @@ broken collective it left behind.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
+import pickle
 import queue
 import re
 import shutil
 import signal
 import socket
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline.jobs import rank_start
 from pipeline.jobs.scratch import made_folder
 
 log = logging.getLogger("hicache-pipeline")
@@ -42,9 +41,6 @@ GRACE_S = 3.0
 """How long the peers of a failed rank get to report before they are stopped."""
 STOP_GRACE_S = 2.0
 """How long a rank gets to end after SIGTERM before SIGKILL."""
-HEARTBEAT_S = 0.5
-"""How often a rank beats."""
-PR_SET_PDEATHSIG = 1
 
 
 class RankFailure(RuntimeError):
@@ -71,12 +67,9 @@ def rank_entry(
     backend: str,
     timeout_s: float,
     results: Any,
-    beats: Any,
-    parent: int,
 ) -> None:
-    """One spawned rank: die with the parent, beat, run `fn`, report."""
-    _die_with(parent)
-    threading.Thread(target=_beat, args=(beats, rank, parent), daemon=True).start()
+    """One spawned rank, once `rank_start.start` armed its death and heartbeat: run `fn`,
+    report."""
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -93,22 +86,6 @@ def rank_entry(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _die_with(parent: int) -> None:
-    """The kernel kills this process when its parent dies (Linux); elsewhere `_beat` notices."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-
-
-def _beat(beats: Any, rank: int, parent: int) -> None:
-    while True:
-        beats[rank] = time.monotonic()
-        if os.getppid() != parent:
-            os._exit(1)
-        time.sleep(HEARTBEAT_S)
 
 
 @dataclass
@@ -163,26 +140,20 @@ def spawn(
     # the ranks meet through a file, not a port another job could take between pick and bind
     folder, parent = made_folder("hicache-ranks-"), os.getpid()
     rendezvous = os.path.join(folder, "rendezvous")
+    work = [
+        pickle.dumps((rank_entry, (fn, payload, rank, world_size, rendezvous, backend, timeout_s)))
+        for rank in range(world_size)
+    ]
     procs = [
         ctx.Process(
-            target=rank_entry,
+            target=rank_start.start,
             name=f"rank-{rank}",
-            args=(
-                fn,
-                payload,
-                rank,
-                world_size,
-                rendezvous,
-                backend,
-                timeout_s,
-                results,
-                beats,
-                parent,
-            ),
+            args=(work[rank], rank, parent, beats, results),
         )
         for rank in range(world_size)
     ]
-    for p in procs:
+    for rank, p in enumerate(procs):
+        beats[rank] = time.monotonic()  # a rank stopped before its first beat is seen too
         p.start()
     log.info("starting %d ranks (pids %s)", world_size, [p.pid for p in procs])
     watch = Watch(procs, beats, stall_s=timeout_s)

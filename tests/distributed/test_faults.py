@@ -5,6 +5,7 @@ fault and how, and leaves no process behind. (A corrupted host page caught by
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -136,6 +137,36 @@ def test_ranks_die_with_their_parent(signal_name: str, tmp_path: Path) -> None:
     for pid in leftover:  # do not leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert leftover == []
+
+
+def test_a_rank_stopped_while_it_starts_is_named_not_its_waiting_peer(tmp_path: Path) -> None:
+    """A rank stopped before its work began (here: as soon as it is spawned, while it imports):
+    its heartbeat, armed before anything heavy, stops, so it is named as stalled. Before, it
+    had no heartbeat yet and its peer's rendezvous timeout was blamed ("rank 0 failed: Wait
+    timeout")."""
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "runtime.timeout_s=5", *SMALL],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert parent.stderr is not None
+    text = ""
+    while not PIDS.search(text):
+        line = parent.stderr.readline()
+        assert line, f"the run ended before starting its ranks: {text}"
+        text += line
+    pids = rank_pids(text)
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        rest = parent.communicate(timeout=300)[1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[1], signal.SIGKILL)
+    assert parent.returncode == 1
+    assert "rank 1 sent no heartbeat for" in rest, rest
+    assert all(gone(pid) for pid in pids)
 
 
 def soak(ranks: int, *overrides: str) -> dict:

@@ -1,0 +1,49 @@
+"""The first code a spawned rank runs: die with the parent and beat, before anything heavy.
+
+A rank's work (`pipeline.jobs.spawn.rank_entry`, torch, the payload) takes seconds to import
+on a busy machine. It travels pickled, as bytes, and is unpickled only after the parent-death
+signal is armed and the heartbeat runs: a parent killed during those seconds takes its
+ranks with it at once, and a rank stopped during them is seen as stalled (its heartbeat stops)
+instead of leaving its peers to time out in the rendezvous. This module imports nothing of
+the project's and nothing heavy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+HEARTBEAT_S = 0.5
+"""How often a rank beats."""
+
+
+def start(work: bytes, rank: int, parent: int, beats: Any, results: Any) -> None:
+    """Arm the parent-death signal, start the heartbeat, then run the pickled work: a
+    callable and its arguments, given `results` last."""
+    die_with(parent)
+    threading.Thread(target=beat, args=(beats, rank, parent), daemon=True).start()
+    entry, args = pickle.loads(work)
+    entry(*args, results)
+
+
+def die_with(parent: int) -> None:
+    """The kernel kills this process when its parent dies (Linux); elsewhere `beat` notices."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def beat(beats: Any, rank: int, parent: int) -> None:
+    while True:
+        beats[rank] = time.monotonic()
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(HEARTBEAT_S)
