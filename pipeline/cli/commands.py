@@ -23,7 +23,7 @@ from pipeline.jobs.bench import run_bench
 from pipeline.jobs.bench.l3 import run_l3_bench
 from pipeline.jobs.bench.l3_report import l3_markdown
 from pipeline.jobs.bench.output import markdown
-from pipeline.jobs.l3_store import concrete
+from pipeline.jobs.l3_store import blamed_on_a_dead_store, concrete
 from pipeline.jobs.launch import launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
 from pipeline.jobs.report import printable
@@ -69,7 +69,7 @@ def emit(inv: Invocation, result: dict, text: Callable[[dict], str]) -> None:
 def launch_ranks(fn: RankFn, job: Job, *, job_s: float | None = None) -> list[Any] | None:
     """`fn` on every rank with the job's L3 store in place (a temporary folder, or a master on
     loopback, for the length of the job); None on torchrun ranks other than 0."""
-    with concrete(job.storage) as storage:
+    with concrete(job.storage) as storage, blamed_on_a_dead_store(storage):
         return launch(
             fn,
             dataclasses.replace(job, storage=storage),

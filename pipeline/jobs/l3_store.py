@@ -29,7 +29,7 @@ from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.rank_start import PR_SET_PDEATHSIG
 from pipeline.jobs.scratch import made_folder
-from pipeline.jobs.spawn import free_port
+from pipeline.jobs.spawn import RankFailure, free_port
 from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
 
@@ -113,6 +113,23 @@ def check_direct_io(storage: StorageConfig, folder: str) -> None:
     finally:
         if created:
             probe.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def blamed_on_a_dead_store(storage: StorageConfig) -> Iterator[None]:
+    """A rank failure while the job's Mooncake master does not answer names the master first:
+    a rank waiting on a dead master inside Mooncake's client holds Python's lock, so the
+    parent sees only its missing heartbeat."""
+    try:
+        yield
+    except RankFailure as failure:
+        if storage.kind is not StorageKind.mooncake:
+            raise
+        host, _, port = storage.master.rpartition(":")
+        if answers(host, int(port)):
+            raise
+        message = f"the L3 store is down: the Mooncake master at {storage.master} does not answer"
+        raise RankFailure(f"{message} (it died or was stopped); {failure}") from failure
 
 
 def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:

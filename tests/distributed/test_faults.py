@@ -169,6 +169,31 @@ def test_a_rank_stopped_while_it_starts_is_named_not_its_waiting_peer(tmp_path: 
     assert all(gone(pid) for pid in pids)
 
 
+def test_a_master_killed_while_the_ranks_start_is_named(tmp_path: Path) -> None:
+    """The job's own Mooncake master killed as its ranks start: a rank waiting on it inside
+    Mooncake's client holds Python's lock and stops beating, and the error names the master
+    first (before: only "rank 0 sent no heartbeat for 5 s")."""
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "storage=mooncake", "runtime.timeout_s=5"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert parent.stderr is not None
+    text = ""
+    while not PIDS.search(text):
+        line = parent.stderr.readline()
+        assert line, f"the run ended before starting its ranks: {text}"
+        text += line
+    (master,) = re.findall(r"mooncake_master \(pid (\d+)\)", text)
+    os.kill(int(master), signal.SIGKILL)
+    rest = parent.communicate(timeout=300)[1]
+    assert parent.returncode == 1
+    assert "the L3 store is down: the Mooncake master at 127.0.0.1:" in rest, rest
+    assert all(gone(pid) for pid in rank_pids(text))
+
+
 def soak(ranks: int, *overrides: str) -> dict:
     job = job_config("strategy=rotating", f"topology=tp{ranks}", *overrides)
     said = launch(soak_rank, job, ranks, backend="gloo", timeout_s=120, job_s=3600)
