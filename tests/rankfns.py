@@ -435,3 +435,39 @@ def engines_made_and_closed(
         if i + 1 in (10, count):
             seen.append((len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))))
     return seen
+
+
+def adopted_round_trips(
+    cases: list[tuple[Job, bool]], rank: int, world_size: int, local_rank: int
+) -> list[str]:
+    """Per (job, stacked): the public API's engine on adopted KV (one tensor per layer, or
+    views of one buffer), random bytes backed up, zeroed, loaded back: '' when bit-exact,
+    else the first key that differs."""
+    import pipeline
+
+    found = []
+    for job, stacked in cases:
+        units = job.model.units  # an MLA model: kv units of bf16 rows
+        shape = (8, units[0].rows_per_page, units[0].row_bytes // 2)
+        whole = torch.zeros(len(units), *shape, dtype=torch.bfloat16)
+        tensors = {
+            (u.pool, u.layer): whole[i] if stacked else whole[i].clone()
+            for i, u in enumerate(units)
+        }
+        gen = torch.Generator().manual_seed(17)  # the same bytes on every rank (MLA: replicas)
+        for t in tensors.values():
+            t.copy_(torch.randn(t.shape, generator=gen))
+        before = {k: t.clone() for k, t in tensors.items()}
+        engine = pipeline.create_engine(job, device_kv=tensors)
+        try:
+            slots = torch.arange(0, 7 * job.model.page_size)  # a partial last batch
+            engine.backup(slots, slots).wait()
+            for t in tensors.values():
+                t.zero_()
+            engine.load(slots, slots).done().wait()
+            engine.poll()
+            bad = [k for k, t in tensors.items() if not torch.equal(t[:7], before[k][:7])]
+            found.append(str(bad[0]) if bad else "")
+        finally:
+            engine.close()
+    return found

@@ -64,15 +64,15 @@ class Engine:
         """CUDA graphs of gated transfers, per shape (cuda with io_backend=kernel only)."""
         self.l3 = l3
         """The L3 store's tier (None with storage=none)."""
-        self.spec = PlanSpec.of(model, topology, strategy.config, owners, sizing, runtime.rank)
+        spec = PlanSpec.of(model, topology, strategy.config, owners, sizing, runtime.rank)
+        self.spec = resources.fitted(spec)
         """What every transfer plan of this rank shares (its knobs included)."""
         self.host_allocator = PageAllocator(sizing.host.num_pages)
         """Host slots, handed out identically on every rank (replicated state)."""
         self._gate: list[Event] = []
         self._known_steps = StepsCache()
         self._loads = 0
-        self._last_backup: Event | None = None
-        """A write-back starts after it (backups complete in order)."""
+        self._last_backup: Event | None = None  # a write-back starts after it (in order)
         self._broken: str | None = None
         """Why the engine refuses every call: a failed transfer left its state unknown."""
         self._closed = False

@@ -10,6 +10,7 @@ spec layer, nothing else of the engine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import CopyPages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
-from pipeline.spec.plan import Direction, TransferPlan
+from pipeline.spec.model import by_pool_kind
+from pipeline.spec.plan import Direction, PlanSpec, TransferPlan
 from pipeline.spec.steps import Step
 
 
@@ -133,6 +135,17 @@ class Resources:
     trace: Trace
     timings_s: dict[str, float]
     """Seconds spent in each stage over all transfers (issue time on cuda)."""
+
+    def fitted(self, spec: PlanSpec) -> PlanSpec:
+        """`spec` for these pools: whether both keep each pool kind's copied units evenly
+        spaced in one buffer (adopted KV of one tensor per layer does not)."""
+        copied = tuple(u for u in spec.units if spec.copies(u))
+        stack = all(
+            self.host_view.stacked(kind) is not None and self.device_pool.stacked(kind) is not None
+            for kind in by_pool_kind(copied)
+            if len(kind) > 1
+        )
+        return dataclasses.replace(spec, pools_stack=stack)
 
 
 @dataclass(eq=False)

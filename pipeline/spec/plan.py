@@ -54,6 +54,10 @@ class PlanSpec:
     """Backups in batches of this many pages; 0 is one batch (strategy.chunk_pages)."""
     batch_buffer_bytes: int
     """Each of the two device buffers a chunked backup's batches gather into (0: none)."""
+    pools_stack: bool = True
+    """Both pools keep each pool kind's units evenly spaced in one buffer, as the engine
+    allocates them; adopted KV of one tensor per layer does not, and its batches are copied
+    unit by unit instead of gathered."""
 
     @classmethod
     def of(
@@ -96,7 +100,7 @@ class PlanSpec:
             return StepLayout.of(steps)
         # a batch buffer holds what the host takes in one call: a scatter kernel, or a DMA per
         # run of pages where the host keeps a page's units together
-        one_call = (
+        one_call = self.pools_stack and (
             self.io_backend is IoBackend.kernel or self.mem_layout is MemLayout.page_first_direct
         )
         copied = tuple(u for u in self.units if self.copies(u))

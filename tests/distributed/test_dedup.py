@@ -225,3 +225,24 @@ def test_a_config_mistake_never_reaches_a_rank() -> None:
     """What a rank would have found (pages that do not fit) is refused in the parent."""
     with pytest.raises(ConfigError, match="device_tokens=7 must be a multiple of page_size"):
         job_config(*SMALL, "workload.device_tokens=7")
+
+
+def test_adopted_kv_round_trips_for_every_strategy_chunked_or_not_on_two_ranks() -> None:
+    """The public API's grid on two ranks: every strategy, chunk_pages 0 / 2 / 3, one tensor
+    per layer or views of one buffer, each host layout (one tensor per layer with chunking
+    failed 8 of 8 before: the plan gathered batches that only stacked pools could give)."""
+    layouts = [
+        ("topology.mem_layout=layer_first",),
+        ("topology.mem_layout=page_first_direct", "topology.io_backend=direct"),
+    ]
+    cases = [
+        (job_config(f"strategy={s}", "topology=tp2", f"strategy.chunk_pages={c}", *lay), stacked)
+        for s, c, lay, stacked in itertools.product(
+            ("replicated", "single_source", "rotating"), (0, 2, 3), layouts, (False, True)
+        )
+    ]
+    reports = launch(rankfns.adopted_round_trips, cases, 2, backend="gloo", timeout_s=120)
+    assert reports is not None
+    for rank, found in enumerate(reports):
+        bad = [(i, f) for i, f in enumerate(found) if f]
+        assert bad == [], (rank, bad)
