@@ -65,3 +65,16 @@ def test_check_ordering_command() -> None:
     result = json.loads(done.stdout)
     assert result["ranks"] == 4 and result["layers"] == 5 and result["configured"] == "gate"
     assert [result["designs"][d]["deadlock"] for d in DESIGNS] == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("design", "ranks", "layers"), [("forward_stream", 1024, 4096), ("gate", 16, 4096)]
+)
+def test_a_model_beyond_the_budget_is_refused_by_its_work_not_only_its_states(
+    design: str, ranks: int, layers: int
+) -> None:
+    """The budget counts work (ranks times stream length per state): 16 ranks of 4096 layers
+    ran over 5 minutes within 200000 states, and 1024 ranks of 4096 layers cost 40 ms a
+    state; the first is now refused within its budget, the second before it starts."""
+    with pytest.raises(ValueError, match=r"budget: check a smaller case|budget of"):
+        check(scenario(design, [1] * layers, ranks))
