@@ -26,11 +26,17 @@ from pipeline.jobs.run import open_engine
 from pipeline.spec.storage import StorageKind
 
 
-def compose(overrides: Sequence[str] = (), *, config_dir: str | None = None) -> Job:
+def compose(
+    overrides: Sequence[str] = (),
+    *,
+    config_dir: str | None = None,
+    allowed_endpoints: Sequence[str] = (),
+) -> Job:
     """The checked config for these overrides (Hydra's grammar, as on the command line) and
-    your own config folder, if any; ConfigError listing every problem otherwise."""
+    your own config folder, if any (`allowed_endpoints`: store addresses its files may name,
+    as `--allow-endpoint`); ConfigError listing every problem otherwise."""
     line = CommandLine(overrides=list(overrides), config_dir=config_dir)
-    with configs(config_dir) as sources:
+    with configs(config_dir, allowed_endpoints) as sources:
         return checked_session(line, sources).job()
 
 

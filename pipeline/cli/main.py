@@ -24,7 +24,10 @@ CLOSED_PIPE = 128 + signal.SIGPIPE
 """The exit code when stdout's reader went away (`| head`): what a process that SIGPIPE
 ended reports."""
 
-FLAGS = "[--json] [--config-dir DIR] [--cfg job] [--verbose] [--help] [OVERRIDE ...]"
+FLAGS = (
+    "[--json] [--config-dir DIR] [--allow-endpoint HOST:PORT] [--cfg job] [--verbose] [--help] "
+    "[OVERRIDE ...]"
+)
 
 HELP: dict[str, tuple[str, str, str]] = {
     "run": (
@@ -165,7 +168,7 @@ def verbose(on: bool) -> Iterator[None]:
 def run_parsed(handler: Handler, line: CommandLine) -> int:
     """One job: 2 for a config mistake (one line), 1 for a failed rank, else the handler's."""
     try:
-        with configs(line.config_dir) as sources:
+        with configs(line.config_dir, line.allowed_endpoints) as sources:
             inv = Invocation(line, sources)
             if line.cfg is not None:
                 print(inv.config_text())

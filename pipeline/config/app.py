@@ -11,7 +11,7 @@ sweeps run here, one composed job after another, writing nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hydra import initialize_config_module
@@ -38,6 +38,8 @@ class CommandLine:
     """`--cfg job`: print the composed config instead of running."""
     config_dir: str | None = None
     """`--config-dir DIR`: the user's own options (`DIR/<group>/<name>.yaml`)."""
+    allowed_endpoints: list[str] = field(default_factory=list)
+    """`--allow-endpoint HOST:PORT` (repeatable): store addresses a config file may name."""
     overrides: list[str] = field(default_factory=list)
 
     @classmethod
@@ -55,6 +57,10 @@ class CommandLine:
                 line.verbose = True
             elif arg in ("-m", "--multirun"):
                 line.multirun = True
+            elif name == "--allow-endpoint":
+                if not eq and not rest:
+                    raise ConfigError([Problem("", f"{name} needs a value", "command line")])
+                line.allowed_endpoints.append(value if eq else rest.pop(0))
             elif name in FLAGS_WITH_VALUES:
                 if not eq and not rest:
                     raise ConfigError([Problem("", f"{name} needs a value", "command line")])
@@ -71,15 +77,17 @@ class CommandLine:
 def refused_flag(arg: str) -> str:
     return (
         f"{arg}: not an option of this command (options: --json, --help, --verbose, -m, "
-        "--cfg job, --config-dir DIR; everything else is a key=value override)"
+        "--cfg job, --config-dir DIR, --allow-endpoint HOST:PORT; everything else is a "
+        "key=value override)"
     )
 
 
 @contextlib.contextmanager
-def configs(config_dir: str | None) -> Iterator[ConfigSources]:
-    """Hydra's compose API over the shipped options and the user's checked ones."""
+def configs(config_dir: str | None, allowed: Sequence[str] = ()) -> Iterator[ConfigSources]:
+    """Hydra's compose API over the shipped options and the user's checked ones (`allowed`:
+    the store endpoints their files may name)."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        sources = ConfigSources.load(config_dir)
+        sources = ConfigSources.load(config_dir, allowed)
         with sources.registered():
             yield sources
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +48,10 @@ class ConfigSources:
     """Every problem of the user folder, with file, key and line."""
 
     @classmethod
-    def load(cls, config_dir: str | None) -> ConfigSources:
+    def load(cls, config_dir: str | None, allowed: Sequence[str] = ()) -> ConfigSources:
         if config_dir is None:
             return cls()
-        options, problems = read_config_dir(config_dir, shipped_options())
+        options, problems = read_config_dir(config_dir, shipped_options(), allowed)
         return cls(tuple(options), tuple(problems))
 
     def options(self) -> list[tuple[str, str, str]]:

@@ -15,7 +15,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,22 +134,27 @@ ENDPOINT_KEYS = ("master", "metadata_server")
 """storage keys that name a network endpoint every rank would connect to."""
 
 
-def endpoint_problems(data: dict[str, Any]) -> list[Problem]:
+def endpoint_problems(data: dict[str, Any], allowed: Sequence[str] = ()) -> list[Problem]:
     """A config file (someone else's, perhaps) may not point the ranks at a network address:
-    store addresses come from the command line or the library call (`master: auto` is fine,
-    it starts a master on loopback)."""
+    store addresses come from the command line, the library call, or the operator's
+    `--allow-endpoint` list (`master: auto` is fine, it starts a master on loopback)."""
     return [
         Problem(
             f"storage.{key}",
-            f"storage.{key} may not be set in a config file (every rank would connect there): "
-            f"give it on the command line, storage.{key}=...",
+            f"storage.{key} may not be set in a config file (every "
+            f"rank would connect there): give it on the command line, storage.{key}=..., or "
+            "allow it with --allow-endpoint",
         )
         for key in ENDPOINT_KEYS
-        if key in data and not (key == "master" and data[key] == "auto")
+        if key in data
+        and not (key == "master" and data[key] == "auto")
+        and str(data[key]) not in allowed
     ]
 
 
-def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list[Problem]:
+def option_problems(
+    group: str, data: dict[str, Any], options: set[str], endpoints: Sequence[str] = ()
+) -> list[Problem]:
     """What an option file of `group` may not hold: `hydra` keys, resolver calls, a defaults
     list that reaches beyond its group's options, and keys or types its schema refuses."""
     found = []
@@ -168,7 +173,7 @@ def option_problems(group: str, data: dict[str, Any], options: set[str]) -> list
             )
         )
     if group == "storage":
-        found += endpoint_problems(data)
+        found += endpoint_problems(data, endpoints)
     for key, value in strings(data, group):
         if RESOLVER.search(value):
             found.append(Problem(key, f"{key} calls a resolver: only ${{key}} references"))
@@ -188,7 +193,7 @@ def strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
 
 
 def read_config_dir(
-    folder: str, shipped: dict[str, set[str]]
+    folder: str, shipped: dict[str, set[str]], allowed: Sequence[str] = ()
 ) -> tuple[list[UserOption], list[Problem]]:
     """Every option of a user config folder, checked; and every problem, with file and line.
 
@@ -215,7 +220,7 @@ def read_config_dir(
         data, lines, problems = read_yaml(path)
         if data is not None:
             names = shipped[group] | {p.stem for p in (root / group).glob("*.y*ml")}
-            problems = option_problems(group, data, names - {name})
+            problems = option_problems(group, data, names - {name}, allowed)
             clean = without(data, problems, group)
             options.append(UserOption(group, name, str(path), clean, lines))
         found += [p.at(str(path), p.line or lines.get(p.key.partition(".")[2])) for p in problems]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import pipeline
 from pipeline.cli import COMMANDS, run_command
 from pipeline.jobs.outputs import write_output
 from pipeline.jobs.resources import RANKS_PER_CORE
@@ -423,6 +424,30 @@ def test_a_config_file_cannot_point_the_ranks_at_a_network_address(
         command, [*args, "storage=theirs"] if command == "explain" else args, world, capsys, caplog
     )
     assert "storage.master may not be set in a config file" in said
+
+
+def test_the_operator_may_allow_the_endpoints_a_config_file_names(world, capsys, caplog) -> None:
+    """--allow-endpoint HOST:PORT (repeatable) lets a file name exactly that address; any
+    other stays refused, and the library's compose takes the same list."""
+    folder = world["dir"] / "storage"
+    folder.mkdir(parents=True)
+    (folder / "prod.yaml").write_text(
+        "defaults:\n  - base_storage\nkind: mooncake\nmaster: 10.0.0.5:50051\n"
+        "metadata_server: P2PHANDSHAKE\n"
+    )
+    args = ["--config-dir", str(world["dir"])]
+    both = [*args, "--allow-endpoint", "10.0.0.5:50051", "--allow-endpoint=P2PHANDSHAKE"]
+    code, out, err = attempt("validate", both, capsys, caplog)
+    assert code == 0 and out.rstrip().endswith("valid"), out + err
+    said = refused("validate", [*args, "--allow-endpoint", "10.0.0.5:50051"], world, capsys, caplog)
+    assert "storage.metadata_server may not be set" in said and "storage.master" not in said
+    assert "--allow-endpoint" in said
+    job = pipeline.compose(
+        ["storage=prod"],
+        config_dir=str(world["dir"]),
+        allowed_endpoints=["10.0.0.5:50051", "P2PHANDSHAKE"],
+    )
+    assert job.storage.master == "10.0.0.5:50051"
 
 
 def test_credentials_in_a_metadata_url_are_refused_and_never_printed(world, capsys, caplog) -> None:
