@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from pipeline.engine.runtime import Backend
-from pipeline.spec.checks import Problem, at_least, finite, non_empty, raise_problems
+from pipeline.spec.checks import (
+    LARGEST_NUMBER,
+    Problem,
+    at_least,
+    finite,
+    non_empty,
+    raise_problems,
+)
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
@@ -42,6 +49,11 @@ class IdlePredicate(Enum):
     event_status = "event_status"
 
 
+MAX_TOKENS = 1 << 24
+"""The most tokens a workload moves or a device pool holds: 16M tokens of deepseek_v3 are
+1.2 TB, beyond any one engine; `plan` of 64M tokens took 95 s and 7 GB of memory."""
+
+
 @dataclass(kw_only=True)
 class WorkloadConfig:
     """What `run` and `plan` move."""
@@ -62,6 +74,11 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         found = at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
         found += finite("workload", self, "host_ratio")
+        for name in ("num_tokens", "device_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, int) and MAX_TOKENS < value <= LARGEST_NUMBER:
+                message = f"workload.{name}={value}: at most {MAX_TOKENS} tokens (2**24)"
+                found.append(Problem(f"workload.{name}", message))
         if isinstance(self.host_ratio, int | float) and not found and self.host_ratio <= 0:
             found.append(
                 Problem("workload.host_ratio", f"workload.host_ratio={self.host_ratio} must be > 0")

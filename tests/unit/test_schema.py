@@ -138,3 +138,13 @@ def test_one_object_reports_all_its_problems_at_once() -> None:
         "strategy.staging_bytes",
         "strategy.idle_sync_skip.max_skips",
     ]
+
+
+def test_a_workload_beyond_any_engine_is_refused_naming_each_key() -> None:
+    """64M tokens made `plan` take 95 s and 7 GB; 2**24 tokens per pool is the most."""
+    WorkloadConfig(num_tokens=1 << 23, device_tokens=1 << 24)
+    with pytest.raises(ConfigError) as refused:
+        WorkloadConfig(num_tokens=1 << 26, device_tokens=1 << 27)
+    said = str(refused.value)
+    assert "workload.num_tokens=67108864: at most 16777216" in said
+    assert "workload.device_tokens=134217728: at most 16777216" in said
