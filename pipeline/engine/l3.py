@@ -26,6 +26,8 @@ from pipeline.engine.l3_pages import (
     copy_runs,
     pool_runs,
     read_checked,
+    span_checks,
+    unit_checks,
 )
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
@@ -159,11 +161,13 @@ class L3Tier:
         with self.scratches.taken() as scratch:
             head = memoryview(scratch.head)[: obj.header_size(self.space, name, self.checks)]
             spans = None if self.runs_crc is None else self._spans(pages, page, scratch)
-            views = None if spans is not None else self._views(pages, page, scratch)
+            if spans is not None and self.runs_crc is not None:
+                buffers, group_ok = span_checks(pages, spans, self.runs_crc)
+            else:
+                views = pages.views(page) if pages.direct else scratch.views(units)
+                buffers, group_ok = unit_checks(pages, views, self.digest)
             table = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
-            ranges, check = read_checked(
-                head, pages, table, self.digest, views, spans, self.runs_crc
-            )
+            ranges, check = read_checked(head, pages, table, buffers, group_ok)
             if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
                 return False
             if not pages.direct:
@@ -176,10 +180,6 @@ class L3Tier:
         """Each group of units as one buffer in the pool, or staged; None where the pool holds
         them apart."""
         return pages.spans(page) if pages.direct else scratch.spans(pages)
-
-    @staticmethod
-    def _views(pages: PageMap, page: int, scratch: Scratch) -> list[memoryview]:
-        return pages.views(page) if pages.direct else scratch.views(pages.units)
 
     def write(self, key: str, page: int, received: Mapping[int, memoryview]) -> None:
         """Store one page's object: this rank's units from its host page, the rest from

@@ -86,6 +86,8 @@ class PageMap:
         slower, each call being a turn of Python's lock)."""
         self.sizes = [[units[j].page_bytes for j in at] for _, at in groups]
         """Each group's units' sizes, in order."""
+        self.totals = [sum(sizes) for sizes in self.sizes]
+        """Each group's bytes."""
         self.direct = placement.direct
         rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
         self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]
@@ -160,11 +162,9 @@ class Scratch:
     def spans(self, pages: PageMap) -> list[memoryview]:
         """Each of `pages`' groups in the staging buffer as one buffer (at its payload offset;
         a group's units are adjacent there by definition)."""
-        offsets, found = self.obj.offsets, []
-        for (_, at), sizes in zip(pages.groups, pages.sizes, strict=True):
-            first = offsets[pages.units[at[0]].ordinal] if at else 0
-            found.append(self.bytes[first : first + sum(sizes)])
-        return found
+        return [
+            self.bytes[at : at + n] for (at, _), n in zip(pages.groups, pages.totals, strict=True)
+        ]
 
     def like(self, runs: Runs) -> list[torch.Tensor]:
         """The staging buffer viewed as each of `runs`' tensors (made once per set of runs)."""
@@ -223,27 +223,48 @@ def copy_runs(sources: Sequence[torch.Tensor], targets: Runs) -> None:
         target.copy_(source)
 
 
+GroupCheck = Callable[[int, list[int]], bool]
+"""Whether group i of a read holds what the header's digest table says."""
+
+
+def unit_checks(
+    pages: PageMap, views: list[memoryview], digest: Callable[[memoryview], int]
+) -> tuple[list[list[memoryview]], GroupCheck]:
+    """Each group's buffers as one view per unit, each unit checked by its own digest."""
+    groups, rows = pages.groups, pages.rows
+
+    def ok(i: int, table: list[int]) -> bool:
+        return all(digest(views[j]) == table[rows[j]] for j in groups[i][1])
+
+    return [[views[j] for j in at] for _, at in groups], ok
+
+
+def span_checks(
+    pages: PageMap, spans: list[memoryview], runs_crc: CrcRuns
+) -> tuple[list[list[memoryview]], GroupCheck]:
+    """Each group's buffers as one span, checked by one CRC against the CRC that its units'
+    own CRCs combine to."""
+    groups, rows, sizes = pages.groups, pages.rows, pages.sizes
+
+    def ok(i: int, table: list[int]) -> bool:
+        at = groups[i][1]
+        return not at or runs_crc.check(spans[i], [table[rows[j]] for j in at], sizes[i])
+
+    return [[span] if span.nbytes else [] for span in spans], ok
+
+
 def read_checked(
     head: memoryview,
     pages: PageMap,
     header: Callable[[], list[int] | None],
-    digest: Callable[[memoryview], int],
-    views: list[memoryview] | None,
-    spans: list[memoryview] | None,
-    runs_crc: CrcRuns | None = None,
+    buffers: list[list[memoryview]],
+    group_ok: GroupCheck,
 ) -> tuple[list[Range], Check]:
     """The byte ranges of one page's read (the header with the first group, then one range
-    per group) and the check of each range as it lands: the header's own check and its digest
-    table first, then each unit's digest (`views`), or each group's one CRC over its span
-    against the CRC its units' digests combine to (`spans`, with `runs_crc`)."""
-    groups, rows, sizes = pages.groups, pages.rows, pages.sizes
-    if spans is not None:
-        buffers = [[span] if span.nbytes else [] for span in spans]
-    else:
-        assert views is not None, "a read lands in its units' views or in its groups' spans"
-        buffers = [[views[j] for j in at] for _, at in groups]
+    per group's `buffers`) and the check of each range as it lands: the header's own check
+    and its digest table first, then `group_ok` of each group."""
     ranges: list[Range] = [
-        (head.nbytes + at, bufs) for (at, _), bufs in zip(groups, buffers, strict=True)
+        (head.nbytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)
     ]
     ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
     table: list[int] = []
@@ -254,10 +275,6 @@ def read_checked(
             if found is None:
                 return False
             table.extend(found)
-        at = groups[i][1]
-        if spans is None or runs_crc is None:
-            assert views is not None
-            return all(digest(views[j]) == table[rows[j]] for j in at)
-        return not at or runs_crc.check(spans[i], [table[rows[j]] for j in at], sizes[i])
+        return group_ok(i, table)
 
     return ranges, check

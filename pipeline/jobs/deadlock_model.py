@@ -189,7 +189,7 @@ def _complete(program: Program, state: State) -> State:
     """Finish the collective every rank has started, if they all started the same one."""
     pcs, active, recorded = state
     started = {
-        (program[r][s][pcs[r][s]].name, _position(program[r][s], pcs[r][s]))
+        (program[r][s][pcs[r][s]].name, program[r][s][pcs[r][s]].position)
         for r, s in enumerate(active)
         if s is not None
     }
@@ -199,11 +199,6 @@ def _complete(program: Program, state: State) -> State:
         assert s is not None
         pcs = _advance(pcs, r, s)
     return pcs, (None,) * len(active), recorded
-
-
-def _position(ops: tuple[Op, ...], pc: int) -> int:
-    """How many collectives on the same communicator precede ops[pc] in this stream."""
-    return ops[pc].position
 
 
 def _numbered(ops: tuple[Op, ...]) -> tuple[Op, ...]:

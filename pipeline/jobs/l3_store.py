@@ -9,25 +9,23 @@ an unreachable one is a clear error naming `storage.master`, not a hang in every
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
+import functools
 import importlib.util
 import logging
 import mmap
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
-from pipeline.jobs.rank_start import PR_SET_PDEATHSIG
+from pipeline.jobs.rank_start import die_with
 from pipeline.jobs.scratch import made_folder
 from pipeline.jobs.spawn import RankFailure, free_port
 from pipeline.spec.checks import ConfigError, Problem
@@ -71,11 +69,9 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
         with master_on_loopback() as (master, metadata):
             yield dataclasses.replace(storage, master=master, metadata_server=metadata)
     else:
-        if storage.kind is StorageKind.mooncake:
-            host, _, port = storage.master.rpartition(":")
-            if not answers(host, int(port)):
-                message = f"storage.master={storage.master}: nothing answers at that address"
-                raise ConfigError([Problem("storage.master", message)])
+        if storage.kind is StorageKind.mooncake and not answers(storage.master):
+            message = f"storage.master={storage.master}: nothing answers at that address"
+            raise ConfigError([Problem("storage.master", message)])
         if storage.kind is StorageKind.file and storage.path is not None:
             if not Path(storage.path).is_dir():
                 message = f"storage.path={storage.path!r}: not a folder (create it, or name one)"
@@ -125,17 +121,17 @@ def blamed_on_a_dead_store(storage: StorageConfig) -> Iterator[None]:
     except RankFailure as failure:
         if storage.kind is not StorageKind.mooncake:
             raise
-        host, _, port = storage.master.rpartition(":")
-        if answers(host, int(port)):
+        if answers(storage.master):
             raise
         message = f"the L3 store is down: the Mooncake master at {storage.master} does not answer"
         raise RankFailure(f"{message} (it died or was stopped); {failure}") from failure
 
 
-def answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
-    """Does something accept TCP connections at host:port?"""
+def answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Does something accept TCP connections at `address` (host:port)?"""
+    host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
             return True
     except OSError:
         return False
@@ -156,11 +152,6 @@ def master_binary() -> str:
             ]
         )
     return str(found)
-
-
-def _die_with_parent() -> None:  # runs in the master's process before exec
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @contextlib.contextmanager
@@ -204,10 +195,10 @@ def _start_master() -> tuple[subprocess.Popen, int]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(die_with, os.getpid()),  # in the master, before exec
     )
     deadline = time.monotonic() + MASTER_START_S
-    while not answers("127.0.0.1", rpc, 0.2):
+    while not answers(f"127.0.0.1:{rpc}", 0.2):
         if process.poll() is not None:
             return process, rpc
         if time.monotonic() > deadline:

@@ -109,15 +109,15 @@ def test_a_rank_killed_or_stopped_mid_transfer_is_named(signal_name, blame, capl
     assert all(gone(pid) for pid in rank_pids(caplog.text))
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
-def test_ranks_die_with_their_parent(signal_name: str, tmp_path: Path) -> None:
-    """A long run whose parent is killed: its ranks end within seconds."""
+def started_run(folder: Path, *overrides: str) -> tuple[subprocess.Popen, str]:
+    """`run` in a child process, once it has logged its ranks' pids: the process, and what
+    it said on stderr so far (the rest is still to be read)."""
     parent = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "workload.cycles=100000", *SMALL],
+        [sys.executable, "-m", "pipeline", "run", *overrides],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        cwd=tmp_path,
+        cwd=folder,
     )
     assert parent.stderr is not None
     text = ""
@@ -125,6 +125,13 @@ def test_ranks_die_with_their_parent(signal_name: str, tmp_path: Path) -> None:
         line = parent.stderr.readline()
         assert line, f"the run ended before starting its ranks: {text}"
         text += line
+    return parent, text
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_ranks_die_with_their_parent(signal_name: str, tmp_path: Path) -> None:
+    """A long run whose parent is killed: its ranks end within seconds."""
+    parent, text = started_run(tmp_path, "workload.cycles=100000", *SMALL)
     pids = rank_pids(text)
     time.sleep(1.0)  # the ranks are up and working
     assert not any(gone(pid) for pid in pids)
@@ -144,19 +151,7 @@ def test_a_rank_stopped_while_it_starts_is_named_not_its_waiting_peer(tmp_path: 
     its heartbeat, armed before anything heavy, stops, so it is named as stalled. Before, it
     had no heartbeat yet and its peer's rendezvous timeout was blamed ("rank 0 failed: Wait
     timeout")."""
-    parent = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "runtime.timeout_s=5", *SMALL],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert parent.stderr is not None
-    text = ""
-    while not PIDS.search(text):
-        line = parent.stderr.readline()
-        assert line, f"the run ended before starting its ranks: {text}"
-        text += line
+    parent, text = started_run(tmp_path, "runtime.timeout_s=5", *SMALL)
     pids = rank_pids(text)
     os.kill(pids[1], signal.SIGSTOP)
     try:
@@ -173,19 +168,7 @@ def test_a_master_killed_while_the_ranks_start_is_named(tmp_path: Path) -> None:
     """The job's own Mooncake master killed as its ranks start: a rank waiting on it inside
     Mooncake's client holds Python's lock and stops beating, and the error names the master
     first (before: only "rank 0 sent no heartbeat for 5 s")."""
-    parent = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "storage=mooncake", "runtime.timeout_s=5"],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert parent.stderr is not None
-    text = ""
-    while not PIDS.search(text):
-        line = parent.stderr.readline()
-        assert line, f"the run ended before starting its ranks: {text}"
-        text += line
+    parent, text = started_run(tmp_path, "storage=mooncake", "runtime.timeout_s=5")
     (master,) = re.findall(r"mooncake_master \(pid (\d+)\)", text)
     os.kill(int(master), signal.SIGKILL)
     rest = parent.communicate(timeout=300)[1]

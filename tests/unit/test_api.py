@@ -7,14 +7,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import pipeline
+from pipeline.engine.stores import FileStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -206,5 +209,43 @@ def test_adopted_kv_backs_up_and_loads_back_bit_exact_chunked_or_not(
         for key, t in tensors.items():
             assert torch.equal(t[:7], before[key][:7]), key
         engine.poll()
+    finally:
+        engine.close()
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("io_threads", [2, 4])
+def test_a_load_from_l3_reads_io_threads_objects_at_once(
+    io_threads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's 4- and 16-thread sides are what they say: every read waits at a barrier
+    of `storage.io_threads` parties, which only that many reads in flight at once pass."""
+    job = pipeline.compose(
+        [
+            "model=tiny_mla",
+            "topology=tp1",
+            "topology.device=cpu",
+            "storage=file",
+            f"storage.path={tmp_path}",
+            f"storage.io_threads={io_threads}",
+        ]
+    )
+    engine = pipeline.create_engine(job)
+    try:
+        page = job.model.page_size
+        slots, free = torch.arange(0, 8 * page), torch.arange(8 * page, 16 * page)
+        engine.backup(slots, slots).wait()
+        keys = engine.l3_keys(list(range(8 * page)))
+        engine.write_back(keys, slots).wait()
+        together = threading.Barrier(io_threads, timeout=120)
+        real_read = FileStore.read
+
+        def read(store: FileStore, *args: Any) -> bool:
+            together.wait()
+            return real_read(store, *args)
+
+        monkeypatch.setattr(FileStore, "read", read)
+        loaded = engine.load_from_l3(keys, free, slots)
+        assert loaded.hits == 8 and not together.broken
     finally:
         engine.close()

@@ -408,18 +408,24 @@ def test_a_config_file_is_read_only_if_it_is_a_regular_file(
     assert "planted.yaml" in said and "not read: " in said
 
 
+def mooncake_option(world: dict[str, Path], name: str, master: str, metadata: str) -> list[str]:
+    """A storage option `name` in the user folder that names a master and a metadata server;
+    the arguments that give the folder."""
+    folder = world["dir"] / "storage"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.yaml").write_text(
+        f"defaults:\n  - base_storage\nkind: mooncake\nmaster: {master}\n"
+        f"metadata_server: {metadata}\n"
+    )
+    return ["--config-dir", str(world["dir"])]
+
+
 @pytest.mark.parametrize("command", ["validate", "explain"])
 def test_a_config_file_cannot_point_the_ranks_at_a_network_address(
     command: str, world, capsys, caplog
 ) -> None:
     """S7: storage.master and storage.metadata_server come from the command line only."""
-    folder = world["dir"] / "storage"
-    folder.mkdir(parents=True)
-    (folder / "theirs.yaml").write_text(
-        "defaults:\n  - base_storage\nkind: mooncake\nmaster: 10.0.0.66:50051\n"
-        "metadata_server: http://10.0.0.66:8080/metadata\n"
-    )
-    args = ["--config-dir", str(world["dir"])]
+    args = mooncake_option(world, "theirs", "10.0.0.66:50051", "http://10.0.0.66:8080/metadata")
     said = refused(
         command, [*args, "storage=theirs"] if command == "explain" else args, world, capsys, caplog
     )
@@ -429,13 +435,7 @@ def test_a_config_file_cannot_point_the_ranks_at_a_network_address(
 def test_the_operator_may_allow_the_endpoints_a_config_file_names(world, capsys, caplog) -> None:
     """--allow-endpoint HOST:PORT (repeatable) lets a file name exactly that address; any
     other stays refused, and the library's compose takes the same list."""
-    folder = world["dir"] / "storage"
-    folder.mkdir(parents=True)
-    (folder / "prod.yaml").write_text(
-        "defaults:\n  - base_storage\nkind: mooncake\nmaster: 10.0.0.5:50051\n"
-        "metadata_server: P2PHANDSHAKE\n"
-    )
-    args = ["--config-dir", str(world["dir"])]
+    args = mooncake_option(world, "prod", "10.0.0.5:50051", "P2PHANDSHAKE")
     both = [*args, "--allow-endpoint", "10.0.0.5:50051", "--allow-endpoint=P2PHANDSHAKE"]
     code, out, err = attempt("validate", both, capsys, caplog)
     assert code == 0 and out.rstrip().endswith("valid"), out + err

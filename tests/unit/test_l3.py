@@ -17,6 +17,8 @@ from hydra import initialize_config_module
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
+from pipeline.engine.l3_pages import PageMap, Placement
+from pipeline.engine.pools import HostPool
 from pipeline.engine.stores import FileStore, MooncakeStore, open_store
 from pipeline.engine.stores.beneath import Beneath
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
@@ -38,7 +40,7 @@ from pipeline.spec.l3 import (
 from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.ownership import Ownership, owner_map
 from pipeline.spec.storage import StorageConfig, StorageKind
-from pipeline.spec.topology import Topology
+from pipeline.spec.topology import MemLayout, Topology
 
 DSA = ModelGeometry(
     name="dsa",
@@ -504,3 +506,25 @@ def test_a_run_of_units_is_checked_by_one_crc_that_their_own_crcs_combine_to(
         span[at] ^= 1
         assert not runs.check(memoryview(span), crcs, sizes)
         span[at] ^= 1
+
+
+@pytest.mark.parametrize("layout", list(MemLayout))
+@pytest.mark.parametrize("indexer", [False, True])
+def test_a_page_is_read_as_one_span_only_where_its_units_lie_end_to_end(
+    layout: MemLayout, indexer: bool
+) -> None:
+    """The one-CRC read (BENCHMARKS' H200 L3 rows, page_first_direct MLA) is taken exactly
+    where a page's units are one run of host memory, and that span is their bytes; every
+    other layout (and a DSA page, whose index units live apart) reads and checks unit by
+    unit."""
+    model = DSA if indexer else dataclasses.replace(DSA, indexer=None)
+    obj = PageObject("", model.units)
+    pool = HostPool.allocate(model, model.units, 4, layout, pin_memory=False)
+    pages = PageMap(obj, model.units, Placement(obj, pool.views))
+    spans = pages.spans(2)
+    assert (spans is not None) == (layout is MemLayout.page_first_direct and not indexer)
+    if spans is not None:
+        (span,), views = spans, pages.views(2)
+        start = np.frombuffer(span, np.uint8).ctypes.data
+        assert start == np.frombuffer(views[0], np.uint8).ctypes.data
+        assert span.nbytes == sum(v.nbytes for v in views) == obj.page_bytes

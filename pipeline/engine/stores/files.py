@@ -105,13 +105,12 @@ class FileStore:
             if not create:
                 raise
         for depth in range(len(folders)):  # the first write into a folder: make what is missing
-            parent = self.beneath.open(folders[:depth], FOLDER_FLAGS) if depth else None
+            parent = self.beneath.open(folders[:depth], FOLDER_FLAGS)  # [] is the root itself
             try:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(folders[depth], dir_fd=self.beneath.fd if parent is None else parent)
+                    os.mkdir(folders[depth], dir_fd=parent)
             finally:
-                if parent is not None:
-                    os.close(parent)
+                os.close(parent)
         return self.beneath.open(folders, FOLDER_FLAGS)
 
     def _open(self, name: str, flags: int = READ_FLAGS) -> int:
