@@ -36,16 +36,16 @@ def main(overrides: list[str]) -> None:
     engine = pipeline.create_engine(job)
     page = engine.sizing.slots_per_page
     rng = random.Random(0)  # the same on every rank: every rank schedules the same requests
-    cached: dict[int, list[int]] = {}  # prefix -> its host pages
+    cached: dict[int, torch.Tensor] = {}  # prefix -> its host slots
     expected: dict[int, torch.Tensor] = {}  # prefix -> its KV of layer 0, when prefilled
     counts = {"hits": 0, "misses": 0, "evictions": 0}
     layer0 = engine.device_pool.layer(job.model.units[0])
     for _ in range(40):
         prefix, pages = rng.randrange(6), 2  # 6 prefixes of 2 pages each
         device = list(range(pages))  # the request's device pages (reused by every request)
-        slots = pipeline_slots(device, page)
+        slots = torch.arange(pages * page)  # their token slots
         if prefix in cached:
-            handle = engine.load(pipeline_slots(cached[prefix], page), slots)
+            handle = engine.load(cached[prefix], slots)
             engine.begin_forward()
             handle.wait(0)  # the forward may start on layer 0 here
             handle.done().wait()
@@ -57,12 +57,12 @@ def main(overrides: list[str]) -> None:
                     engine.device_pool.layer(unit)[device].shape, generator=seeded(prefix)
                 ).to(layer0.dtype)
             expected[prefix] = layer0[device].clone()
-            if len(engine.host_allocator.free_pages()) < pages:  # evict the oldest prefix
+            if engine.host_slots.num_free < len(slots):  # evict the oldest prefix
                 oldest = next(iter(cached))
-                engine.host_allocator.free(cached.pop(oldest))
+                engine.host_slots.free(cached.pop(oldest))
                 counts["evictions"] += 1
-            host = engine.host_allocator.alloc(pages)
-            engine.backup(pipeline_slots(host, page), slots).wait()
+            host = engine.host_slots.alloc(len(slots))
+            engine.backup(host, slots).wait()
             cached[prefix] = host
             counts["misses"] += 1
         engine.poll()
@@ -70,11 +70,6 @@ def main(overrides: list[str]) -> None:
     if dist.get_rank() == 0:
         print(f"{counts['hits']} hits, {counts['misses']} misses, {counts['evictions']} evictions")
     dist.destroy_process_group()
-
-
-def pipeline_slots(pages: list[int], page: int) -> torch.Tensor:
-    """The token slots of whole pages (what the engine's index tensors hold)."""
-    return torch.tensor([p * page + i for p in pages for i in range(page)], dtype=torch.int64)
 
 
 def seeded(prefix: int) -> torch.Generator:

@@ -1,6 +1,7 @@
 """What a serving engine calls on one rank: `backup`, `load` (per-layer waits), the forward
-gate, and with an L3 store `write_back`, `lookup` and `load_from_l3`. `Engine.create` allocates
-the pools (after `Runtime.start` made the process groups); the constructor only stores them.
+gate, `host_slots` (allocate and free host slots), and with an L3 store `write_back`, `lookup`
+and `load_from_l3`. `Engine.create` allocates the pools (after `Runtime.start` made the process
+groups); the constructor only stores them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pipeline.engine.allocate import allocate
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
 from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.host_slots import HostSlots
 from pipeline.engine.l3 import L3Tier, open_tier
 from pipeline.engine.l3_jobs import objects_job
 from pipeline.engine.loads import L3Load, WindowedLoad
@@ -58,6 +60,9 @@ class Engine:
         self.owners = owners
         self.sizing = sizing
         self.resources = resources
+        self.device_pool: DevicePool = resources.device_pool
+        self.host_pool: HostPool = resources.host_pool
+        self.trace: Trace = resources.trace
         self.acks = acks
         """Submitted transfers in order, released by `poll`."""
         self.graphs = graphs
@@ -68,7 +73,8 @@ class Engine:
         self.spec = resources.fitted(spec)
         """What every transfer plan of this rank shares (its knobs included)."""
         self.host_allocator = PageAllocator(sizing.host.num_pages)
-        """Host slots, handed out identically on every rank (replicated state)."""
+        """Host pages, handed out identically on every rank (replicated state); by page, for
+        the jobs: a serving engine uses `host_slots`."""
         self._gate: list[Event] = []
         self._known_steps = StepsCache()
         self._loads = 0
@@ -129,16 +135,9 @@ class Engine:
         )
 
     @property
-    def device_pool(self) -> DevicePool:
-        return self.resources.device_pool
-
-    @property
-    def host_pool(self) -> HostPool:
-        return self.resources.host_pool
-
-    @property
-    def trace(self) -> Trace:
-        return self.resources.trace
+    def host_slots(self) -> HostSlots:
+        """The host tier's slots: `alloc`, `free` after an eviction, `reuse` for load_from_l3."""
+        return HostSlots(self.host_allocator, self.sizing.slots_per_page)
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
         """Copy device slots to host slots (logical slot indices, CPU int64); the ack event."""
@@ -257,11 +256,8 @@ class Engine:
             verify=load and every > 0 and self._loads % every == 0,
             known_steps=self._known_steps,
         )
-        if load and (empty := self.host_allocator.without_data(plan.host_pages.numpy())):
-            raise ValueError(
-                f"host_indices name pages that hold no data: {empty[:8]} (never backed up, "
-                "or freed since)"
-            )
+        if load:
+            self.host_allocator.require_data("host_indices", plan.host_pages.numpy())
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)

@@ -119,3 +119,12 @@ class PageAllocator:
     def without_data(self, pages: np.ndarray) -> list[int]:
         """The pages among `pages` that hold no data (never written, or freed since)."""
         return pages[~self._holds_data[pages]].tolist()
+
+    def require_data(self, name: str, pages: np.ndarray) -> None:
+        """ValueError naming `name` when some of `pages` hold no data (a load would read
+        garbage)."""
+        if empty := self.without_data(pages):
+            raise ValueError(
+                f"{name} name pages that hold no data: {empty[:8]} (never backed up, or freed "
+                "since)"
+            )
