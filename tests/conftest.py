@@ -1,18 +1,81 @@
-"""Shared test helpers: compose real configs into jobs, and run them on real gloo ranks.
+"""Shared test helpers: compose real configs into jobs, and run them on real gloo ranks; and
+the gate of the Mooncake tests.
 
 Rank-side functions live in `tests/rankfns.py`; spawned ranks import it by name, which works
 because pytest puts this folder on sys.path and spawn hands sys.path to its children.
+
+Tests marked `mooncake` start a Mooncake master or client, which need the system library
+libibverbs1 and the mooncake package. Where either is missing they skip with a line saying
+how to enable them; `--require-mooncake` (`.ci/run` passes it) makes that a failure instead.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+
+import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
 from pipeline.config.job import Job
+
+MOONCAKE_LIBRARY = "libibverbs.so.1"
+"""What Mooncake's master and client link (`ldd` shows it for both) and Debian's
+libibverbs1 installs."""
+MISSING_MOONCAKE = pytest.StashKey[str | None]()
+"""Why the Mooncake tests cannot run here (None: they can), found once per session."""
+MOONCAKE = pytest.param("mooncake", marks=pytest.mark.mooncake, id="mooncake")
+"""The `mooncake` case of a test parametrized over stores."""
 
 
 def job_config(*overrides: str) -> Job:
     """The typed job `run` would send to its ranks for these overrides."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return Session.compose(list(overrides)).job()
+
+
+def mooncake_missing(library: str = MOONCAKE_LIBRARY, package: str = "mooncake") -> str | None:
+    """One line saying what the Mooncake tests lack here and how to add it, or None."""
+    if importlib.util.find_spec(package) is None:
+        return (
+            "needs the mooncake package: pip install -e '.[dev]' (or '.[mooncake]' on GPU machines)"
+        )
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return "needs libibverbs1: apt-get install libibverbs1 (Debian/Ubuntu; .ci/run installs it)"
+    return None
+
+
+def mooncake_gate(reason: str | None, *, required: bool) -> None:
+    """Skip a Mooncake test that cannot run here, or fail it when it is required."""
+    if reason is None:
+        return
+    if required:
+        pytest.fail(f"{reason} (--require-mooncake: the Mooncake tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-mooncake",
+        action="store_true",
+        help="fail the tests marked mooncake where they cannot run (libibverbs1 or the "
+        "mooncake package missing) instead of skipping them; .ci/run passes it",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "mooncake: starts a Mooncake master or client (needs libibverbs1)"
+    )
+    config.stash[MISSING_MOONCAKE] = mooncake_missing()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of a Mooncake test starts a master."""
+    if item.get_closest_marker("mooncake") is not None:
+        required = bool(item.config.getoption("--require-mooncake"))
+        mooncake_gate(item.config.stash[MISSING_MOONCAKE], required=required)

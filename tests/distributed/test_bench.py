@@ -63,6 +63,7 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
     assert json.loads((out / "bench.json").read_text())["rows"] == rows
 
 
+@pytest.mark.mooncake
 def test_l3_bench_puts_the_strategies_side_by_side_per_store(tmp_path: Path) -> None:
     """Each side reads what it claims: replicated on every rank, single_source on the first,
     rotating each owner's share; every load bit-exact; the stores put away after."""

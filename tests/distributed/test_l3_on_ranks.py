@@ -11,7 +11,7 @@ from pathlib import Path
 import l3fns
 import pytest
 import rankfns
-from conftest import job_config
+from conftest import MOONCAKE, job_config
 
 from pipeline.config.job import Job
 from pipeline.jobs.l3_store import master_on_loopback
@@ -36,10 +36,11 @@ def mooncake() -> Iterator[StorageConfig]:
         )
 
 
-def store(kind: str, tmp_path: Path, mooncake: StorageConfig) -> StorageConfig:
+def store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StorageConfig:
+    """A folder, or the module's master (started only for a test that asks for it)."""
     if kind == "file":
         return StorageConfig(kind=StorageKind.file, path=str(tmp_path))
-    return mooncake
+    return request.getfixturevalue("mooncake")
 
 
 def with_store(job: Job, storage: StorageConfig) -> Job:
@@ -68,7 +69,7 @@ def check_l3_bytes(job: Job, reports: list[dict], group: list[int]) -> None:
     assert all(r["l3_hit_pages"] == pages and r["l3_fallbacks"] == 0 for r in mine)
 
 
-@pytest.mark.parametrize("kind", ["file", "mooncake"])
+@pytest.mark.parametrize("kind", ["file", MOONCAKE])
 @pytest.mark.parametrize(
     ("topology", "tp", "model", "groups"),
     [
@@ -85,9 +86,9 @@ def test_run_loads_back_from_l3_bit_exact(
     model: str,
     groups: list[list[int]],
     tmp_path: Path,
-    mooncake: StorageConfig,
+    request: pytest.FixtureRequest,
 ) -> None:
-    storage = store(kind, tmp_path, mooncake)
+    storage = store(kind, tmp_path, request)
     jobs = [
         with_store(
             job_config(
@@ -112,15 +113,15 @@ def test_run_loads_back_from_l3_bit_exact(
             check_l3_bytes(job, reports, group)
 
 
-@pytest.mark.parametrize("kind", ["file", "mooncake"])
+@pytest.mark.parametrize("kind", ["file", MOONCAKE])
 @pytest.mark.parametrize("strategy", ["single_source", "rotating"])
 def test_ranks_that_plan_differently_fall_back_to_their_own_reads(
-    kind: str, strategy: str, tmp_path: Path, mooncake: StorageConfig
+    kind: str, strategy: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Negative control: rank 1 plans other device pages. Every rank sees the SHA-256s differ,
     reads every object itself into its own pages, and the result is still bit-exact."""
     job = job_config(f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", f"storage={kind}")
-    storage = store(kind, tmp_path, mooncake)
+    storage = store(kind, tmp_path, request)
     payload = (with_store(job, storage), "plan_differs")
     reports = launch(l3fns.through_l3, payload, 2, backend="gloo", timeout_s=120)
     assert reports is not None
@@ -140,17 +141,17 @@ def test_ranks_that_plan_differently_fall_back_to_their_own_reads(
         ("file", "corrupted_first", 1),
         ("file", "header", 1),
         ("file", "foreign", 0),
-        ("mooncake", "truncated", 1),
-        ("mooncake", "corrupted", 2),
+        pytest.param("mooncake", "truncated", 1, marks=pytest.mark.mooncake),
+        pytest.param("mooncake", "corrupted", 2, marks=pytest.mark.mooncake),
     ],
 )
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_bad_object_is_a_miss_from_its_page_on_never_wrong_bytes(
-    kind: str, case: str, hits: int, strategy: str, tmp_path: Path, mooncake: StorageConfig
+    kind: str, case: str, hits: int, strategy: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """(tp2's page_first host pool: every read goes through staging)"""
     job = job_config(f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", f"storage={kind}")
-    payload = (with_store(job, store(kind, tmp_path, mooncake)), case)
+    payload = (with_store(job, store(kind, tmp_path, request)), case)
     reports = launch(l3fns.through_l3, payload, 2, backend="gloo", timeout_s=120)
     assert reports is not None
     for r in reports:
@@ -218,6 +219,7 @@ def test_l3_calls_that_would_lose_data_are_refused_before_any_byte_moves(
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
+@pytest.mark.mooncake
 def test_a_master_that_dies_during_a_run_is_a_miss_and_loses_nothing() -> None:
     """(rotating: rank 1 sends its layers to rank 0, the writer, whose write is refused)"""
     job = job_config("strategy=rotating", "model=tiny_dsa", "topology=tp2", "storage=mooncake")

@@ -13,7 +13,7 @@ import itertools
 import pytest
 import rankfns
 import torch
-from conftest import job_config
+from conftest import MOONCAKE, job_config
 
 from pipeline.config.job import Job
 from pipeline.engine.pools import host_buffer, uva_alias
@@ -185,7 +185,7 @@ def test_a_failed_transfer_leaves_the_next_one_working(ranks: int) -> None:
     assert [s["second"] for s in said] == [""] * ranks
 
 
-@pytest.mark.parametrize("kind", ["file", "mooncake"])
+@pytest.mark.parametrize("kind", ["file", MOONCAKE])
 @pytest.mark.parametrize("ranks", [pytest.param(2, marks=TWO_GPUS, id="tp2"), 1])
 def test_loads_back_from_l3_bit_exact_into_gpu_pages(ranks: int, kind: str) -> None:
     """Backup, write-back to L3, evict from device and host, load back from L3 into pinned

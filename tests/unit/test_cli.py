@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MOONCAKE
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -104,7 +105,7 @@ def test_run_reports_json_and_bit_exact(tmp_path: Path) -> None:
     } <= set(result["ranks"][0])
 
 
-@pytest.mark.parametrize("kind", ["file", "mooncake"])
+@pytest.mark.parametrize("kind", ["file", MOONCAKE])
 def test_run_with_a_store_makes_it_and_puts_it_away(kind: str, tmp_path: Path) -> None:
     """A temporary folder, or a master on loopback, for the length of the job (mooncake:
     storage.master=auto); `--json` carries each rank's L3 numbers; nothing is left behind."""

@@ -187,7 +187,9 @@ def test_the_file_store_reads_ranges_only_of_an_object_of_its_length(tmp_path: P
     assert not store.read("absent", 150_000, [(0, into)])
 
 
-@pytest.mark.parametrize("kind", [StorageKind.file, StorageKind.mooncake])
+@pytest.mark.parametrize(
+    "kind", [StorageKind.file, pytest.param(StorageKind.mooncake, marks=pytest.mark.mooncake)]
+)
 def test_each_store_writes_parts_reads_ranges_and_removes(kind: StorageKind) -> None:
     """The same contract on both stores; Mooncake's master runs on loopback for the test."""
     with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
@@ -376,6 +378,7 @@ def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
     assert all(not current.startswith(first) for first in (f"{first}/ab/{key}/all", f"{first}/"))
 
 
+@pytest.mark.mooncake
 def test_mooncake_reads_land_in_registered_memory_without_a_copy_gaps_and_all() -> None:
     """Buffers in registered memory get the object scattered straight into them (the bytes
     no range asked for go to a scratch region); the same reads into unregistered memory go
@@ -436,6 +439,7 @@ def listening(pid: int) -> list[str]:
     return found
 
 
+@pytest.mark.mooncake
 def test_the_master_a_job_starts_listens_on_loopback_only() -> None:
     """S3: its RPC and metrics ports on 127.0.0.1, and no HTTP metadata server at all (it
     listened on every address whatever its host flag said; clients handshake directly)."""

