@@ -14,13 +14,14 @@ p*page_size .. p*page_size+page_size-1), never KV data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.job import Job
+from pipeline.engine.adopt import Adopted, page_views
 from pipeline.engine.engine import Engine
 from pipeline.jobs.run import open_engine
 from pipeline.spec.storage import StorageKind
@@ -43,13 +44,16 @@ def compose(
 def create_engine(
     job: Job,
     *,
-    device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
+    device_kv: Adopted | None = None,
     local_rank: int | None = None,
 ) -> Engine:
     """This rank's engine in the caller's default process group (initialized first, one rank
-    per TP rank). `device_kv`: the caller's device KV tensors, one per ("kv" or "index",
-    layer), each [pages, page_size, row elements] of the KV dtype (index: uint8), adopted
-    instead of allocating (the job's `workload.device_tokens` is then taken from them).
+    per TP rank). `device_kv`: the caller's device KV tensors, adopted instead of allocating
+    (the job's `workload.device_tokens` is then taken from them): one per ("kv" or "index",
+    layer), each [pages, page_size, row elements] of the KV dtype (index: uint8; vLLM's
+    [blocks, block_size, dim] where a block is a page) or SGLang's [tokens, 1, dim]; or one
+    stacked [layers, pages, page_size, dim] per pool kind ("kv", "index"). See
+    `pipeline.engine.adopt`: nothing is copied, and what does not fit is refused saying why.
     `local_rank`: the GPU to use (default: rank modulo the GPUs here). `engine.close()`
     leaves the caller's process group alone."""
     if not dist.is_initialized():
@@ -62,7 +66,8 @@ def create_engine(
     rank, world = dist.get_rank(), dist.get_world_size()
     gpus = torch.cuda.device_count()
     local = local_rank if local_rank is not None else rank % gpus if gpus else 0
-    return open_engine(job, rank, world, local, device_kv=device_kv)
+    views = None if device_kv is None else page_views(job.model, device_kv)
+    return open_engine(job, rank, world, local, device_kv=views)
 
 
 def _unresolved_store(job: Job) -> bool:

@@ -128,6 +128,7 @@ class DevicePool:
             want = (unit_shape(model, unit, num_pages), unit_dtype(model, unit), device)
             if t is None or (tuple(t.shape), t.dtype, t.device) != want or not t.is_contiguous():
                 got = "missing" if t is None else f"{tuple(t.shape)} {t.dtype} on {t.device}"
+                got += "" if t is None or t.is_contiguous() else f", not contiguous {t.stride()}"
                 raise ValueError(
                     f"device_kv[{key!r}]: need a contiguous {want[0]} {want[1]} tensor on "
                     f"{device} (pages, rows per page, row elements); got {got}"

@@ -103,7 +103,7 @@ def kv(pages: int = 8) -> dict[tuple[str, int], torch.Tensor]:
     ("change", "message"),
     [
         (lambda t: t.pop(("kv", 3)), r"device_kv\[\('kv', 3\)\].*got missing"),
-        (lambda t: t.update({("kv", 2): torch.zeros(8, 4, 16)}), r"\('kv', 2\).*\(8, 4, 32\)"),
+        (lambda t: t.update({("kv", 2): torch.zeros(8, 4, 16)}), r"\('kv', 2\)\]: dtype torch.f"),
         (lambda t: t.update({("kv", 9): torch.zeros(8, 4, 32)}), "units the model lacks"),
         (
             lambda t: t.update(
