@@ -19,7 +19,12 @@ from pipeline.engine.strategy import Strategy
 from pipeline.spec.checks import Problem
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import owner_map
-from pipeline.spec.sizing import exchange_staging_bytes, size_pools
+from pipeline.spec.sizing import (
+    DEFAULT_HOST_RATIO,
+    exchange_staging_bytes,
+    ratio_for_bytes,
+    size_pools,
+)
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
 
@@ -43,6 +48,18 @@ class Job:
     """Why the effective strategy is the one that runs."""
     strict: bool
     """Refuse an inactive strategy instead of falling back."""
+
+    def host_ratio(self, device_tokens: int | None = None) -> float:
+        """The host budget as the ratio the engine sizes by: workload.host_ratio (2.0 unset),
+        or workload.host_bytes over a device pool of `device_tokens` (default
+        workload.device_tokens): the same bytes whatever the pool."""
+        workload, model = self.workload, self.model
+        host_bytes = workload.host_budget_bytes
+        if host_bytes is None:
+            return DEFAULT_HOST_RATIO if workload.host_ratio is None else workload.host_ratio
+        tokens = workload.device_tokens if device_tokens is None else device_tokens
+        pages = tokens // (model.page_size * self.topology.dcp_size)
+        return ratio_for_bytes(host_bytes, pages * sum(u.page_bytes for u in model.units))
 
 
 def job_problems(job: Job) -> list[Problem]:
@@ -83,7 +100,7 @@ def capacity_problems(job: Job) -> list[Problem]:
         owners,
         0,
         device_tokens=workload.device_tokens,
-        host_ratio=workload.host_ratio,
+        host_ratio=job.host_ratio(),
         keep_capacity=config.keep_capacity,
     )
     found = []
@@ -99,9 +116,9 @@ def capacity_problems(job: Job) -> list[Problem]:
     if pages > sizing.host.num_pages:
         found.append(
             Problem(
-                "workload.host_ratio",
+                workload.host_key,
                 f"the host pool holds {sizing.host_slots} tokens < workload.num_tokens="
-                f"{workload.num_tokens}; raise workload.host_ratio",
+                f"{workload.num_tokens}; raise {workload.host_key}",
             )
         )
     try:

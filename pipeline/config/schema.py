@@ -22,6 +22,7 @@ from pipeline.spec.checks import (
     raise_problems,
 )
 from pipeline.spec.model import ModelGeometry
+from pipeline.spec.sizing import parse_bytes
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, Topology
@@ -68,8 +69,12 @@ class WorkloadConfig:
     """Seed of the pool contents and of fragmented placement."""
     device_tokens: int
     """Device KV pool size in tokens (logical slots)."""
-    host_ratio: float = 2.0
-    """Host budget = host_ratio x the device pool's bytes (a serving engine's hicache ratio)."""
+    host_ratio: float | None = None
+    """Host budget = host_ratio x the device pool's bytes (a serving engine's hicache ratio);
+    null: 2.0, unless host_bytes gives the budget."""
+    host_bytes: str | None = None
+    """Host budget of each rank in bytes, instead of host_ratio: an int or a size such as
+    64GiB (KiB, MiB...: powers of 1024; KB, MB...: of 1000); null: host_ratio sizes it."""
 
     def __post_init__(self) -> None:
         found = at_least("workload", self, num_tokens=1, cycles=1, device_tokens=1)
@@ -83,7 +88,38 @@ class WorkloadConfig:
             found.append(
                 Problem("workload.host_ratio", f"workload.host_ratio={self.host_ratio} must be > 0")
             )
+        found += self._host_bytes_problems()
         raise_problems(found)
+
+    def _host_bytes_problems(self) -> list[Problem]:
+        key = "workload.host_bytes"
+        if self.host_bytes is None:
+            return []
+        if self.host_ratio is not None:
+            message = (
+                f"{key} and workload.host_ratio are both set: give one (the host budget in "
+                "bytes, or as a ratio of the device pool)"
+            )
+            return [Problem(key, message)]
+        try:
+            parse_bytes(str(self.host_bytes))
+        except ValueError:
+            message = (
+                f"{key}={self.host_bytes!r} must be a whole number of bytes from 1 to 1e15, "
+                "e.g. 64GiB, 512MiB or 68719476736"
+            )
+            return [Problem(key, message)]
+        return []
+
+    @property
+    def host_budget_bytes(self) -> int | None:
+        """host_bytes in bytes (None: the budget is a ratio)."""
+        return None if self.host_bytes is None else parse_bytes(str(self.host_bytes))
+
+    @property
+    def host_key(self) -> str:
+        """The key that sizes the host pool: the one a message asks to raise."""
+        return "workload.host_ratio" if self.host_bytes is None else "workload.host_bytes"
 
 
 @dataclass(kw_only=True)

@@ -76,7 +76,7 @@ def rank_row(job: Job, rank: int) -> dict[str, Any]:
         owners,
         rank,
         device_tokens=workload.device_tokens,
-        host_ratio=workload.host_ratio,
+        host_ratio=job.host_ratio(),
         keep_capacity=strategy.keep_capacity,
     )
     spec = PlanSpec.of(model, topology, strategy, owners, sizing, rank)

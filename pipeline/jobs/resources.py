@@ -34,9 +34,9 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float) -> int:
+def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float | None) -> int:
     """Host memory one rank's engine allocates: its host pool, and on CPU its device pool and
-    staging buffers too."""
+    staging buffers too (`host_ratio` None: the job's own budget, see `Job.host_ratio`)."""
     model, topology, config = job.model, job.topology, job.strategy.config
     owners = owner_map(config.ownership, topology.replica_group(rank, model), model.units)
     sizing = size_pools(
@@ -45,7 +45,7 @@ def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float) ->
         owners,
         rank,
         device_tokens=device_tokens,
-        host_ratio=host_ratio,
+        host_ratio=job.host_ratio(device_tokens) if host_ratio is None else host_ratio,
         keep_capacity=config.keep_capacity,
     )
     total = sizing.host.pool_bytes
@@ -55,7 +55,7 @@ def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float) ->
     return total
 
 
-def resource_problems(job: Job, *, device_tokens: int, host_ratio: float) -> list[Problem]:
+def resource_problems(job: Job, *, device_tokens: int, host_ratio: float | None) -> list[Problem]:
     """What this machine cannot hold of the job's local ranks and their pools."""
     if not under_torchrun() and (found := _rank_problems(job)):
         return found  # sizing the pools of ranks that cannot start would only take time
@@ -71,7 +71,7 @@ def resource_problems(job: Job, *, device_tokens: int, host_ratio: float) -> lis
             "workload.device_tokens",
             f"the pools of {len(ranks)} local ranks need {human_bytes(need)} of host memory "
             f"and {human_bytes(free)} is free: lower workload.device_tokens or "
-            "workload.host_ratio",
+            f"{job.workload.host_key}",
         )
     ]
 

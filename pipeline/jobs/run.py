@@ -72,7 +72,7 @@ def open_engine(
             job.model,
             job.topology,
             device_tokens=device_tokens,
-            host_ratio=job.workload.host_ratio,
+            host_ratio=job.host_ratio(device_tokens),
             debug_consensus=job.runtime.debug_consensus,
             keep_trace=keep_trace,
             storage=job.storage,
@@ -118,7 +118,7 @@ def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
     if pages > engine.sizing.host.num_pages:
         raise ValueError(
             f"the host pool holds {engine.sizing.host_slots} tokens < num_tokens="
-            f"{workload.num_tokens}; raise workload.host_ratio"
+            f"{workload.num_tokens}; raise {workload.host_key}"
         )
     return pages
 

@@ -6,8 +6,12 @@ holds is what a run allocates.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 
+from pipeline.spec.checks import LARGEST_NUMBER
 from pipeline.spec.model import ModelGeometry, by_pool_kind
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.strategy import StrategyConfig
@@ -83,9 +87,48 @@ def size_pools(
             f"page_size x dcp_size = {slots_per_page}"
         )
     device_pages = device_tokens // slots_per_page
-    budget = int(host_ratio * device_pages * sum(u.page_bytes for u in model.units))
+    budget = host_budget(host_ratio, device_pages * sum(u.page_bytes for u in model.units))
     host = host_capacity(model, owners, rank, budget, keep_capacity)
     return Sizing(device_pages, host, slots_per_page)
+
+
+DEFAULT_HOST_RATIO = 2.0
+"""The host budget when neither workload.host_ratio nor workload.host_bytes is given."""
+UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes from `4096`, `64GiB`, `1.5 KiB` or `2MB` (KB, MB...: powers of 1000;
+    KiB, MiB...: of 1024); ValueError unless a whole number from 1 to 1e15."""
+    found = SIZE.fullmatch(text)
+    if found is None or (found.group(3) and not found.group(2)):
+        raise ValueError(text)
+    number, prefix, binary = Fraction(found.group(1)), found.group(2).lower(), found.group(3)
+    size = number * (1024 ** ("kmgt".index(prefix) + 1) if binary else UNITS[prefix])
+    if size.denominator != 1 or not 1 <= size <= LARGEST_NUMBER:
+        raise ValueError(text)
+    return int(size)
+
+
+def host_budget(host_ratio: float, device_pool_bytes: int) -> int:
+    """Bytes of a rank's host budget: host_ratio x the device pool's bytes (all its units)."""
+    return int(host_ratio * device_pool_bytes)
+
+
+def ratio_for_bytes(host_bytes: int, device_pool_bytes: int) -> float:
+    """The host_ratio whose budget over a device pool of these bytes is exactly `host_bytes`
+    (the engine takes its budget as a ratio: the float is nudged until `host_budget` agrees,
+    which it can for any pool and budget below 2**52 bytes)."""
+    if device_pool_bytes == 0:
+        return 0.0  # no ratio of nothing is a budget: an empty pool has none
+    ratio = host_bytes / device_pool_bytes
+    for _ in range(8):
+        budget = host_budget(ratio, device_pool_bytes)
+        if budget == host_bytes:
+            return ratio
+        ratio = math.nextafter(ratio, math.inf if budget < host_bytes else 0.0)
+    raise AssertionError(f"no ratio gives {host_bytes} B over {device_pool_bytes} B")
 
 
 def exchange_staging_bytes(strategy: StrategyConfig, model: ModelGeometry, owners: OwnerMap) -> int:

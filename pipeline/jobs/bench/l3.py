@@ -128,7 +128,7 @@ def bench_l3_rank(
                 job.model,
                 job.topology,
                 device_tokens=job.workload.device_tokens,
-                host_ratio=job.workload.host_ratio,
+                host_ratio=job.host_ratio(),
                 storage=job.storage,
                 store=stores[store_key(case)],
             )

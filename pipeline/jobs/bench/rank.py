@@ -134,7 +134,7 @@ def measure_case(
         job.model,
         job.topology,
         device_tokens=job.workload.device_tokens,
-        host_ratio=job.workload.host_ratio,
+        host_ratio=job.host_ratio(),
     )
     pages = CasePages.fill(engine, case)
     result = framework(timer, engine, pages, chunked=case["chunk_pages"] > 0)
