@@ -85,14 +85,6 @@ def _single_node(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool,
     )
 
 
-def _io_backend_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
-    how = {
-        IoBackend.direct: "one copy per contiguous run of pages",
-        IoBackend.kernel: "one gather/scatter op per layer (UVA on cuda)",
-    }
-    return True, f"io_backend={t.io_backend.value}: {how[t.io_backend]}"
-
-
 def _mem_layout_supported(t: Topology, m: ModelGeometry, s: StorageConfig) -> tuple[bool, str]:
     if t.io_backend is IoBackend.kernel or t.mem_layout is MemLayout.page_first_direct:
         return True, f"mem_layout={t.mem_layout.value} with io_backend={t.io_backend.value}"
@@ -153,7 +145,6 @@ RULES: Mapping[str, Check] = MappingProxyType(
         "no_dcp": _no_dcp,
         "single_pp_stage": _single_pp_stage,
         "single_node": _single_node,
-        "io_backend_supported": _io_backend_supported,
         "mem_layout_supported": _mem_layout_supported,
         "readers_reach_store": _readers_reach_store,
         "not_pd_decode": _not_pd_decode,

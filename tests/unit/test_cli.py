@@ -40,7 +40,7 @@ def test_explain_json_lists_every_rule_and_the_fallback(tmp_path: Path) -> None:
     failed = {r["name"]: r["message"] for r in verdict["rules"] if not r["passed"]}
     assert set(failed) == {"attn_tp_gt_1", "single_node"}  # both reported, not just the first
     assert "raise topology.tp_size" in failed["attn_tp_gt_1"]
-    assert len(verdict["rules"]) == 11
+    assert len(verdict["rules"]) == 10
     assert list(tmp_path.iterdir()) == []  # no outputs/ or .hydra folders left behind
 
 
