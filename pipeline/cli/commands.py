@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cli.catalog import catalog_text, options_by_group
+from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
 from pipeline.config.compose import Session
+from pipeline.config.explain import explained
 from pipeline.config.job import Job
 from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import validate_all, validate_one
@@ -114,15 +116,15 @@ def runnable_job(inv: Invocation) -> Job | None:
 
 
 def explain(inv: Invocation) -> int:
-    """Verdict, effective strategy and every rule of the requested strategy."""
-    session = inv.session()
-    job = session.job()  # the same checks as run: a CI gate on explain catches the same
-    verdict = job.verdict
+    """Verdict, effective strategy (or none) and every rule of the requested strategy and its
+    fallbacks, and every problem a run would refuse: it answers for any config that composes
+    (exit 0; strict: 1 when the requested strategy is inactive)."""
+    explanation = explained(inv.line.overrides, inv.sources)
     if inv.line.as_json:
-        print(json.dumps(verdict.as_dict(), indent=2))
+        print(json.dumps(explanation.as_dict(), indent=2))
     else:
-        print(report.verdict_text(verdict, session.model(), session.topology()))
-    return 1 if job.strict and not verdict.active else 0
+        print(explanation_text(explanation))
+    return 1 if explanation.strict and not explanation.active else 0
 
 
 def plan(inv: Invocation) -> int:

@@ -95,8 +95,9 @@ def job_of(
         return None, found, None
     verdict, problems = verdict_of(cfg, option, groups, sibling)
     found += problems
-    if verdict is None:
-        return None, found, None
+    if verdict is None:  # no strategy to check against: the whole-page rules still hold
+        stood = {k for b in groups.values() for k in b.stand_ins}
+        return None, list(dict.fromkeys(found + page_problems(groups, stood))), None
     if not verdict.active:
         try:
             cfg = sibling(verdict.effective_strategy)

@@ -12,7 +12,7 @@ import functools
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -104,6 +104,9 @@ class Session:
     overrides: tuple[str, ...]
     choices: Mapping[str, str]
     """The option chosen for each config group."""
+    siblings: dict[str, DictConfig] = field(default_factory=dict, compare=False, repr=False)
+    """Each other strategy option's config, composed once (a verdict and its Job both read a
+    fallback's); read only."""
 
     @classmethod
     def compose(cls, overrides: list[str]) -> Session:
@@ -139,8 +142,10 @@ class Session:
 
     def with_strategy(self, option: str) -> DictConfig:
         """The same config with another strategy option (keeping strategy.* knob overrides)."""
-        kept = [o for o in self.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
-        return composed([*kept, f"strategy={option}"])
+        if option not in self.siblings:
+            kept = [o for o in self.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
+            self.siblings[option] = composed([*kept, f"strategy={option}"])
+        return self.siblings[option]
 
     def model(self) -> ModelGeometry:
         return typed(self.cfg.model, "model")

@@ -1,8 +1,9 @@
 """Named eligibility rules and the verdict: is a strategy active for this topology, and why not.
 
-A rule is a pure function of (Topology, ModelGeometry) returning whether it passed and a message;
-a failed rule's message names the fix. Every rule of a strategy is evaluated (never stopping at the
-first failure), so one `explain` shows everything a user has to change.
+A rule is a pure function of (Topology, ModelGeometry, StorageConfig) returning whether it passed
+and a message; a failed rule's message names the fix. Every rule of a strategy is evaluated, and
+of each fallback tried after it (never stopping at the first failure), so one `explain` shows
+everything a user has to change, even where no strategy of the chain is active.
 """
 
 from __future__ import annotations
@@ -184,6 +185,62 @@ StrategyLookup = Callable[[str], tuple[list[str], str | None]]
 """Maps a strategy option name to (its required rules, its fallback)."""
 
 
+@dataclass(frozen=True)
+class Tried:
+    """One strategy of a fallback chain, with the verdict of each of its rules."""
+
+    strategy: str
+    rules: tuple[RuleResult, ...]
+
+    @property
+    def active(self) -> bool:
+        return all(r.passed for r in self.rules)
+
+    def as_dict(self) -> dict:
+        rules = [dataclasses.asdict(r) for r in self.rules]
+        return {"strategy": self.strategy, "active": self.active, "rules": rules}
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The requested strategy and each fallback tried after it, up to the first active one."""
+
+    tried: tuple[Tried, ...]
+    effective: str | None
+    """The first active strategy; None when the chain ends at an inactive strategy without a
+    fallback, or loops (`dead_end` says which)."""
+    notes: tuple[str, ...]
+    dead_end: str | None = None
+
+
+def chain_of(
+    name: str,
+    topology: Topology,
+    model: ModelGeometry,
+    storage: StorageConfig,
+    lookup: StrategyLookup,
+) -> Chain:
+    """Every rule of `name`, then of each fallback in turn until one is active (the layout
+    normalizations first, said in the notes)."""
+    normalized, notes = normalize(topology)
+    tried: list[Tried] = []
+    current = name
+    while True:
+        requires, fallback = lookup(current)
+        tried.append(Tried(current, tuple(evaluate(requires, normalized, model, storage))))
+        if tried[-1].active:
+            return Chain(tuple(tried), current, notes)
+        if fallback is None:
+            reasons = "; ".join(f"{r.name}: {r.message}" for r in tried[-1].rules if not r.passed)
+            why = f"strategy {current!r} is inactive and names no fallback ({reasons})"
+            return Chain(tuple(tried), None, notes, why)
+        if fallback in (t.strategy for t in tried):
+            cycle = " -> ".join([*(t.strategy for t in tried), fallback])
+            return Chain(tuple(tried), None, notes, f"fallback cycle: {cycle}")
+        notes += (f"{current} is inactive: falling back to {fallback}",)
+        current = fallback
+
+
 def decide(
     name: str,
     topology: Topology,
@@ -191,24 +248,10 @@ def decide(
     storage: StorageConfig,
     lookup: StrategyLookup,
 ) -> Verdict:
-    """The verdict for strategy `name`; follows the fallback chain to the first active one."""
-    normalized, notes = normalize(topology)
-
-    def passes(strategy: str) -> bool:
-        return all(r.passed for r in evaluate(lookup(strategy)[0], normalized, model, storage))
-
-    rules = evaluate(lookup(name)[0], normalized, model, storage)
-    chain = [name]
-    while not passes(chain[-1]):
-        fallback = lookup(chain[-1])[1]
-        if fallback is None:
-            why = evaluate(lookup(chain[-1])[0], normalized, model, storage)
-            reasons = "; ".join(f"{r.name}: {r.message}" for r in why if not r.passed)
-            raise ValueError(
-                f"strategy {chain[-1]!r} is inactive and names no fallback ({reasons})"
-            )
-        if fallback in chain:
-            raise ValueError(f"fallback cycle: {' -> '.join([*chain, fallback])}")
-        notes += (f"{chain[-1]} is inactive: falling back to {fallback}",)
-        chain.append(fallback)
-    return Verdict(name, all(r.passed for r in rules), chain[-1], tuple(rules), notes)
+    """The verdict for strategy `name`: the first active strategy of its fallback chain
+    (ValueError naming the dead end when there is none)."""
+    chain = chain_of(name, topology, model, storage, lookup)
+    if chain.effective is None:
+        raise ValueError(chain.dead_end)
+    first = chain.tried[0]
+    return Verdict(name, first.active, chain.effective, first.rules, chain.notes)

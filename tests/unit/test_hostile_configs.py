@@ -470,7 +470,7 @@ def test_credentials_in_a_metadata_url_are_refused_and_never_printed(world, caps
 def test_numbers_that_are_not_finite_are_refused_naming_the_key(
     override: str, key: str, world, capsys, caplog
 ) -> None:
-    said = refused("explain", [override], world, capsys, caplog)
+    said = refused("plan", [override], world, capsys, caplog)  # explain lists it, exit 0
     assert f"{key}=" in said and "finite" in said
 
 

@@ -1,0 +1,92 @@
+"""`explain`'s verdict for any config that composes: the requested strategy and each fallback
+tried after it, every rule of each with its message (the fix where it failed), the effective
+strategy (None where no strategy of the chain is active), and every problem a run would be
+refused for (workload, store, staging, the chain's dead end), each with its file and line.
+
+It refuses (ConfigError) only a config it cannot judge: one that does not compose (a refused
+override or user file, an unknown key or rule, a stage list the closed door refuses, a
+fallback that is no option), or whose model, topology or store kind has a mistake of its own,
+since the rules read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pipeline.config.checked import (
+    built_groups,
+    rule_problems,
+    strategy_stage_problems,
+    unknown_keys,
+)
+from pipeline.config.eligibility import Chain, chain_of
+from pipeline.config.overrides import checked_overrides
+from pipeline.config.sources import ConfigSources
+from pipeline.config.validate import checked_config, group_options
+from pipeline.spec.checks import ConfigError, Problem
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.topology import Topology
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What `explain` says about one config."""
+
+    chain: Chain
+    problems: tuple[Problem, ...]
+    """Every problem of the config, each naming its key and fix (none: it runs)."""
+    model: ModelGeometry
+    topology: Topology
+    """As given (the rules read it normalized, see the chain's notes)."""
+    strict: bool
+
+    @property
+    def active(self) -> bool:
+        return self.chain.tried[0].active
+
+    def as_dict(self) -> dict:
+        """`explain --json`."""
+        first = self.chain.tried[0]
+        return {
+            "strategy": first.strategy,
+            "active": first.active,
+            "effective_strategy": self.chain.effective,
+            "rules": [dataclasses.asdict(r) for r in first.rules],
+            "fallbacks": [t.as_dict() for t in self.chain.tried[1:]],
+            "notes": list(self.chain.notes),
+            "problems": [p.as_dict() for p in self.problems],
+            "runs": self.chain.effective is not None and not self.problems,
+        }
+
+
+def explained(overrides: list[str], sources: ConfigSources) -> Explanation:
+    """The verdict of the config these overrides compose (ConfigError where it cannot be
+    judged, listing every problem)."""
+    session, problems = checked_config(overrides, sources)
+    if session is None:
+        raise ConfigError(problems)
+    refused, _ = checked_overrides(overrides, group_options(sources))
+    cfg, option = session.cfg, session.strategy_option
+    judged = built_groups(cfg, ("model", "topology", "storage"))
+    storage = judged["storage"]
+    if (
+        sources.problems
+        or refused
+        or unknown_keys(cfg)
+        or rule_problems(cfg.strategy)
+        or strategy_stage_problems(cfg)
+        or judged["model"].problems
+        or judged["topology"].problems
+        or storage.obj is None
+        or "storage.kind" in storage.stand_ins
+    ):
+        raise ConfigError(problems)
+
+    def lookup(name: str) -> tuple[list[str], str | None]:
+        node = cfg.strategy if name == option else session.with_strategy(name).strategy
+        return list(node.requires), node.fallback
+
+    model, topology = judged["model"].obj, judged["topology"].obj
+    chain = chain_of(option, topology, model, storage.obj, lookup)
+    return Explanation(chain, tuple(problems), model, topology, bool(cfg.strict))

@@ -1,0 +1,142 @@
+"""`explain` answers for any config that composes: one JSON verdict with the effective strategy
+(or none), every rule of the requested strategy and of each fallback tried, and every problem a
+run would refuse; exit 2 only for a config that does not compose."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.commands import Invocation, explain
+from pipeline.cli.main import run_command
+from pipeline.config.app import CommandLine, configs
+from pipeline.config.sources import ConfigSources
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture
+def sources() -> Iterator[ConfigSources]:
+    """One Hydra initialization for a test's cases (each composes in this process)."""
+    with configs(None) as loaded:
+        yield loaded
+
+
+def explained(sources: ConfigSources, capsys: pytest.CaptureFixture, *overrides: str) -> dict:
+    line = CommandLine(as_json=True, overrides=list(overrides))
+    code = explain(Invocation(line, sources))
+    out = capsys.readouterr().out
+    assert code == 0, (overrides, out)
+    return json.loads(out)
+
+
+def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    strategies = options("strategy")
+    dead_ends = []
+    cases = [
+        (t, s, store)
+        for t in options("topology")
+        for s in strategies
+        for store in options("storage")
+    ]
+    for topology, strategy, store in cases:
+        case = (f"topology={topology}", f"strategy={strategy}", f"storage={store}")
+        verdict = explained(sources, capsys, *case)
+        assert verdict["strategy"] == strategy, case
+        chain = [verdict, *verdict["fallbacks"]]
+        for tried in chain:
+            assert tried["active"] == all(r["passed"] for r in tried["rules"]), case
+            for rule in tried["rules"]:
+                assert set(rule) == {"name", "passed", "message"} and rule["message"], case
+        effective = verdict["effective_strategy"]
+        if effective is None:  # the chain ends at an inactive strategy: why, and its fix
+            dead_ends.append(case)
+            assert not any(t["active"] for t in chain), case
+            assert any(p["key"] == "strategy.fallback" for p in verdict["problems"]), case
+            assert not verdict["runs"], case
+        else:
+            assert effective in strategies and chain[-1]["active"], case
+            assert [t["strategy"] for t in chain][-1] == effective, case
+    assert len(cases) == len(options("topology")) * 9
+    # storage=file on two nodes: replicated's readers never see another node's objects
+    assert ("topology=two_nodes_tp16", "strategy=replicated", "storage=file") in dead_ends
+    assert ("topology=two_nodes_tp16", "strategy=rotating", "storage=file") in dead_ends
+    assert all("storage=file" in case for case in dead_ends), dead_ends
+
+
+def test_a_config_no_strategy_runs_for_says_every_fix_with_its_other_problems(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    verdict = explained(
+        sources,
+        capsys,
+        "strategy=replicated",
+        "storage=file",
+        "topology.nnodes=2",
+        "workload.num_tokens=33",
+    )
+    assert verdict["effective_strategy"] is None and verdict["fallbacks"] == []
+    assert [(r["name"], r["passed"]) for r in verdict["rules"]] == [("readers_reach_store", False)]
+    assert "use storage=mooncake" in verdict["rules"][0]["message"]
+    problems = {p["key"]: p for p in verdict["problems"]}
+    assert set(problems) == {"strategy.fallback", "workload.num_tokens"}
+    assert problems["workload.num_tokens"]["file"] == "overrides"
+    assert (
+        "must be a multiple of page_size x dcp_size = 4"
+        in problems["workload.num_tokens"]["message"]
+    )
+    assert problems["strategy.fallback"]["file"].endswith("strategy/replicated.yaml")
+
+
+def test_a_dead_end_fallback_shows_the_rules_of_every_strategy_tried(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    verdict = explained(
+        sources, capsys, "topology=two_nodes_tp16", "strategy=rotating", "storage=file"
+    )
+    failed = {r["name"] for r in verdict["rules"] if not r["passed"]}
+    assert failed == {"single_node", "layers_ge_group"}
+    assert verdict["notes"] == ["rotating is inactive: falling back to replicated"]
+    [fallback] = verdict["fallbacks"]
+    assert fallback["strategy"] == "replicated" and fallback["active"] is False
+    assert [r["name"] for r in fallback["rules"] if not r["passed"]] == ["readers_reach_store"]
+
+
+def test_an_active_strategy_runs_and_a_fallback_is_listed_active(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    verdict = explained(sources, capsys, "strategy=rotating", "topology=tp1")
+    assert verdict["effective_strategy"] == "replicated" and verdict["runs"]
+    assert verdict["fallbacks"][0]["strategy"] == "replicated"
+    assert verdict["fallbacks"][0]["active"] and verdict["problems"] == []
+
+
+def test_the_text_says_none_and_each_inactive_fallback(capsys: pytest.CaptureFixture) -> None:
+    args = ["topology=two_nodes_tp16", "strategy=rotating", "storage=file"]
+    assert run_command(explain, args, "explain") == 0
+    out = capsys.readouterr().out
+    assert "effective strategy: none" in out
+    assert "fallback replicated: INACTIVE\n  FAIL readers_reach_store" in out
+    assert "problems (run refuses this config until each is fixed):" in out
+
+
+def test_strict_exits_1_and_a_config_that_does_not_compose_exits_2(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    args = ["topology=two_nodes_tp16", "strategy=rotating", "storage=file", "strict=true"]
+    assert run_command(explain, [*args, "--json"], "explain") == 1
+    assert json.loads(capsys.readouterr().out)["effective_strategy"] is None
+    assert run_command(explain, ["strategy=rotatingg", "--json"], "explain") == 2
+    said = json.loads(capsys.readouterr().out)
+    assert said["exit_code"] == 2 and "did you mean rotating?" in said["error"]
+    assert run_command(explain, ["topology.tp_size=0", "--json"], "explain") == 2
+    assert "topology.tp_size" in json.loads(capsys.readouterr().out)["error"]
