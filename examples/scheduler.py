@@ -1,8 +1,8 @@
 """A small scheduler loop over the public API: requests share prefixes; a prefix the host
 tier holds is a hit (loaded back), any other is a miss (prefilled, then backed up).
 
-One CPU rank:          python examples/scheduler.py
-Two ranks (rotating):  torchrun --nproc-per-node 2 examples/scheduler.py topology=tp2
+One CPU rank:  python examples/scheduler.py
+Two ranks:     torchrun --nproc-per-node 2 examples/scheduler.py topology=tp2 strategy=rotating
 
 Arguments are config overrides. Every hit is checked bit-exact against the KV its prefix had
 when it was prefilled; the loop prints hits, misses and evictions.
