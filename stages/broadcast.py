@@ -12,22 +12,13 @@ from pipeline.spec.steps import Step
 class Broadcast:
     """One primitive for both dedup strategies: the source rank is the unit's owner. It moves
     the step's pages straight between device slots where the plan lands them in place, else
-    through staging.
-
-    It refuses to run for a transfer that did not enter through an ordered entry point: an
-    unordered broadcast can interleave with the forward's collectives in a different order on
-    different ranks and deadlock.
-    """
+    through staging. (Its order against the forward's collectives is the engine's: the forward
+    gate, or forward-stream ordering.)"""
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         plan = t.plan
         if not plan.exchanged(step.unit):
             return
-        if not t.ordered:
-            raise RuntimeError(
-                "a sharded load must enter through Engine.load (forward gate or forward-stream "
-                "ordering); this one bypassed it and its broadcasts could deadlock"
-            )
         source = plan.source(step.unit)
         buffer, _ = t.exchange_buffer(step)
         t.res.collectives.broadcast(buffer.view(torch.uint8), source)

@@ -13,12 +13,10 @@ import torch
 
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
-from pipeline.engine.executor import issue_transfer
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.run import drive, forward, open_engine, run_report
-from pipeline.spec.plan import Direction
 from pipeline.spec.slots import page_tokens
 from pipeline.spec.steps import Step
 from stages.scatter import Scatter
@@ -133,31 +131,6 @@ class HoldBefore:
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         if step.unit.layer == self.layer:
             assert self.release.wait(timeout=30), "never released"
-
-
-def bypass(job: Job, rank: int, world_size: int, local_rank: int) -> str:
-    """Issue a sharded load straight through the executor, without the engine's entry point."""
-    engine = open_engine(job, rank, world_size, local_rank)
-    try:
-        host, source, _ = _backed_up(engine, 4)
-        size = engine.sizing.slots_per_page
-        stream = engine.runtime.load_stream
-        t = engine.transfer(
-            Direction.load,
-            page_tokens(host, size),
-            page_tokens([p + 8 for p in source], size),
-            stream,
-            None,
-        )
-        t.ordered = False
-        issue_transfer(engine.strategy.load, t, stream, engine.runtime.exchange_stream, None)
-        try:
-            t.done.wait()
-        except RuntimeError as e:
-            return str(e)
-        return ""
-    finally:
-        engine.close()
 
 
 def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:

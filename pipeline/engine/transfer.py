@@ -3,8 +3,9 @@
 `Resources` live as long as the engine (pools, buffers, collectives, trace); a `Transfer` is one
 backup or load on this rank (its plan, its events, its page ids on the device). A stage is
 either run once per transfer (`TransferStage`: the prepare and finish lists) or once per step
-(`StepStage`: the per_step and exchange lists). Stages import this module, the streams and the
-spec layer, nothing else of the engine.
+(`StepStage`: the per_step and exchange lists). These stages import this module, the streams
+and the spec layer, nothing else of the engine (the L3 tier's stages, `on_objects`, take the
+tier's own objects from `pipeline.engine.l3`).
 """
 
 from __future__ import annotations
@@ -163,8 +164,6 @@ class Transfer:
     """Every copy of the transfer is done."""
     copied: dict[int, Event] = field(default_factory=dict)
     """Per model layer, its copies are done (made where an exchange waits for them)."""
-    ordered: bool = True
-    """Entered through an ordered entry point (the forward gate or forward-stream ordering)."""
     batches: BatchRing | None = None
     """A chunked backup's batch buffers in turn (backups with gathered steps only)."""
     error: BaseException | None = None

@@ -1,8 +1,9 @@
-"""Logical token slots and the pages they form: validation, DCP localization, allocation.
+"""Logical token slots and the pages they form: validation, and page allocation.
 
 A transfer names logical slots. With decode context parallelism (DCP) a page holds
 page_size x dcp_size logical slots ("slots per page"): slot s lives on DCP rank s % dcp_size at
-local row s // dcp_size, so logical page p is local page p on every DCP rank.
+local row s // dcp_size, so logical page p is local page p on every DCP rank, and a plan needs
+only the page ids (`pages_of`), never the rows.
 """
 
 from __future__ import annotations
@@ -48,24 +49,6 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     if (ordered[1:] == ordered[:-1]).any():
         raise ValueError(f"{name} names a page twice: each page moves once per transfer")
     return torch.from_numpy(pages)
-
-
-def localize(indices: torch.Tensor, page_size: int, dcp_size: int, dcp_rank: int) -> torch.Tensor:
-    """Local rows of this DCP rank: logical slot s lives on rank s % dcp at row s // dcp.
-
-    A strided view (`indices[rank::dcp] // dcp`), never a boolean mask: a mask's nonzero would
-    make the device wait for the host. Identity at dcp 1. (Plans need only whole pages, whose
-    ids `pages_of` gives directly; this is the row-level statement of the same mapping.)
-    """
-    if not 0 <= dcp_rank < dcp_size:
-        raise ValueError(f"dcp_rank={dcp_rank} is outside 0..{dcp_size - 1}")
-    slots_per_page = page_size * dcp_size
-    if len(indices) % slots_per_page:
-        raise ValueError(
-            f"{len(indices)} slots are not whole widened pages of {slots_per_page} (page_size "
-            f"{page_size} x dcp_size {dcp_size})"
-        )
-    return indices[dcp_rank::dcp_size] // dcp_size
 
 
 def page_tokens(pages: list[int], slots_per_page: int) -> torch.Tensor:

@@ -238,13 +238,6 @@ def test_replicated_loads_exchange_nothing() -> None:
     assert t.res.collectives.broadcasts == [] and t.res.trace.ops == []  # type: ignore[attr-defined]
 
 
-def test_broadcast_refuses_a_transfer_that_bypassed_the_ordered_entry_points() -> None:
-    t = transfer(Direction.load, [0, 1], [2, 3], ownership=Ownership.rotating)
-    t.ordered = False
-    with pytest.raises(RuntimeError, match="bypassed it and its broadcasts could deadlock"):
-        Broadcast().on_step(t, t.plan.steps[0], InlineStream(timeout_s=5))
-
-
 def test_record_event_marks_each_layer_after_its_last_step_and_the_ack_at_the_end() -> None:
     t = transfer(Direction.load, [0, 1, 2], [3, 4, 5], staging_bytes=1)
     record = RecordEvent()
