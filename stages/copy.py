@@ -3,9 +3,12 @@
 One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
 on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
 gather/scatter per step (`index_select`/`index_copy_`), reaching pinned host memory through its
-UVA alias on cuda. Where a step covers several units that both pools keep evenly spaced in one
-buffer (a chunked backup batch), one call covers them all. A batch the plan marks `gathered`
-first gathers into a device batch buffer on the gather stream (`backup_batch`).
+UVA alias on cuda, or one kernel alone where the step's pages are consecutive on both sides
+(outside CUDA graphs). Where a step covers several units that both pools keep evenly spaced in
+one buffer (a chunked backup batch), one call covers them all. A batch the plan marks
+`gathered` first gathers into a device batch buffer on the gather stream (`backup_batch`).
+Every call here is paid by the host on every layer of every transfer, so the common cases
+make nothing per call but the call itself (see BENCHMARKS.md, issue time).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from typing import NamedTuple
 
 import torch
 
+from pipeline.engine.memcpy import Pages, pages_view
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
-from pipeline.spec.plan import Direction
+from pipeline.spec.plan import Direction, Run
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
 
@@ -29,26 +33,49 @@ class Copy:
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         plan = t.plan
-        if not plan.copies(step.unit):
+        units = step.units
+        if units[0].ordinal not in plan.spec.copied:
             return
         if step.gathered:
             backup_batch(t, step, stream)
+            return
+        # by identity: an enum's hash is a Python call, and this runs on every step
+        load, direct = plan.direction is Direction.load, plan.spec.io_backend is IoBackend.direct
+        if direct and len(units) == 1:  # every unchunked step
+            _unit_runs(t, step, units[0], load=load)
         else:
-            COPIES[plan.direction, plan.spec.io_backend](t, step)
+            COPIES[load][direct](t, step)
 
 
 def backup_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
+    run = _one_run(t, step)
     for host, device, dim, units in _kernel_views(t, step.units):
-        host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
+        if run is not None and not dim:  # one scatter, straight from the device pages
+            host.index_copy_(0, host_ids, device.narrow(0, run.device_page, run.pages))
+        else:
+            host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
         _traced(t, step.first, step.count, units)
 
 
 def load_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
+    run = _one_run(t, step)
     for host, device, dim, units in _kernel_views(t, step.units):
-        device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
+        if run is not None and not dim:  # one gather, straight into the device pages
+            torch.index_select(host, 0, host_ids, out=device.narrow(0, run.device_page, run.pages))
+        else:
+            device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
         _traced(t, step.first, step.count, units)
+
+
+def _one_run(t: Transfer, step: Step) -> Run | None:
+    """The step's pages where they are consecutive on both sides and no graph replays the
+    copy (a graph must not bake in page ids): one kernel then moves them instead of two."""
+    if t.plan.graphed:
+        return None
+    runs = t.plan.runs_in(step.first, step.count)
+    return runs[0] if len(runs) == 1 else None
 
 
 def backup_direct(t: Transfer, step: Step) -> None:
@@ -63,12 +90,29 @@ def load_direct(t: Transfer, step: Step) -> None:
         _traced(t, dma.first, dma.pages, dma.units, **dma.where)
 
 
-COPIES: dict[tuple[Direction, IoBackend], Callable[[Transfer, Step], None]] = {
-    (Direction.backup, IoBackend.kernel): backup_kernel,
-    (Direction.load, IoBackend.kernel): load_kernel,
-    (Direction.backup, IoBackend.direct): backup_direct,
-    (Direction.load, IoBackend.direct): load_direct,
-}
+def _unit_runs(t: Transfer, step: Step, unit: Unit, *, load: bool) -> None:
+    """`load_direct` / `backup_direct` of one unit's step (every unchunked step) with nothing
+    made per copy call but its trace entry: the issue path's common case."""
+    res = t.res
+    copy, trace, direction = res.copy_pages, res.trace, "h2d" if load else "d2h"
+    host, device = res.host_view.pages[unit.ordinal], res.device_pool.pages[unit.ordinal]
+    page_bytes = unit.page_bytes
+    for first, host_page, device_page, count in t.plan.runs_in(step.first, step.count):
+        if load:
+            copy(device, device_page, host, host_page, count)
+        else:
+            copy(host, host_page, device, device_page, count)
+        if trace.keep_ops:
+            _traced(t, first, count, (unit,), host_page=host_page, device_page=device_page)
+        else:
+            trace.op("copy", direction=direction, bytes=count * page_bytes)
+
+
+COPIES: tuple[tuple[Callable[[Transfer, Step], None], ...], ...] = (
+    (backup_kernel, backup_direct),  # backup: kernel, direct
+    (load_kernel, load_direct),  # load: kernel, direct
+)
+"""Per direction (backup, load), per io backend (kernel, direct)."""
 
 
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
@@ -105,12 +149,12 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
         buffer=buffer,
     )
     if direct:
-        host_pages, batch_pages = host.flatten(1, 2), batch.flatten(1, 2)
+        host_pages, batch_pages = pages_view(host.flatten(1, 2)), pages_view(batch.flatten(1, 2))
         for run in plan.runs_in(step.first, step.count):
             t.res.copy_pages(
-                host_pages, run.host_page, batch_pages, run.first - step.first, run.count
+                host_pages, run.host_page, batch_pages, run.first - step.first, run.pages
             )
-            _traced(t, run.first, run.count, step.units, host_page=run.host_page)
+            _traced(t, run.first, run.pages, step.units, host_page=run.host_page)
     else:
         host.index_copy_(pages, host_ids, batch)
         _traced(t, step.first, step.count, step.units)
@@ -141,6 +185,9 @@ def _kernel_views(
 ) -> list[tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]]:
     """(host, device, page dimension, units) per kernel call: the stacked units in one call,
     else one call per unit."""
+    if len(units) == 1:
+        ordinal = units[0].ordinal
+        return [(t.res.host_view.words[ordinal], t.res.device_pool.words[ordinal], 0, units)]
     stacks = _stacks(t, units)
     if stacks is not None:
         return [(*stacks, 1, units)]
@@ -152,9 +199,9 @@ class _Dma(NamedTuple):
     """One DMA call (`blocks` pages from `host_at` / `device_at` of two page-wise views) and
     what it moves (transfer pages from `first`, of `units`)."""
 
-    host: torch.Tensor
+    host: Pages
     host_at: int
-    device: torch.Tensor
+    device: Pages
     device_at: int
     blocks: int
     first: int
@@ -169,26 +216,38 @@ def _dmas(t: Transfer, step: Step) -> Iterator[_Dma]:
     unit as one strided copy, where the pools stack the units)."""
     units = step.units
     stacks = _stacks(t, units)
-    host, device = t.res.host_view.words, t.res.device_pool.words
+    host, device = t.res.host_view.pages, t.res.device_pool.pages
     for run in t.plan.runs_in(step.first, step.count):
-        if stacks is not None and run.count < len(units):
-            for k in range(run.count):  # page k of every unit in one call
+        if stacks is not None and run.pages < len(units):
+            for k in range(run.pages):  # page k of every unit in one call
                 hp, dp = run.host_page + k, run.device_page + k
                 at = {"host_page": hp, "device_page": dp}
-                pages = (stacks[0][:, hp], 0, stacks[1][:, dp], 0, len(units))
+                pages = (
+                    pages_view(stacks[0][:, hp]),
+                    0,
+                    pages_view(stacks[1][:, dp]),
+                    0,
+                    len(units),
+                )
                 yield _Dma(*pages, run.first + k, 1, units, at)
             continue
         at = {"host_page": run.host_page, "device_page": run.device_page}
         for u in units:
-            pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.count)
-            yield _Dma(*pages, run.first, run.count, (u,), at)
+            pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.pages)
+            yield _Dma(*pages, run.first, run.pages, (u,), at)
 
 
 def _traced(t: Transfer, first: int, count: int, units: tuple[Unit, ...], **where: int) -> None:
+    direction = "d2h" if t.plan.direction is Direction.backup else "h2d"
+    trace = t.res.trace
+    if not trace.keep_ops:  # counts and bytes only: nothing else is made on the issue path
+        page_bytes = units[0].page_bytes if len(units) == 1 else sum(u.page_bytes for u in units)
+        trace.op("copy", direction=direction, bytes=count * page_bytes)
+        return
     ids = [u.ordinal for u in units]
-    t.res.trace.op(
+    trace.op(
         "copy",
-        direction="d2h" if t.plan.direction is Direction.backup else "h2d",
+        direction=direction,
         **({"unit": ids[0]} if len(ids) == 1 else {"units": ids}),
         first=first,
         pages=count,

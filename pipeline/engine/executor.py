@@ -13,9 +13,9 @@ exchanges are replayed as one CUDA graph per transfer shape (see `pipeline.engin
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.strategy import Pipeline
@@ -24,31 +24,42 @@ from pipeline.engine.transfer import StepStage, Transfer, TransferStage
 from pipeline.spec.steps import Step
 
 
-def _timed(t: Transfer, stage: object, call: Callable[..., None], *args: Any) -> None:
-    """Run one stage call, adding its time to the engine's; an error fails the transfer."""
+@contextlib.contextmanager
+def _timed(t: Transfer, stages: Sequence[object]) -> Iterator[None]:
+    """Add a block's time to its stages' (one entry per stage list: timing every call of a
+    per-step list would cost the issue path more than most of its stages); an error fails
+    the transfer."""
     start = time.perf_counter()
     try:
-        call(*args)
+        yield
     except BaseException as e:
         t.fail(e)
         raise
-    name = type(stage).__name__
-    timings = t.res.timings_s
-    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+    finally:
+        name = "+".join(type(stage).__name__ for stage in stages)
+        timings = t.res.timings_s
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
-def run_once(stages: Iterable[TransferStage], t: Transfer, stream: Stream) -> None:
+def run_once(stages: Sequence[TransferStage], t: Transfer, stream: Stream) -> None:
     """Each stage once; nothing once the transfer has failed."""
     for stage in stages:
         if t.error is None:
-            _timed(t, stage, stage.on_transfer, t, stream)
+            with _timed(t, (stage,)):
+                stage.on_transfer(t, stream)
 
 
-def run_step(stages: Iterable[StepStage], t: Transfer, step: Step, stream: Stream) -> None:
-    """Each stage on one step; nothing once the transfer has failed."""
-    for stage in stages:
-        if t.error is None:
-            _timed(t, stage, stage.on_step, t, step, stream)
+def run_steps(
+    stages: Sequence[StepStage], t: Transfer, steps: Iterable[Step], stream: Stream
+) -> None:
+    """Each stage on each step, in step order; nothing once the transfer has failed."""
+    calls = [stage.on_step for stage in stages]
+    with _timed(t, stages):
+        for step in steps:
+            if t.error is not None:
+                return
+            for call in calls:
+                call(t, step, stream)
 
 
 def prepare(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
@@ -65,12 +76,17 @@ def issue_copies(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
     if pipeline.exchange:
         t.copied = {layer: stream.new_event() for layer in t.layers}
     copied = t.copied
+    calls = [stage.on_step for stage in pipeline.per_step]
 
     def work() -> None:
-        for step in t.plan.steps:
-            run_step(pipeline.per_step, t, step, stream)
-            if step.last_in_layer and step.unit.layer in copied:
-                stream.record(copied[step.unit.layer])
+        with _timed(t, pipeline.per_step):
+            for step in t.plan.steps:
+                if t.error is not None:
+                    return
+                for call in calls:
+                    call(t, step, stream)
+                if copied and step.last_in_layer and step.unit.layer in copied:
+                    stream.record(copied[step.unit.layer])
         stream.record(t.all_copied)
 
     stream.submit(work)
@@ -84,8 +100,7 @@ def issue_exchanges(pipeline: Pipeline, t: Transfer, layers: Iterable[int], stre
     def work() -> None:
         for layer in layers:
             stream.wait_event(t.copied[layer])
-            for step in t.plan.layer_steps(layer):
-                run_step(pipeline.exchange, t, step, stream)
+            run_steps(pipeline.exchange, t, t.plan.layer_steps(layer), stream)
 
     stream.submit(work)
 

@@ -9,23 +9,39 @@ goes to the copy engine as one `cudaMemcpy2DAsync` on the current stream instead
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-CopyPages = Callable[[torch.Tensor, int, torch.Tensor, int, int], None]
-"""copy(dst, dst_page, src, src_page, count): `count` pages between two [pages, rows, elems]
-views whose pages are each contiguous."""
+
+class Pages(NamedTuple):
+    """A [pages, rows, elems] view whose pages are each contiguous, with what a copy call needs
+    of it as plain integers (read once: tensor accessors cost the issue path per call)."""
+
+    view: torch.Tensor
+    address: int
+    pitch: int
+    """Bytes from one page to the next."""
+    width: int
+    """Bytes of one page."""
+
+
+def pages_view(view: torch.Tensor) -> Pages:
+    item = view.element_size()
+    return Pages(view, view.data_ptr(), view.stride(0) * item, math.prod(view.shape[1:]) * item)
+
+
+CopyPages = Callable[[Pages, int, Pages, int, int], None]
+"""copy(dst, dst_page, src, src_page, count): `count` pages between two page-wise views."""
 
 CUDA_MEMCPY_DEFAULT = 4
 """cudaMemcpyDefault: the direction follows from the (unified) addresses."""
 
 
-def copy_pages_cpu(
-    dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
-) -> None:
-    dst[dst_page : dst_page + count].copy_(src[src_page : src_page + count])
+def copy_pages_cpu(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
+    dst.view[dst_page : dst_page + count].copy_(src.view[src_page : src_page + count])
 
 
 def loaded_cudart() -> ctypes.CDLL | None:
@@ -35,12 +51,10 @@ def loaded_cudart() -> ctypes.CDLL | None:
     return ctypes.CDLL(sorted(paths)[0]) if paths else None
 
 
-def copy_pages_per_page(
-    dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
-) -> None:
+def copy_pages_per_page(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
     """Fallback where no cudart can be loaded: one async copy per page."""
     for i in range(count):
-        dst[dst_page + i].copy_(src[src_page + i], non_blocking=True)
+        dst.view[dst_page + i].copy_(src.view[src_page + i], non_blocking=True)
 
 
 def _bound(fn: Any, *argtypes: Any) -> Any:
@@ -62,17 +76,12 @@ def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
     memcpy = _bound(cudart.cudaMemcpyAsync, ptr, ptr, size, kind, ptr)
     memcpy2d = _bound(cudart.cudaMemcpy2DAsync, ptr, size, ptr, size, size, size, kind, ptr)
 
-    def copy(
-        dst: torch.Tensor, dst_page: int, src: torch.Tensor, src_page: int, count: int
-    ) -> None:
-        # plain integers from the views' strides: no sliced tensors on the issue path
-        item = dst.element_size()
-        dst_pitch, src_pitch = dst.stride(0) * item, src.stride(0) * item
-        width = dst.shape[1] * dst.shape[2] * item
-        dst_at, src_at = (
-            dst.data_ptr() + dst_page * dst_pitch,
-            src.data_ptr() + src_page * src_pitch,
-        )
+    def copy(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
+        # plain integers only: no sliced tensors, no accessors on the issue path
+        _, dst_at, dst_pitch, width = dst
+        _, src_at, src_pitch, _ = src
+        dst_at += dst_page * dst_pitch
+        src_at += src_page * src_pitch
         stream = current_stream(device_index)
         if dst_pitch == src_pitch == width:  # one block on both sides
             error = memcpy(dst_at, src_at, width * count, CUDA_MEMCPY_DEFAULT, stream)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 import torch
 
+from pipeline.engine.memcpy import pages_view
 from pipeline.spec.model import KvDtype, ModelGeometry, Unit, by_pool_kind
 from pipeline.spec.topology import MemLayout
 
@@ -96,6 +97,8 @@ class DevicePool:
         self.num_pages = num_pages
         self.words = {o: as_words(b) for o, b in self.buffers.items()}
         """Per unit, the buffer as integer words (for gather/scatter kernels)."""
+        self.pages = {o: pages_view(w) for o, w in self.words.items()}
+        """Per unit, the words view as copy calls take it."""
         self.stacked = StackedViews(self.words)
         """Words of several units as one tensor, where they stack (see `stack_views`)."""
 
@@ -184,6 +187,8 @@ class HostPool:
                 self.views[u.ordinal] = _unit_view(buf, layout, i)
         self.words = {o: as_words(v) for o, v in self.views.items()}
         """Per unit, the view as integer words (for gather/scatter kernels)."""
+        self.pages = {o: pages_view(w) for o, w in self.words.items()}
+        """Per unit, the words view as copy calls take it."""
         self.stacked = StackedViews(self.words)
         """Words of several units as one tensor, where they stack (see `stack_views`)."""
 

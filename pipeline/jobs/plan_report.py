@@ -49,7 +49,7 @@ def copy_calls(plan: TransferPlan, step: Step) -> int:
     runs = plan.runs_in(step.first, step.count)
     if step.gathered:
         return len(runs)
-    return sum(min(len(step.units), r.count) for r in runs)
+    return sum(min(len(step.units), r.pages) for r in runs)
 
 
 def counts(plan: TransferPlan) -> dict[str, int]:

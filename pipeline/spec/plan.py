@@ -14,6 +14,7 @@ import functools
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -92,6 +93,11 @@ class PlanSpec:
         """Does this rank copy `unit` between its own device and host pools?"""
         return self.owners.copies(unit.ordinal, self.rank)
 
+    @functools.cached_property
+    def copied(self) -> frozenset[int]:
+        """Ordinals of the units this rank copies (`copies` as a set, for the issue path)."""
+        return frozenset(u.ordinal for u in self.units if self.copies(u))
+
     def lay_out(self, direction: Direction, num_pages: int) -> StepLayout:
         """The steps of a transfer of `num_pages` pages (they depend on nothing else)."""
         if direction is Direction.load:
@@ -119,15 +125,14 @@ def _exchanged(owners: OwnerMap, unit: Unit) -> bool:
     return owners.exchanged(unit.ordinal)
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Consecutive transfer pages that are consecutive on both the host and the device side."""
+class Run(NamedTuple):
+    """Transfer pages consecutive on both sides (a tuple: unpacked once per copy call)."""
 
     first: int
     """Position of the run's first page in the transfer."""
     host_page: int
     device_page: int
-    count: int
+    pages: int
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,8 @@ class TransferPlan:
         """Maximal runs of pages consecutive on both sides (made when first asked for: the
         kernel backend inside a CUDA graph never asks)."""
         hosts, devices = self.host_pages.numpy(), self.device_pages.numpy()
-        breaks = np.flatnonzero((np.diff(hosts) != 1) | (np.diff(devices) != 1)) + 1
+        steps = (hosts[1:] - hosts[:-1] != 1) | (devices[1:] - devices[:-1] != 1)  # not np.diff:
+        breaks = np.flatnonzero(steps) + 1  # its wrapper costs more than this on small transfers
         bounds = [0, *breaks.tolist(), self.num_pages]
         spans = list(itertools.pairwise(bounds))
         hp, dp = hosts[bounds[:-1]].tolist(), devices[bounds[:-1]].tolist()
@@ -192,7 +198,7 @@ class TransferPlan:
         for r in self.runs[max(start, 0) :]:
             if r.first >= end:
                 break
-            lo, hi = max(r.first, first), min(r.first + r.count, end)
+            lo, hi = max(r.first, first), min(r.first + r.pages, end)
             if lo < hi:
                 shift = lo - r.first
                 clipped.append(Run(lo, r.host_page + shift, r.device_page + shift, hi - lo))
@@ -201,7 +207,7 @@ class TransferPlan:
     def device_run(self, step: Step) -> int | None:
         """The first device page when the step's pages lie in one run, else None (O(log n))."""
         run = self.runs[bisect.bisect_right(self.runs, step.first, key=lambda r: r.first) - 1]
-        if step.first + step.count > run.first + run.count:
+        if step.first + step.count > run.first + run.pages:
             return None
         return run.device_page + step.first - run.first
 

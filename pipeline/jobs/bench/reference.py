@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.engine.engine import Engine
+from pipeline.engine.memcpy import pages_view
 from pipeline.engine.pools import HostPool, uva_alias
 
 
@@ -51,7 +52,8 @@ class Reference:
     def _dma(self, dst: torch.Tensor, dst_side: str, src: torch.Tensor, src_side: str) -> None:
         """All pages of one layer, consecutive on both sides: one copy call."""
         first = self.pages[dst_side][0], self.pages[src_side][0]
-        self.engine.runtime.copy_pages(dst, first[0], src, first[1], self.num_pages)
+        copy = self.engine.runtime.copy_pages
+        copy(pages_view(dst), first[0], pages_view(src), first[1], self.num_pages)
 
     def _block(self, t: torch.Tensor, side: str) -> torch.Tensor:
         first = self.pages[side][0]
