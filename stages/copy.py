@@ -3,12 +3,13 @@
 One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
 on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
 gather/scatter per step (`index_select`/`index_copy_`), reaching pinned host memory through its
-UVA alias on cuda, or one kernel alone where the step's pages are consecutive on both sides
-(outside CUDA graphs). Where a step covers several units that both pools keep evenly spaced in
-one buffer (a chunked backup batch), one call covers them all. A batch the plan marks
-`gathered` first gathers into a device batch buffer on the gather stream (`backup_batch`).
-Every call here is paid by the host on every layer of every transfer, so the common cases
-make nothing per call but the call itself (see BENCHMARKS.md, issue time).
+UVA alias on cuda; where one unit's pages are consecutive on both sides (outside CUDA graphs)
+and each a block on the host, it makes the direct backend's one DMA instead. Where a step
+covers several units that both pools keep evenly spaced in one buffer (a chunked backup
+batch), one call covers them all. A batch the plan marks `gathered` first gathers into a
+device batch buffer on the gather stream (`backup_batch`). Every call here is paid by the
+host on every layer of every transfer, so the common cases make nothing per call but the
+call itself (see BENCHMARKS.md, issue time).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pipeline.engine.memcpy import Pages, pages_view
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
-from pipeline.spec.plan import Direction, Run
+from pipeline.spec.plan import Direction
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
 
@@ -48,34 +49,35 @@ class Copy:
 
 
 def backup_kernel(t: Transfer, step: Step) -> None:
+    if _one_dma(t, step, load=False):
+        return
     host_ids, device_ids = t.step_ids(step)
-    run = _one_run(t, step)
     for host, device, dim, units in _kernel_views(t, step.units):
-        if run is not None and not dim:  # one scatter, straight from the device pages
-            host.index_copy_(0, host_ids, device.narrow(0, run.device_page, run.pages))
-        else:
-            host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
+        host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
         _traced(t, step.first, step.count, units)
 
 
 def load_kernel(t: Transfer, step: Step) -> None:
+    if _one_dma(t, step, load=True):
+        return
     host_ids, device_ids = t.step_ids(step)
-    run = _one_run(t, step)
     for host, device, dim, units in _kernel_views(t, step.units):
-        if run is not None and not dim:  # one gather, straight into the device pages
-            torch.index_select(host, 0, host_ids, out=device.narrow(0, run.device_page, run.pages))
-        else:
-            device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
+        device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
         _traced(t, step.first, step.count, units)
 
 
-def _one_run(t: Transfer, step: Step) -> Run | None:
-    """The step's pages where they are consecutive on both sides and no graph replays the
-    copy (a graph must not bake in page ids): one kernel then moves them instead of two."""
-    if t.plan.graphed:
-        return None
-    runs = t.plan.runs_in(step.first, step.count)
-    return runs[0] if len(runs) == 1 else None
+def _one_dma(t: Transfer, step: Step, *, load: bool) -> bool:
+    """One unit's pages that are consecutive on both sides and each one block on the host
+    go to the copy engine as one call, as the direct backend would: no gather to do, and a
+    DMA costs the host less to issue than a kernel (and the GPU no SMs). Not in a CUDA graph,
+    which must not bake in page ids."""
+    units = step.units
+    if len(units) > 1 or t.plan.graphed or not t.res.host_view.pages[units[0].ordinal].block:
+        return False
+    if len(t.plan.runs_in(step.first, step.count)) > 1:
+        return False
+    _unit_runs(t, step, units[0], load=load)
+    return True
 
 
 def backup_direct(t: Transfer, step: Step) -> None:

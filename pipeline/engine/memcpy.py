@@ -26,11 +26,15 @@ class Pages(NamedTuple):
     """Bytes from one page to the next."""
     width: int
     """Bytes of one page."""
+    block: bool
+    """Each page is one contiguous block, as a copy call on cuda needs (every layout but
+    page_first, whose page interleaves the units row by row; on CPU a tensor copy takes any)."""
 
 
 def pages_view(view: torch.Tensor) -> Pages:
     item = view.element_size()
-    return Pages(view, view.data_ptr(), view.stride(0) * item, math.prod(view.shape[1:]) * item)
+    width = math.prod(view.shape[1:]) * item
+    return Pages(view, view.data_ptr(), view.stride(0) * item, width, view[0:1].is_contiguous())
 
 
 CopyPages = Callable[[Pages, int, Pages, int, int], None]
@@ -78,8 +82,9 @@ def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
 
     def copy(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
         # plain integers only: no sliced tensors, no accessors on the issue path
-        _, dst_at, dst_pitch, width = dst
-        _, src_at, src_pitch, _ = src
+        _, dst_at, dst_pitch, width, dst_block = dst
+        _, src_at, src_pitch, _, src_block = src
+        assert dst_block and src_block, "a copy call moves pages that are each one block"
         dst_at += dst_page * dst_pitch
         src_at += src_page * src_pitch
         stream = current_stream(device_index)

@@ -44,6 +44,9 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
     cases = {(r["direction"], r["chunk_pages"], r["strategy"]) for r in rows}
     assert len(rows) == len(cases) == 8  # 2 directions x 2 chunk settings x 2 strategies
     assert all(r["bit_exact"] and r["reference_bit_exact"] for r in rows)
+    # each row's issue time beside the hand loop's (the same calls, the least Python)
+    assert all(r["issue_ms"] > 0 and r["reference_issue_ms"] > 0 for r in rows)
+    assert "hand loop issue ms" in (out / "bench.md").read_text()
     in_turn = [r for r in rows if "x_unchunked" in r]
     assert {(r["direction"], r["chunk_pages"]) for r in in_turn} == {("backup", 2)}
     assert len(in_turn) == 2

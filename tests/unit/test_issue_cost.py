@@ -95,16 +95,16 @@ def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmen
 
 # (io, chunk_pages, direction, fragmented): budgets per layer of (Python calls, torch ops,
 # copy calls), as the paths issue them today. Loads record a layer event (on CPU a Python
-# event, hence more calls); kernel steps are one op where a step's pages are consecutive
-# on both sides, else a gather and a scatter; a direct copy call is one `copy_` on CPU
-# (one cudaMemcpy2DAsync and no torch op on cuda).
+# event, hence more calls). A direct copy call is one `copy_` on CPU (one cudaMemcpy2DAsync
+# and no torch op on cuda); a kernel step is a gather and a scatter, or where its pages are
+# consecutive on both sides the direct backend's one copy call.
 BUDGETS = {
-    ("direct", 0, "backup", False): (8, 1, 1),
-    ("direct", 0, "load", False): (14, 1, 1),
-    ("kernel", 0, "backup", False): (11, 1, 1),
-    ("kernel", 0, "backup", True): (11, 2, 1),
-    ("kernel", 0, "load", False): (17, 1, 1),
-    ("kernel", 0, "load", True): (17, 2, 1),
+    ("direct", 0, "backup", False): (7, 1, 1),
+    ("direct", 0, "load", False): (13, 1, 1),
+    ("kernel", 0, "backup", False): (10, 1, 1),
+    ("kernel", 0, "backup", True): (10, 2, 1),
+    ("kernel", 0, "load", False): (16, 1, 1),
+    ("kernel", 0, "load", True): (16, 2, 1),
     # chunked: a backup batch moves every unit at once (nothing per layer but its share of
     # the batch's bookkeeping); a load is never chunked, and a fragmented direct one makes
     # one copy call per run (4 here)
