@@ -71,10 +71,10 @@ def _one_dma(t: Transfer, step: Step, *, load: bool) -> bool:
     go to the copy engine as one call, as the direct backend would: no gather to do, and a
     DMA costs the host less to issue than a kernel (and the GPU no SMs). Not in a CUDA graph,
     which must not bake in page ids."""
-    units = step.units
-    if len(units) > 1 or t.plan.graphed or not t.res.host_view.pages[units[0].ordinal].block:
+    units, plan = step.units, t.plan
+    if len(units) > 1 or plan.graphed or not plan.consecutive:
         return False
-    if len(t.plan.runs_in(step.first, step.count)) > 1:
+    if not t.res.host_view.pages[units[0].ordinal].block:
         return False
     _unit_runs(t, step, units[0], load=load)
     return True

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap
+from pipeline.spec.runs import Run, breaks, clip, runs_of
 from pipeline.spec.sizing import Sizing, batch_buffer_bytes
 from pipeline.spec.slots import pages_of
 from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
@@ -125,16 +124,6 @@ def _exchanged(owners: OwnerMap, unit: Unit) -> bool:
     return owners.exchanged(unit.ordinal)
 
 
-class Run(NamedTuple):
-    """Transfer pages consecutive on both sides (a tuple: unpacked once per copy call)."""
-
-    first: int
-    """Position of the run's first page in the transfer."""
-    host_page: int
-    device_page: int
-    pages: int
-
-
 @dataclass(frozen=True)
 class TransferPlan:
     """One transfer on one rank: its validated pages, its steps and who moves each unit."""
@@ -174,35 +163,26 @@ class TransferPlan:
         return len(self.host_indices)
 
     @functools.cached_property
+    def _breaks(self) -> np.ndarray:
+        return breaks(self.host_pages.numpy(), self.device_pages.numpy())
+
+    @functools.cached_property
+    def consecutive(self) -> bool:
+        """All pages are one run (without making the runs: a fragmented transfer has many)."""
+        return not len(self._breaks)
+
+    @functools.cached_property
     def runs(self) -> tuple[Run, ...]:
         """Maximal runs of pages consecutive on both sides (made when first asked for: the
         kernel backend inside a CUDA graph never asks)."""
-        hosts, devices = self.host_pages.numpy(), self.device_pages.numpy()
-        steps = (hosts[1:] - hosts[:-1] != 1) | (devices[1:] - devices[:-1] != 1)  # not np.diff:
-        breaks = np.flatnonzero(steps) + 1  # its wrapper costs more than this on small transfers
-        bounds = [0, *breaks.tolist(), self.num_pages]
-        spans = list(itertools.pairwise(bounds))
-        hp, dp = hosts[bounds[:-1]].tolist(), devices[bounds[:-1]].tolist()
-        return tuple(Run(a, h, d, b - a) for (a, b), h, d in zip(spans, hp, dp, strict=True))
+        return runs_of(self.host_pages.numpy(), self.device_pages.numpy(), self._breaks)
 
     def runs_in(self, first: int, count: int) -> tuple[Run, ...]:
         """The runs clipped to pages [first, first + count) (once per slice and transfer)."""
         key = (first, count)
         if key not in self._runs_in:
-            self._runs_in[key] = self._clip(first, first + count)
+            self._runs_in[key] = clip(self.runs, first, first + count)
         return self._runs_in[key]
-
-    def _clip(self, first: int, end: int) -> tuple[Run, ...]:
-        clipped = []
-        start = bisect.bisect_right(self.runs, first, key=lambda r: r.first) - 1
-        for r in self.runs[max(start, 0) :]:
-            if r.first >= end:
-                break
-            lo, hi = max(r.first, first), min(r.first + r.pages, end)
-            if lo < hi:
-                shift = lo - r.first
-                clipped.append(Run(lo, r.host_page + shift, r.device_page + shift, hi - lo))
-        return tuple(clipped)
 
     def device_run(self, step: Step) -> int | None:
         """The first device page when the step's pages lie in one run, else None (O(log n))."""

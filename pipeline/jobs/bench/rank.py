@@ -210,34 +210,30 @@ def reference(
         reference_hosts[key] = HostPool.allocate(
             model, owned, num_pages, layout, pin_memory=timer.cuda
         )
-    order = (
-        list(range(num_pages))
-        if contiguous
-        else random.Random(1).sample(range(num_pages), num_pages)
-    )
+    shuffled = random.Random(1).sample(range(num_pages), num_pages)
+    order = list(range(num_pages)) if contiguous else shuffled
     ref = Reference(engine, reference_hosts[key], order, pages.source, pages.target, contiguous)
     streams = (torch.cuda.Stream(), torch.cuda.Stream()) if timer.cuda else None
-    staging = engine.resources.staging
+    backup = functools.partial(ref.backup, streams)
+    load = functools.partial(ref.load, engine.resources.staging, streams)
     issue: dict[str, list[float]] = {"backup": [], "load": []}
-
-    def issued(direction: str, transfer: Callable[[], None]) -> None:
-        """The hand loop's own issue time: the same copy calls with the least Python around
-        them, what the machine charges the host for them (the framework's issue limit)."""
-        start = time.perf_counter()
-        transfer()
-        issue[direction].append(time.perf_counter() - start)
-
     result = {
-        "reference_backup_s": timer.repeat(lambda: issued("backup", lambda: ref.backup(streams))),
-        "reference_load_s": timer.repeat(
-            lambda: issued("load", lambda: ref.load(staging, streams))
-        ),
-        "reference_bit_exact": _checked(timer, engine, lambda: ref.load(staging, streams), pages),
+        "reference_backup_s": timer.repeat(lambda: _host_timed(backup, issue["backup"])),
+        "reference_load_s": timer.repeat(lambda: _host_timed(load, issue["load"])),
+        "reference_bit_exact": _checked(timer, engine, load, pages),
     }
     warm = timer.bench.warmup
     return result | {
         "reference_issue_s": {k: statistics.median(v[warm:]) for k, v in issue.items()}
     }
+
+
+def _host_timed(transfer: Callable[[], None], issue_s: list[float]) -> None:
+    """The hand loop's own issue time: the same copy calls with the least Python around them,
+    what the machine charges the host for them (the framework's issue limit)."""
+    start = time.perf_counter()
+    transfer()
+    issue_s.append(time.perf_counter() - start)
 
 
 def _on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
