@@ -22,7 +22,7 @@ from conftest import job_config
 
 from pipeline.jobs import scratch
 from pipeline.jobs.launch import launch
-from pipeline.jobs.soak import soak_rank
+from pipeline.jobs.soak import is_flat, soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
 from pipeline.jobs.spawn import RankFailure
 
@@ -197,6 +197,25 @@ def test_a_short_soak_reports_memory_per_rank() -> None:
     assert result["verified"] and result["flat"]
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     assert all(r["rss_end_mb"] > 0 for r in result["ranks"])
+    assert all("rss_late_growth_mb" in r for r in result["ranks"])
+
+
+def test_a_soak_tells_a_leak_from_a_one_time_rise() -> None:
+    """The store soak rose 1.5-2 MB after its warm-up over 1000 rounds and as much over 4000:
+    a rise that stops. A leak keeps growing in the second half too, and fails even within
+    the total bound."""
+    assert is_flat(growth_mb=2.0, late_growth_mb=0.1, most_mb=5)  # rose early, then flat
+    assert not is_flat(growth_mb=4.0, late_growth_mb=2.6, most_mb=5)  # still growing
+    assert not is_flat(growth_mb=5.5, late_growth_mb=0.0, most_mb=5)  # too much at once
+
+
+@pytest.mark.slow
+def test_a_soak_with_a_store_is_flat(tmp_path: Path) -> None:
+    """Rotating on 2 ranks with a file store, 2000 rounds: backup, write-back, evict, lookup
+    and load from L3 every round, bit-exact, and no growth in the second half."""
+    store = (f"storage.path={tmp_path}", "soak.cycles=2000", "soak.warmup_cycles=200")
+    result = soak(2, "storage=file", *store)
+    assert result["verified"] and result["flat"], result["ranks"]
 
 
 @pytest.mark.slow
