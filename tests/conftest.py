@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
+import torch.distributed as dist
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
@@ -27,6 +29,17 @@ MISSING_MOONCAKE = pytest.StashKey[str | None]()
 """Why the Mooncake tests cannot run here (None: they can), found once per session."""
 MOONCAKE = pytest.param("mooncake", marks=pytest.mark.mooncake, id="mooncake")
 """The `mooncake` case of a test parametrized over stores."""
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A process group of one CPU rank, as a serving engine would have made (the library
+    calls run inside the caller's group)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def job_config(*overrides: str) -> Job:

@@ -20,8 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.strategy import Pipeline
 from pipeline.engine.streams import CudaStream, Event, Stream
-from pipeline.engine.transfer import StepStage, Transfer, TransferStage
-from pipeline.spec.steps import Step
+from pipeline.engine.transfer import Transfer, TransferStage
 
 
 @contextlib.contextmanager
@@ -47,19 +46,6 @@ def run_once(stages: Sequence[TransferStage], t: Transfer, stream: Stream) -> No
         if t.error is None:
             with _timed(t, (stage,)):
                 stage.on_transfer(t, stream)
-
-
-def run_steps(
-    stages: Sequence[StepStage], t: Transfer, steps: Iterable[Step], stream: Stream
-) -> None:
-    """Each stage on each step, in step order; nothing once the transfer has failed."""
-    calls = [stage.on_step for stage in stages]
-    with _timed(t, stages):
-        for step in steps:
-            if t.error is not None:
-                return
-            for call in calls:
-                call(t, step, stream)
 
 
 def prepare(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
@@ -97,10 +83,17 @@ def issue_exchanges(pipeline: Pipeline, t: Transfer, layers: Iterable[int], stre
     if not pipeline.exchange:
         return
 
+    calls = [stage.on_step for stage in pipeline.exchange]
+
     def work() -> None:
-        for layer in layers:
-            stream.wait_event(t.copied[layer])
-            run_steps(pipeline.exchange, t, t.plan.layer_steps(layer), stream)
+        with _timed(t, pipeline.exchange):  # once for all of `layers`, not per layer
+            for layer in layers:
+                stream.wait_event(t.copied[layer])
+                for step in t.plan.layer_steps(layer):
+                    if t.error is not None:
+                        return
+                    for call in calls:
+                        call(t, step, stream)
 
     stream.submit(work)
 

@@ -5,11 +5,10 @@ and what cannot be taken is refused saying what was expected and what to do."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pipeline
 
@@ -17,13 +16,7 @@ LAYERS, PAGES, PAGE, DIM = 5, 8, 4, 32  # tiny_mla: 5 layers, pages of 4 tokens,
 Kv = dict[tuple[str, int] | str, torch.Tensor]
 
 
-@pytest.fixture(autouse=True)
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 def tiny_job(*overrides: str) -> pipeline.Job:

@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +78,6 @@ def test_the_example_scheduler_runs_on_two_ranks_under_torchrun() -> None:
     assert done.returncode == 0, done.stderr
     hits, misses, _ = counts(done.stdout)
     assert hits + misses == 40 and hits > 0
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def tiny_job() -> pipeline.Job:

@@ -8,25 +8,14 @@ strategy x chunk_pages x adopted KV x host layout on 2 gloo ranks).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pipeline
 
 Adopted = dict[object, torch.Tensor] | None
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def adopted_kv(job: pipeline.Job, how: str) -> Adopted:

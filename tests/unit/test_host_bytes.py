@@ -4,11 +4,8 @@ workload keys, and the one budget every pool is sized by (plan, validate, run, t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import pipeline
 from pipeline.spec.checks import ConfigError
@@ -16,15 +13,6 @@ from pipeline.spec.sizing import parse_bytes
 
 TINY = ["model=tiny_mla", "topology=tp1", "topology.device=cpu"]
 PAGE_BYTES = 5 * 4 * 64  # tiny_mla: a page of 4 tokens of 5 layers of 64 B rows
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pipeline
 from pipeline.spec.slots import page_tokens
@@ -20,15 +19,13 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def engine() -> Iterator[pipeline.Engine]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+def engine(one_rank: None) -> Iterator[pipeline.Engine]:
     job = pipeline.compose(["model=tiny_mla", "topology=tp1", "topology.device=cpu"])
     made = pipeline.create_engine(job)
     try:
         yield made
     finally:
         made.close()
-        dist.destroy_process_group()
 
 
 def test_alloc_hands_out_the_lowest_free_pages_as_token_slots(engine: pipeline.Engine) -> None:

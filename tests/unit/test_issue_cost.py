@@ -14,7 +14,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
@@ -27,11 +26,7 @@ DIRECT = ["topology.io_backend=direct", "topology.mem_layout=page_first_direct"]
 KERNEL = ["topology.io_backend=kernel", "topology.mem_layout=layer_first"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 VIEWS = {"aten.slice", "aten.narrow", "aten.select", "aten.view", "aten.alias"}
@@ -52,7 +47,7 @@ class Ops(TorchDispatchMode):
 
 
 def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmented: bool):
-    """(project Python calls, torch ops, copy calls) of one transfer of 4 pages."""
+    """(project Python calls, torch ops by name, copy calls) of one transfer of 4 pages."""
     job = pipeline.compose(
         [
             "model=tiny_mla",
@@ -90,7 +85,7 @@ def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmen
         sys.setprofile(None)
     copies = engine.trace.counts.get("copy", 0) - copies
     engine.close()
-    return calls, sum(ops.names.values()), copies
+    return calls, ops.names, copies
 
 
 # (io, chunk_pages, direction, fragmented): budgets per layer of (Python calls, torch ops,
@@ -124,8 +119,20 @@ WHAT = ("Python calls", "torch ops", "copy calls")
 def test_each_path_issues_no_more_per_layer_than_its_budget(case) -> None:
     io, chunk, direction, fragmented = case
     args = (DIRECT if io == "direct" else KERNEL, chunk, Direction(direction), fragmented)
-    few, many = issued(4, *args), issued(12, *args)
-    per_layer = tuple((b - a) / 8 for a, b in zip(few, many, strict=True))
+    (calls, ops, copies), (more_calls, more_ops, more_copies) = issued(4, *args), issued(12, *args)
+    torch_ops = sum(more_ops.values()) - sum(ops.values())
+    per_layer = ((more_calls - calls) / 8, torch_ops / 8, (more_copies - copies) / 8)
     budget = BUDGETS[case]
     for what, got, most in zip(WHAT, per_layer, budget, strict=True):
         assert got <= most, f"{case}: {got:g} {what} per layer (budget {most})"
+
+
+@pytest.mark.parametrize("direction", [Direction.backup, Direction.load])
+def test_a_kernel_step_is_one_copy_call_where_its_pages_are_consecutive(direction) -> None:
+    """What the bench's kernel rows compare: consecutive pages on both sides go as the direct
+    backend's copy call (a `copy_` on CPU), scattered ones as a gather and a scatter."""
+    _, consecutive, _ = issued(4, KERNEL, 0, direction, False)
+    _, scattered, _ = issued(4, KERNEL, 0, direction, True)
+    moves = ("aten.copy_", "aten.index_select", "aten.index_copy_")
+    assert [consecutive[op] for op in moves] == [4, 0, 0]  # one per layer of the 4
+    assert [scattered[op] for op in moves] == [0, 4, 4]
