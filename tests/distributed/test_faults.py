@@ -94,8 +94,9 @@ def test_engines_made_and_closed_again_and_again_leak_no_sockets_nor_threads() -
     seen = launch(rankfns.engines_made_and_closed, (job, 200), 2, backend="gloo", timeout_s=300)
     assert seen is not None
     for (fds_early, threads_early), (fds_late, threads_late) in seen:
-        # (a thread or two come and go with the heartbeat and the streams; 6 per engine did)
-        assert fds_late == fds_early and threads_late <= threads_early + 2
+        # (a thread or two come and go with the heartbeat and the streams; 6 per engine did;
+        # a descriptor open at the first reading may be gone by the last: none may be added)
+        assert fds_late <= fds_early and threads_late <= threads_early + 2
 
 
 @pytest.mark.parametrize(
