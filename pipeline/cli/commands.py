@@ -15,6 +15,7 @@ from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
 from pipeline.config.compose import Session
+from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
 from pipeline.config.sources import ConfigSources
@@ -22,6 +23,7 @@ from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
+from pipeline.jobs.bench.kinds import OTHER_BENCHES
 from pipeline.jobs.bench.l3 import run_l3_bench
 from pipeline.jobs.bench.l3_report import l3_markdown
 from pipeline.jobs.bench.output import markdown
@@ -221,6 +223,13 @@ def bench(inv: Invocation) -> int:
     """Strategies side by side with a hand-written loop and the measured link floors; with
     `bench.stores`, their load-backs from L3 side by side instead."""
     session = inv.session()
+    kind = session.job().bench.kind
+    if kind is not BenchKind.transfers:
+        run, text = OTHER_BENCHES[kind]
+        other = run(session)
+        if other:  # {} on a torchrun rank other than 0
+            emit(inv, other, text)
+        return 0 if not other or other["ok"] else 1
     out_dir, l3 = session.job().bench.out_dir, bool(session.job().bench.stores)
     result = (run_l3_bench if l3 else run_bench)(session)  # checks every case first
     if not result:  # a torchrun rank other than 0

@@ -9,7 +9,7 @@ import pytest
 import rankfns
 from conftest import job_config
 
-from pipeline.config.schema import IdlePredicate, SimulateConfig
+from pipeline.config.drive_schemas import IdlePredicate, SimulateConfig
 from pipeline.jobs.launch import launch
 from pipeline.jobs.simulate import simulate_rank, summarize
 from pipeline.jobs.spawn import RankFailure

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import schema
+from pipeline.config import drive_schemas, schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
 from pipeline.spec import model, storage, strategy, topology
 from pipeline.spec.checks import ConfigError
@@ -22,10 +22,8 @@ SCHEMAS = {
         "Config",
         "WorkloadConfig",
         "RuntimeConfig",
-        "BenchConfig",
-        "SimulateConfig",
-        "SoakConfig",
     ],
+    drive_schemas: ["BenchConfig", "SimulateConfig", "SoakConfig"],
     strategy: ["StrategyConfig", "PipelineConfig", "IdleSyncSkipConfig"],
     model: ["ModelGeometry", "IndexerConfig"],
     topology: ["Topology"],

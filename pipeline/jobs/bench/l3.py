@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
+from pipeline.config.drive_schemas import BenchConfig, PageCache
 from pipeline.config.job import Job
-from pipeline.config.schema import BenchConfig, PageCache
 from pipeline.engine.engine import Engine
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
