@@ -6,11 +6,13 @@ setting (the topology no longer names a storage backend).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import Problem, at_least, raise_problems
+from pipeline.spec.checks import Problem, at_least, finite, raise_problems
+from pipeline.spec.sizing import parse_bytes
 
 MAX_IO_THREADS = 64
 P2P_METADATA = "P2PHANDSHAKE"
@@ -64,9 +66,18 @@ class StorageConfig:
     are read (0: read every page, then load them all). null: 64 on cuda, where the copy is
     the GPU's DMA; 0 on CPU ranks, where the copy is CPU work that slows the reads beside it
     (see BENCHMARKS.md)."""
+    capacity_bytes: str | None = None
+    """file: the most bytes the folder's objects may take (an int or a size such as 64GiB;
+    KiB, MiB...: powers of 1024; KB, MB...: of 1000), shared by every process that writes
+    it; a write that would pass it first removes the least recently used objects (a read
+    is a use). null: unbounded. mooncake: refused (the master evicts on its own)."""
+    evict_to: float = 0.9
+    """file with capacity_bytes: an eviction removes objects until they take at most this
+    fraction of capacity_bytes (0 < evict_to <= 1), so not every write evicts."""
 
     def __post_init__(self) -> None:
         found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1, load_chunk_pages=0)
+        found += finite("storage", self, "evict_to") + self._capacity_problems()
         if self.io_threads > MAX_IO_THREADS:
             found.append(
                 Problem(
@@ -102,6 +113,37 @@ class StorageConfig:
                 )
             )
         raise_problems(found)
+
+    def _capacity_problems(self) -> list[Problem]:
+        found = []
+        evict_to = self.evict_to
+        if isinstance(evict_to, int | float) and math.isfinite(evict_to) and not 0 < evict_to <= 1:
+            message = f"storage.evict_to={self.evict_to}: a fraction of capacity_bytes in (0, 1]"
+            found.append(Problem("storage.evict_to", message))
+        if self.capacity_bytes is None:
+            return found
+        key = "storage.capacity_bytes"
+        try:
+            parse_bytes(str(self.capacity_bytes))
+        except ValueError:
+            message = (
+                f"{key}={self.capacity_bytes!r} must be a whole number of bytes from 1 to "
+                "1e15, e.g. 64GiB, 512MiB or 68719476736 (null: unbounded)"
+            )
+            return [*found, Problem(key, message)]
+        if self.kind is StorageKind.mooncake:
+            message = (
+                f"{key}: storage=mooncake holds what the ranks lend it (storage.segment_bytes "
+                "each) and its master evicts on its own (mooncake_master "
+                "--eviction_high_watermark_ratio); leave it null"
+            )
+            found.append(Problem(key, message))
+        return found
+
+    @property
+    def capacity(self) -> int | None:
+        """capacity_bytes in bytes (None: unbounded)."""
+        return None if self.capacity_bytes is None else parse_bytes(str(self.capacity_bytes))
 
     @property
     def attached(self) -> bool:

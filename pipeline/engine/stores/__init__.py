@@ -48,6 +48,10 @@ class ObjectStore(Protocol):
 
     def unregister(self, buffers: Sequence[memoryview]) -> None: ...
 
+    def stats(self) -> dict[str, int | None]:
+        """What this process counted (`counters.COUNTED`), and the objects and bytes the
+        store holds where it knows them (else None)."""
+
     def close(self) -> None:
         """Let go of the store's resources."""
 
@@ -57,8 +61,14 @@ def open_store(config: StorageConfig, largest_object: int = 1 << 20) -> ObjectSt
     objects of at most `largest_object` bytes moved `storage.io_threads` at a time."""
     if config.kind is StorageKind.file:
         assert config.path is not None, "the job gives a file store its folder"
+        capacity = config.capacity
+        if capacity is not None and largest_object > config.evict_to * capacity:
+            raise ValueError(
+                f"storage.capacity_bytes={config.capacity_bytes}: an object of this model "
+                f"takes up to {largest_object} B, more than storage.evict_to of it"
+            )
         direct = DirectReads(largest_object, config.io_threads) if config.direct_io else None
-        return FileStore(config.path, direct)
+        return FileStore(config.path, direct, capacity_bytes=capacity, evict_to=config.evict_to)
     assert config.kind is StorageKind.mooncake and config.metadata_server is not None
     in_flight = 2 * config.io_threads * largest_object  # puts stage through it
     return MooncakeStore(

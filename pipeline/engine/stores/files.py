@@ -6,19 +6,19 @@ import contextlib
 import mmap
 import os
 import queue
-import re
 import secrets
 import stat
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
+from pipeline.engine.stores.capacity import COMPONENT, Bound
+from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views, copy_out
 
-COMPONENT = re.compile(r"[\w-][\w.-]*")
-"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
@@ -82,13 +82,35 @@ class FileStore:
     """One file per object under a folder; a write lands whole or not at all (a temporary
     file in the same folder, then a rename). Every open below the root is relative to its
     folder's descriptor and follows no link; only regular files are read. With `direct`,
-    reads bypass the page cache (for objects that are not cached: a cold store)."""
+    reads bypass the page cache (for objects that are not cached: a cold store). With
+    `capacity_bytes`, a write that would pass it first evicts the least recently used
+    objects until they take `evict_to` of it (`capacity.Bound`, shared with every process
+    that writes the folder)."""
 
-    def __init__(self, root: str, direct: DirectReads | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        direct: DirectReads | None = None,
+        *,
+        capacity_bytes: int | None = None,
+        evict_to: float = 0.9,
+    ) -> None:
         self.root = Path(root)
         self.direct = direct
         self.beneath = Beneath(root)
         """The root, kept open: every path below it is opened without following a link."""
+        self.counters = Counters()
+        self.capacity_bytes = capacity_bytes
+        self.target_bytes = int(evict_to * capacity_bytes) if capacity_bytes else 0
+        """What an eviction leaves the folder holding, at most."""
+        self.bound = Bound(self.beneath, self.counters) if capacity_bytes else None
+
+    def stats(self) -> dict[str, int | None]:
+        """This process's counts (`counters.COUNTED`), and what the folder holds: `objects`
+        and `bytes` from the ledger of a bounded store, None for an unbounded one (which
+        keeps no ledger; `hicache-pipeline store stats` counts its folder)."""
+        held = self.bound.held() if self.bound is not None else (None, None)
+        return {**self.counters.snapshot(), "bytes": held[0], "objects": held[1]}
 
     def _split(self, name: str) -> tuple[list[str], str]:
         parts = name.split("/")
@@ -131,9 +153,14 @@ class FileStore:
             try:
                 with os.fdopen(fd, "wb", buffering=0) as f:
                     views = bytes_views(parts)
+                    size = sum(v.nbytes for v in views)
                     while views:  # one gathering write per IOV_MAX parts, however partial
                         views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
-                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+                    now = time.time_ns()  # its first use, to the nanosecond (the file system's
+                    os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
+                with self._room(size):
+                    os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+                self.counters.add(writes=1, written_bytes=size)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=folder)
@@ -141,16 +168,29 @@ class FileStore:
         finally:
             os.close(folder)
 
+    def _room(self, size: int) -> contextlib.AbstractContextManager[None]:
+        """Where the store is bounded: room for `size` more bytes, for the block."""
+        if self.bound is None or self.capacity_bytes is None:
+            return contextlib.nullcontext()
+        return self.bound.admit(size, self.capacity_bytes, self.target_bytes)
+
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
     ) -> bool:
+        found = self._read(name, size, ranges, check)
+        self.counters.add(**{"hits" if found else "misses": 1})
+        return found
+
+    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         try:
             fd = self._open(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
         except (OSError, ValueError):
             return False
         try:
-            if os.fstat(fd).st_size != size:
+            info = os.fstat(fd)
+            if info.st_size != size:
                 return False
+            used(fd, info.st_mtime_ns)
             if self.direct is not None:
                 return self.direct.read(fd, size, ranges, check)
             for i, (offset, buffers) in enumerate(ranges):
@@ -200,7 +240,10 @@ class FileStore:
                 continue
             try:
                 with contextlib.suppress(FileNotFoundError):
+                    size = os.stat(leaf, dir_fd=folder, follow_symlinks=False).st_size
                     os.unlink(leaf, dir_fd=folder)
+                    if self.bound is not None:
+                        self.bound.removed(size)
             finally:
                 os.close(folder)
 
@@ -225,7 +268,16 @@ class FileStore:
         pass
 
     def close(self) -> None:
+        if self.bound is not None:
+            self.bound.close()
         self.beneath.close()
+
+
+def used(fd: int, mtime_ns: int) -> None:
+    """Mark the object open at `fd` used now: its access time, which eviction orders by (its
+    modification time kept). A store another user owns is read without it."""
+    with contextlib.suppress(OSError):
+        os.utime(fd, ns=(time.time_ns(), mtime_ns))
 
 
 def _in_memory(path: Path) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.parts import Check, Part, Range, bytes_views, copy_out
 from pipeline.spec.storage import shown_url
 
@@ -64,6 +65,12 @@ class MooncakeStore:
         self._regions: list[tuple[int, int]] = []
         """Registered (start, end) addresses that reads land in directly, sorted."""
         self.register([self._discard.data])
+        self.counters = Counters()
+
+    def stats(self) -> dict[str, int | None]:
+        """This process's counts; what the store holds is the master's to say (its own
+        metrics port), so objects and bytes are None, as are evictions (the master's)."""
+        return {**self.counters.snapshot(), "bytes": None, "objects": None}
 
     def register(self, buffers: Sequence[memoryview]) -> None:
         """Let reads land in these buffers directly (they must outlive the registration)."""
@@ -102,13 +109,20 @@ class MooncakeStore:
         return (ptrs, sizes) if at == size else None
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
-        status = self.client.upsert_parts(name, *bytes_views(parts))
+        views = bytes_views(parts)
+        status = self.client.upsert_parts(name, *views)
         if status != 0:
             raise RuntimeError(f"Mooncake put of {name} returned {status}")
+        self.counters.add(writes=1, written_bytes=sum(v.nbytes for v in views))
 
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
     ) -> bool:
+        found = self._read(name, size, ranges, check)
+        self.counters.add(**{"hits" if found else "misses": 1})
+        return found
+
+    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         scatter = self._scatter(size, ranges)
         if scatter is None:
             return self._read_staged(name, size, ranges, check)

@@ -1,0 +1,178 @@
+"""A bounded file store: real files in a real folder, several processes sharing it. Writing
+3x the capacity leaves the folder under it with the most recently used objects kept, a
+restarted store learns what the folder holds, and two processes writing, reading and evicting
+one folder at once never read a torn object and leave the ledger exact."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import re
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import pytest
+from hydra import initialize_config_module
+
+from pipeline.config.compose import Session
+from pipeline.engine.stores import FileStore, open_store
+from pipeline.engine.stores.capacity import LEDGER, walk
+from pipeline.spec.checks import ConfigError
+from pipeline.spec.storage import StorageConfig, StorageKind
+
+OBJECT_BYTES = 4096
+
+
+def blob(name: str, size: int = OBJECT_BYTES) -> bytes:
+    """Bytes drawn from the object's name: any reader can tell a whole one from a torn one."""
+    seed = hashlib.sha256(name.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def name_of(i: int, writer: str = "w") -> str:
+    return f"ns/{i % 7:02d}/{writer}{i:05d}"
+
+
+def held_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name != LEDGER)
+
+
+def read_back(store: FileStore, name: str, size: int = OBJECT_BYTES) -> bytes | None:
+    into = bytearray(size)
+    return bytes(into) if store.read(name, size, [(0, [memoryview(into)])]) else None
+
+
+def test_writing_three_times_the_capacity_keeps_the_most_recently_used(tmp_path: Path) -> None:
+    capacity = 40 * OBJECT_BYTES
+    store = FileStore(str(tmp_path), capacity_bytes=capacity, evict_to=0.5)
+    hot = [name_of(i) for i in range(4)]  # read after every write: always recently used
+    for name in hot:
+        store.put(name, [blob(name)])
+    written = [name_of(i) for i in range(4, 124)]  # 3x the capacity
+    for name in written:
+        store.put(name, [blob(name)])
+        assert held_bytes(tmp_path) <= capacity
+        assert all(read_back(store, h) == blob(h) for h in hot)
+    assert all(read_back(store, name) == blob(name) for name in written[-10:])
+    assert [read_back(store, name) for name in written[:60]] == [None] * 60  # evicted: misses
+    stats = store.stats()
+    kept = held_bytes(tmp_path) // OBJECT_BYTES
+    assert (stats["objects"], stats["bytes"]) == (kept, kept * OBJECT_BYTES)
+    assert (stats["evictions"], stats["evicted_bytes"]) == (124 - kept, (124 - kept) * OBJECT_BYTES)
+    assert stats["writes"] == 124 and stats["misses"] == 60
+    store.close()
+
+
+def test_a_new_store_learns_what_the_folder_holds(tmp_path: Path) -> None:
+    unbounded = FileStore(str(tmp_path))  # an earlier job that had no bound
+    for i in range(30):
+        unbounded.put(name_of(i), [blob(name_of(i))])
+    assert unbounded.stats()["bytes"] is None
+    unbounded.close()
+    store = FileStore(str(tmp_path), capacity_bytes=20 * OBJECT_BYTES, evict_to=0.5)
+    assert store.stats()["objects"] == 30 and store.stats()["bytes"] == 30 * OBJECT_BYTES
+    store.put("ns/00/new", [blob("ns/00/new")])
+    assert held_bytes(tmp_path) <= 10 * OBJECT_BYTES
+    assert read_back(store, "ns/00/new") == blob("ns/00/new")
+    assert store.stats()["evictions"] == 30 - 9
+    store.close()
+
+
+def test_a_removed_object_leaves_the_ledger(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path), capacity_bytes=1 << 20)
+    store.put("ns/00/a", [blob("ns/00/a")])
+    store.put("ns/00/b", [blob("ns/00/b")])
+    store.remove(["ns/00/a", "ns/00/never"])
+    assert (store.stats()["objects"], store.stats()["bytes"]) == (1, OBJECT_BYTES)
+    store.close()
+
+
+def writer(root: str, writer_name: str, capacity: int, start: Barrier, results: Queue) -> None:
+    """Write objects to a bounded store that another process writes at the same time,
+    reading back the other's recent objects (each whole, or a miss); then what it evicted."""
+    store = FileStore(root, capacity_bytes=capacity, evict_to=0.8)
+    other = "b" if writer_name == "a" else "a"
+    torn = []
+    start.wait(timeout=60)
+    for i in range(ROUNDS):
+        name = name_of(i, writer_name)
+        store.put(name, [blob(name)])
+        for theirs in (name_of(j, other) for j in range(max(i - 4, 0), i + 1)):
+            if read_back(store, theirs) not in (None, blob(theirs)):
+                torn.append(theirs)
+    results.put((writer_name, torn, store.stats()["evictions"]))
+    store.close()
+
+
+ROUNDS = 150
+
+
+def test_two_processes_writing_and_evicting_one_folder(tmp_path: Path) -> None:
+    """Every object written is in the folder or was evicted by one of the two (nothing
+    lost, nothing counted twice); every read was whole or a miss; the bound held."""
+    capacity = 24 * OBJECT_BYTES
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(2), context.Queue()
+    writers = [
+        context.Process(target=writer, args=(str(tmp_path), w, capacity, start, results))
+        for w in "ab"
+    ]
+    for process in writers:
+        process.start()
+    reports = sorted(results.get(timeout=120) for _ in writers)
+    for process in writers:
+        process.join(timeout=60)
+    assert [(name, torn) for name, torn, _ in reports] == [("a", []), ("b", [])]
+    store = FileStore(str(tmp_path), capacity_bytes=capacity)
+    found = list(walk(store.beneath))
+    assert len(found) + sum(evicted for _, _, evicted in reports) == 2 * ROUNDS
+    assert held_bytes(tmp_path) <= capacity
+    assert len(found) >= int(0.8 * 24) - 1  # an eviction removes no more than it must
+    assert store.stats()["bytes"] == sum(s.size for s in found) == held_bytes(tmp_path)
+    assert not list(tmp_path.rglob(".tmp-*"))  # every write landed whole
+    store.close()
+
+
+def test_a_planted_ledger_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_bytes(b"")
+    (tmp_path / LEDGER).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError, match="link"):
+        FileStore(str(tmp_path), capacity_bytes=1 << 20)
+    (tmp_path / LEDGER).unlink()
+    os.mkfifo(tmp_path / LEDGER)
+    with pytest.raises(ValueError, match=re.escape(f"storage.path: {LEDGER}")):
+        FileStore(str(tmp_path), capacity_bytes=1 << 20)
+
+
+def test_a_capacity_below_one_object_is_refused(tmp_path: Path) -> None:
+    config = StorageConfig(kind=StorageKind.file, path=str(tmp_path), capacity_bytes="64KiB")
+    with pytest.raises(ValueError, match=r"storage.capacity_bytes=64KiB: an object .* 1048576 B"):
+        open_store(config, largest_object=1 << 20)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["storage=file", "storage.capacity_bytes=lots"], "storage.capacity_bytes='lots'"),
+        (["storage=file", "storage.capacity_bytes=0"], "storage.capacity_bytes='0'"),
+        (["storage=file", "storage.evict_to=0"], "storage.evict_to=0.0: a fraction"),
+        (["storage=file", "storage.evict_to=1.5"], "storage.evict_to=1.5: a fraction"),
+        (["storage=mooncake", "storage.capacity_bytes=1GiB"], "master evicts on its own"),
+    ],
+)
+def test_capacity_knobs_out_of_range_are_refused_naming_the_key(
+    overrides: list[str], message: str
+) -> None:
+    with (
+        initialize_config_module(config_module="conf", version_base="1.3"),
+        pytest.raises(ConfigError, match=re.escape(message)),
+    ):
+        Session.compose(overrides).job()
+
+
+def test_a_capacity_reads_as_bytes() -> None:
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        job = Session.compose(["storage=file", "storage.capacity_bytes=64GiB"]).job()
+    assert job.storage.capacity == 64 << 30 and job.storage.evict_to == 0.9
