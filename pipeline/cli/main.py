@@ -14,6 +14,7 @@ from importlib.metadata import version
 
 from pipeline.cli.commands import COMMANDS, Handler, Invocation
 from pipeline.cli.failure import failed
+from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
 from pipeline.jobs.report import printable
@@ -84,7 +85,9 @@ USAGE = (
     f"usage: hicache-pipeline SUBCOMMAND {FLAGS}\n"
     "       hicache-pipeline --version\n\nsubcommands:\n"
     + "\n".join(f"  {name:<15} {summary}" for name, (summary, _, _) in HELP.items())
-    + "\n\nhicache-pipeline SUBCOMMAND --help says more. Overrides use Hydra's grammar, e.g.\n"
+    + "\n\nan operator's commands on a file store's folder (storage.path):\n"
+    "  store           stats | verify | evict FOLDER: what it holds, its corrupt objects, room\n"
+    "\nhicache-pipeline SUBCOMMAND --help says more. Overrides use Hydra's grammar, e.g.\n"
     "  hicache-pipeline run strategy=rotating topology=tp4 workload.placement=fragmented\n"
 )
 
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"hicache-pipeline {version('hicache-pipeline')}")
         return
     command = args.pop(0)
-    if command not in COMMANDS:
+    if command not in COMMANDS and command != "store":
         print(f"unknown subcommand {printable(command)!r}\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
     logging.basicConfig(
@@ -120,7 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so every cleanup runs, as on Ctrl-C
     try:
-        code = run_command(COMMANDS[command], args, command)
+        if command == "store":
+            code = store_main(args)
+        else:
+            code = run_command(COMMANDS[command], args, command)
         sys.stdout.flush()
     except BrokenPipeError:  # the reader of stdout is gone: nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
