@@ -1,10 +1,12 @@
 """`explain`'s text: the verdict of the requested strategy as `verdict_text` prints it, then
-each fallback that was tried and is inactive too, and every problem a run would refuse."""
+each fallback that was tried and is inactive too, the cost model's estimate of every strategy
+with the winner and any warning, and every problem a run would refuse."""
 
 from __future__ import annotations
 
 from pipeline.config.eligibility import Verdict
 from pipeline.config.explain import Explanation
+from pipeline.jobs.cost_report import estimates_text
 from pipeline.jobs.report import printable, verdict_text
 
 
@@ -22,6 +24,8 @@ def explanation_text(e: Explanation) -> str:
             f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<{width}}  {r.message}"
             for r in tried.rules
         ]
+    if e.ranking is not None:
+        lines.append(estimates_text(e.ranking, e.warnings, e.auto))
     if e.problems:
         lines.append("problems (run refuses this config until each is fixed):")
         lines += [f"  - {printable(p)}" for p in e.problems]

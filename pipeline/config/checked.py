@@ -18,6 +18,7 @@ from pipeline.config.assemble import assemble, stage_problems
 from pipeline.config.build import Built, built
 from pipeline.config.eligibility import RULES, Verdict, decide, normalize
 from pipeline.config.job import Job, alignment_problems, job_problems
+from pipeline.config.links import links_problems
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import not_a_field
 from pipeline.spec.checks import ConfigError, Problem
@@ -85,16 +86,21 @@ def verdict_of(
 
 
 def job_of(
-    cfg: DictConfig, option: str, sibling: Sibling
+    cfg: DictConfig, option: str, sibling: Sibling, notes: tuple[str, ...] = ()
 ) -> tuple[Job | None, list[Problem], Verdict | None]:
-    """(the Job or None, every problem, the verdict or None) of one composed config."""
+    """(the Job or None, every problem, the verdict or None) of one composed config; `notes`
+    join the verdict's (what strategy=auto picked)."""
     found = unknown_keys(cfg) + rule_problems(cfg.strategy)
     groups = built_groups(cfg)
     found += [p for b in groups.values() for p in b.problems]
+    if groups["runtime"].obj is not None:  # a link file is read, and checked, before any run
+        found += links_problems(groups["runtime"].obj.links)
     if any(p.key == "strategy.requires" for p in found):  # no verdict reads unknown rules
         return None, found, None
     verdict, problems = verdict_of(cfg, option, groups, sibling)
     found += problems
+    if verdict is not None and notes:
+        verdict = dataclasses.replace(verdict, notes=verdict.notes + notes)
     if verdict is None:  # no strategy to check against: the whole-page rules still hold
         stood = {k for b in groups.values() for k in b.stand_ins}
         return None, list(dict.fromkeys(found + page_problems(groups, stood))), None

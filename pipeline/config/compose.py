@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.config.build import built
 from pipeline.config.checked import job_of, unknown_keys
+from pipeline.config.costs import AUTO, Ranking, ranking
 from pipeline.config.eligibility import Verdict
 from pipeline.config.job import Job
 from pipeline.config.schema import GROUP_SCHEMAS, Config
@@ -107,6 +108,8 @@ class Session:
     siblings: dict[str, DictConfig] = field(default_factory=dict, compare=False, repr=False)
     """Each other strategy option's config, composed once (a verdict and its Job both read a
     fallback's); read only."""
+    pick: Ranking | None = field(default=None, compare=False, repr=False)
+    """With strategy=auto: the estimates that chose this session's strategy."""
 
     @classmethod
     def compose(cls, overrides: list[str]) -> Session:
@@ -115,7 +118,30 @@ class Session:
         choices = {g: str(cfg.hydra.runtime.choices[g]) for g in GROUP_SCHEMAS}
         with open_dict(cfg):
             del cfg["hydra"]
-        return cls(cfg, tuple(overrides), MappingProxyType(choices))
+        session = cls(cfg, tuple(overrides), MappingProxyType(choices))
+        return session.picked() if choices["strategy"] == AUTO else session
+
+    def picked(self) -> Session:
+        """strategy=auto: the same overrides with the winner's option. Where no estimate can
+        be made (a group it reads has a mistake), auto's own file (replicated's stages) stays,
+        and `job` reports the mistake."""
+        try:
+            pick = ranking(self.cfg, self.with_strategy)
+        except ConfigError:
+            return self
+        winner = pick.winner.option
+        kept = [o for o in self.overrides if not o.startswith(GROUP_CHOICE_PREFIXES)]
+        overrides = (*kept, f"strategy={winner}")
+        choices = MappingProxyType({**self.choices, "strategy": winner})
+        siblings = dict(self.siblings)
+        return Session(siblings.pop(winner), overrides, choices, siblings, pick)
+
+    @property
+    def auto_note(self) -> str | None:
+        """What strategy=auto picked and why (None without auto)."""
+        if self.pick is None:
+            return None
+        return f"strategy=auto picked {self.pick.winner.option}: {self.pick.reason()}"
 
     @property
     def strategy_option(self) -> str:
@@ -166,7 +192,8 @@ class Session:
     @functools.cached_property
     def checked(self) -> tuple[Job | None, list[Problem], Verdict | None]:
         """(Job, every problem, verdict) of this config: computed once per session."""
-        return job_of(self.cfg, self.strategy_option, self.with_strategy)
+        notes = () if self.auto_note is None else (self.auto_note,)
+        return job_of(self.cfg, self.strategy_option, self.with_strategy, notes)
 
     def job(self) -> Job:
         """What runs, typed once and checked whole: the effective strategy's stages on the

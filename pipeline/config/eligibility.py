@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pipeline.spec.cost import Case, Estimate
 from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.topology import DisaggregationMode, IoBackend, MemLayout, Topology
@@ -255,3 +256,44 @@ def decide(
         raise ValueError(chain.dead_end)
     first = chain.tried[0]
     return Verdict(name, first.active, chain.effective, first.rules, chain.notes)
+
+
+def dedup_expected_to_win(
+    name: str, mine: Estimate, replicated: Estimate, case: Case
+) -> RuleResult:
+    """A warning, not a gate: does the cost model expect deduplicating strategy `name` to
+    load faster than replicated here, and if not, what to change."""
+    rule = "dedup_expected_to_win"
+    ours, theirs = mine.score, replicated.score
+    if ours < theirs:
+        return RuleResult(
+            rule, True, f"{name} {ours * 1e3:.2f} ms < replicated {theirs * 1e3:.2f} ms"
+        )
+    leg = mine.l3_load or mine.load
+    group = len(case.topology.replica_group(0, case.model))
+    why = {
+        "l3 read": "one reader is the bottleneck (the rest wait for its reads)",
+        "broadcast": "the broadcast is slower than each rank's own copy"
+        + (" (the group spans nodes)" if case.topology.nnodes > 1 else ""),
+        "h2d kernel": "UVA kernel copies do not overlap the broadcasts",
+    }.get(leg.bound, f"it is bound by {leg.bound}")
+    if group <= 2:
+        why += f"; a group of {group} saves at most half of each rank's bytes"
+    fix = (
+        "use strategy=replicated or strategy=auto"
+        + (
+            "; contiguous pages with topology.io_backend=direct let copies overlap the broadcasts"
+            if case.fragmented or leg.bound == "h2d kernel"
+            else ""
+        )
+        + (
+            "; rotating spreads the reads over the group"
+            if leg.bound == "l3 read" and name != "rotating"
+            else ""
+        )
+    )
+    message = (
+        f"{name} is expected to lose: {ours * 1e3:.2f} ms against replicated's "
+        f"{theirs * 1e3:.2f} ms: {why}; {fix}"
+    )
+    return RuleResult(rule, False, message)

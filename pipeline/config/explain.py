@@ -20,7 +20,8 @@ from pipeline.config.checked import (
     strategy_stage_problems,
     unknown_keys,
 )
-from pipeline.config.eligibility import Chain, chain_of
+from pipeline.config.costs import Ranking, ranking
+from pipeline.config.eligibility import Chain, RuleResult, chain_of
 from pipeline.config.overrides import checked_overrides
 from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import checked_config, group_options
@@ -40,10 +41,24 @@ class Explanation:
     topology: Topology
     """As given (the rules read it normalized, see the chain's notes)."""
     strict: bool
+    ranking: Ranking | None = None
+    """The cost model's estimate of every strategy (None where one cannot be made: a group it
+    reads has a mistake, listed in problems)."""
+    auto: bool = False
+    """strategy=auto chose the requested strategy."""
 
     @property
     def active(self) -> bool:
         return self.chain.tried[0].active
+
+    @property
+    def warnings(self) -> list[RuleResult]:
+        """Advice that does not stop a run: the dedup rule where it fails."""
+        effective = self.chain.effective
+        if self.ranking is None or effective is None:
+            return []
+        found = self.ranking.warning(effective)
+        return [found] if found is not None and not found.passed else []
 
     def as_dict(self) -> dict:
         """`explain --json`."""
@@ -57,6 +72,9 @@ class Explanation:
             "notes": list(self.chain.notes),
             "problems": [p.as_dict() for p in self.problems],
             "runs": self.chain.effective is not None and not self.problems,
+            "auto": self.auto,
+            "estimates": None if self.ranking is None else self.ranking.as_dict(),
+            "warnings": [dataclasses.asdict(r) for r in self.warnings],
         }
 
 
@@ -89,4 +107,11 @@ def explained(overrides: list[str], sources: ConfigSources) -> Explanation:
 
     model, topology = judged["model"].obj, judged["topology"].obj
     chain = chain_of(option, topology, model, storage.obj, lookup)
-    return Explanation(chain, tuple(problems), model, topology, bool(cfg.strict))
+    try:
+        costs = session.pick or ranking(cfg, session.with_strategy)
+    except ConfigError:  # its problems are the config's own, listed in `problems`
+        costs = None
+    auto = session.pick is not None
+    if session.auto_note is not None:
+        chain = dataclasses.replace(chain, notes=(*chain.notes, session.auto_note))
+    return Explanation(chain, tuple(problems), model, topology, bool(cfg.strict), costs, auto)

@@ -115,6 +115,9 @@ class RuntimeConfig:
     rank on port + its rank); null serves none."""
     metrics_address: str = "127.0.0.1"
     """The address the metrics listener binds (loopback unless you open it on purpose)."""
+    links: str = "h200"
+    """The link speeds the cost model reads (explain's estimates, strategy=auto): a preset of
+    conf/links (h200, cpu) or the path of a file `bench bench=links` wrote."""
 
     def __post_init__(self) -> None:
         found = finite("runtime", self, "timeout_s")
@@ -125,6 +128,9 @@ class RuntimeConfig:
         if isinstance(self.metrics_address, str) and not self.metrics_address.strip():
             key = "runtime.metrics_address"
             found.append(Problem(key, f"{key} must name an address, e.g. 127.0.0.1"))
+        if isinstance(self.links, str) and not self.links.strip():
+            key = "runtime.links"
+            found.append(Problem(key, f"{key} must name a preset (h200, cpu) or a links file"))
         if isinstance(self.timeout_s, int | float) and not found and self.timeout_s <= 0:
             key = "runtime.timeout_s"
             found.append(Problem(key, f"{key}={self.timeout_s} must be > 0"))

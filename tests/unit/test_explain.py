@@ -51,7 +51,13 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
     for topology, strategy, store in cases:
         case = (f"topology={topology}", f"strategy={strategy}", f"storage={store}")
         verdict = explained(sources, capsys, *case)
-        assert verdict["strategy"] == strategy, case
+        if strategy == "auto":  # the winner's verdict, said to be auto's pick
+            assert verdict["auto"] and verdict["strategy"] == verdict["estimates"]["winner"], case
+            assert verdict["active"], case
+        else:
+            assert verdict["strategy"] == strategy and not verdict["auto"], case
+        estimated = {e["strategy"] for e in verdict["estimates"]["strategies"]}
+        assert estimated == set(strategies) - {"auto"}, case
         chain = [verdict, *verdict["fallbacks"]]
         for tried in chain:
             assert tried["active"] == all(r["passed"] for r in tried["rules"]), case
@@ -66,7 +72,7 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
         else:
             assert effective in strategies and chain[-1]["active"], case
             assert [t["strategy"] for t in chain][-1] == effective, case
-    assert len(cases) == len(options("topology")) * 9
+    assert len(cases) == len(options("topology")) * 12
     # storage=file on two nodes: replicated's readers never see another node's objects
     assert ("topology=two_nodes_tp16", "strategy=replicated", "storage=file") in dead_ends
     assert ("topology=two_nodes_tp16", "strategy=rotating", "storage=file") in dead_ends

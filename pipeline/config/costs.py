@@ -1,0 +1,154 @@
+"""The cost model over a composed config: an estimate for every strategy option, which are
+active here, and the winner `strategy=auto` runs (the fastest active one), with its reason.
+
+`ranking(cfg, sibling)` is the config layer's one call; `case_of` turns typed groups into the
+model's plain `Case` (the benches build theirs the same way). Estimates are of the workload
+(`workload.num_tokens`, `workload.placement`) on the normalized topology, with the links of
+`runtime.links`; with a store, `strategy=auto` compares loads from L3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from pipeline.config.build import built
+from pipeline.config.drive_schemas import Placement
+from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evaluate, normalize
+from pipeline.config.links import links_of
+from pipeline.config.schema import GROUP_SCHEMAS, WorkloadConfig
+from pipeline.config.sources import shipped_options
+from pipeline.spec.checks import ConfigError, Problem, raise_problems
+from pipeline.spec.cost import Case, Estimate, Links, estimate
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.ownership import Ownership
+from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.spec.topology import Topology
+
+AUTO = "auto"
+"""The strategy option that runs the winner (conf/strategy/auto.yaml is replicated's
+stages, which run only where no estimate can be made)."""
+Sibling = Callable[[str], DictConfig]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy option: whether it is active here, and its estimate."""
+
+    option: str
+    active: bool
+    failed: tuple[str, ...]
+    """The rules it fails here."""
+    estimate: Estimate
+
+    def as_dict(self) -> dict[str, object]:
+        return {"strategy": self.option, "active": self.active, **self.estimate.as_dict()}
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Every strategy option's estimate on one config, and the winner."""
+
+    links: Links
+    case: Case
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def winner(self) -> Candidate:
+        """The active option with the least load-back (ties: the first, replicated first)."""
+        return min((c for c in self.candidates if c.active), key=lambda c: c.estimate.score)
+
+    def of(self, option: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.option == option), None)
+
+    @property
+    def measure(self) -> str:
+        return "load from L3" if self.case.store is not StorageKind.none else "load-back"
+
+    def reason(self) -> str:
+        """Why the winner wins, in one line."""
+        w = self.winner
+        others = [
+            f"{c.option} {c.estimate.score * 1e3:.2f} ms"
+            for c in self.candidates
+            if c.active and c is not w
+        ]
+        against = f" against {', '.join(others)}" if others else " the only active strategy"
+        leg = w.estimate.l3_load or w.estimate.load
+        return (
+            f"estimated {self.measure} {w.estimate.score * 1e3:.2f} ms, bound by {leg.bound};"
+            f"{against} (links {self.links.machine})"
+        )
+
+    def warning(self, option: str) -> RuleResult | None:
+        """The dedup rule for the option that runs (None for replicated or a lone rank)."""
+        mine, baseline = self.of(option), self.of("replicated")
+        if mine is None or baseline is None or mine.estimate.ownership is Ownership.replicated:
+            return None
+        return dedup_expected_to_win(option, mine.estimate, baseline.estimate, self.case)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "links": self.links.machine,
+            "measure": self.measure,
+            "strategies": [c.as_dict() for c in self.candidates],
+            "winner": self.winner.option,
+            "reason": self.reason(),
+        }
+
+
+def case_of(
+    model: ModelGeometry, topology: Topology, workload: WorkloadConfig, storage: StorageConfig
+) -> Case:
+    """The model's Case of a run's workload (the topology normalized as the engine runs it)."""
+    normalized, _ = normalize(topology)
+    window = storage.load_chunk_pages
+    return Case(
+        model=model,
+        topology=normalized,
+        tokens=workload.num_tokens,
+        fragmented=workload.placement is Placement.fragmented,
+        store=storage.kind,
+        window_pages=64 if window is None else window,  # the cuda default (see storage)
+    )
+
+
+def strategy_options() -> list[str]:
+    """The shipped strategy options auto chooses among, replicated first."""
+    names = sorted(shipped_options()["strategy"] - {AUTO})
+    return sorted(names, key=lambda n: n != "replicated")
+
+
+def typed_groups(cfg: DictConfig) -> dict[str, object]:
+    """The groups an estimate reads, typed (ConfigError with every problem of them)."""
+    found: list[Problem] = []
+    groups: dict[str, object] = {}
+    for g in ("model", "topology", "workload", "storage", "runtime"):
+        b = built(cfg[g], GROUP_SCHEMAS[g], g)
+        found += b.problems
+        groups[g] = b.obj
+    raise_problems(found)
+    return groups
+
+
+def ranking(cfg: DictConfig, sibling: Sibling) -> Ranking:
+    """Every strategy option's estimate for this config (ConfigError where one cannot be
+    made: a group the estimate reads has a mistake, or runtime.links does not read)."""
+    g = typed_groups(cfg)
+    model, topology, storage = g["model"], g["topology"], g["storage"]
+    assert isinstance(model, ModelGeometry) and isinstance(topology, Topology)
+    assert isinstance(storage, StorageConfig) and isinstance(g["workload"], WorkloadConfig)
+    links = links_of(str(cfg.runtime.links))
+    case = case_of(model, topology, g["workload"], storage)
+    candidates = []
+    for option in strategy_options():
+        node = sibling(option).strategy
+        rules = evaluate(list(node.requires), case.topology, model, storage)
+        failed = tuple(r.name for r in rules if not r.passed)
+        ownership = Ownership(node.ownership)
+        candidates.append(Candidate(option, not failed, failed, estimate(case, ownership, links)))
+    if not any(c.active for c in candidates):
+        raise ConfigError([Problem("strategy", "no strategy option is active here")])
+    return Ranking(links, case, tuple(candidates))

@@ -1,0 +1,66 @@
+"""`runtime.links`: a shipped preset (conf/links/<name>.yaml) or a links file that
+`bench bench=links` wrote, read as untrusted input (size-capped, no link followed, no tag,
+anchor or alias, schema-checked), every problem naming `runtime.links` and the file."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from pipeline.config.schema_check import schema_problems
+from pipeline.config.sources import shipped_root
+from pipeline.config.untrusted import read_yaml
+from pipeline.spec.checks import ConfigError, Problem
+from pipeline.spec.cost import Links
+
+KEY = "runtime.links"
+PRESET = re.compile(r"[a-z0-9_]+")
+"""A bare name is a preset; anything else is a path."""
+
+
+def presets() -> list[str]:
+    """The shipped presets' names."""
+    return sorted(p.stem for p in (shipped_root() / "links").glob("*.yaml"))
+
+
+def links_path(value: str) -> Path:
+    """The file `runtime.links` names (a preset's, where it is a bare name)."""
+    return shipped_root() / "links" / f"{value}.yaml" if PRESET.fullmatch(value) else Path(value)
+
+
+def links_of(value: str) -> Links:
+    """The Links that `runtime.links=value` names (ConfigError naming the key and the file)."""
+    if PRESET.fullmatch(value) and value not in presets():
+        message = f"{KEY}={value!r} is no preset ({', '.join(presets())}) and no file path"
+        raise ConfigError([Problem(KEY, message)])
+    path = links_path(value)
+    data, lines, problems = read_yaml(path)
+    if data is None:
+        raise ConfigError(
+            [Problem(KEY, f"{KEY}: {p.message}").at(str(path), p.line) for p in problems]
+        )
+    found = schema_problems(data, Links, KEY)
+    missing = [f.name for f in fields(Links) if f.name not in data]
+    if missing:
+        found.append(Problem(KEY, f"{KEY}: {path} lacks {', '.join(missing)}"))
+    if found:
+        raise ConfigError(
+            [p.at(str(path), lines.get(p.key.removeprefix(f"{KEY}."))) for p in found]
+        )
+    try:
+        return Links(**data)
+    except ConfigError as e:
+        keyed = [Problem(f"{KEY}.{p.key}", f"{KEY}.{p.message}") for p in e.problems]
+        raise ConfigError(
+            [p.at(str(path), lines.get(p.key.removeprefix(f"{KEY}."))) for p in keyed]
+        ) from None
+
+
+def links_problems(value: str) -> list[Problem]:
+    """Every problem of `runtime.links=value` (none: it reads)."""
+    try:
+        links_of(value)
+    except ConfigError as e:
+        return list(e.problems)
+    return []

@@ -1,0 +1,65 @@
+"""The cost model's numbers as the subcommands show them: `explain`'s table of every strategy
+and the winner, and `plan`'s per-rank estimate of a Job (`plan_estimate`).
+
+`plan_estimate(job, links)` is what `plan` calls: the effective strategy's estimate on the
+job's workload, per rank of the first replica group (every group moves the same bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config.costs import Ranking, case_of
+from pipeline.config.eligibility import RuleResult
+from pipeline.config.job import Job
+from pipeline.jobs.report import human_bytes, printable
+from pipeline.spec.cost import Estimate, Leg, Links, estimate
+
+
+def _ms(leg: Leg | None) -> str:
+    return "-" if leg is None else f"{leg.seconds * 1e3:.2f}"
+
+
+def estimates_text(r: Ranking, warnings: list[RuleResult], auto: bool) -> str:
+    """Every strategy's estimate, the winner and why, and each failed warning with its fix."""
+    c = r.case
+    placement = "fragmented" if c.fragmented else "contiguous"
+    lines = [
+        f"estimates (links {printable(r.links.machine)}; {c.tokens} tokens {placement}, "
+        f"io {c.topology.io_backend.value}, storage {c.store.value}):",
+        f"  {'strategy':<14} {'active':<6} {'backup ms':>10} {'load ms':>10} {'L3 load ms':>11} "
+        f"{'bytes/rank':>11}  load bound by",
+    ]
+    for x in r.candidates:
+        e = x.estimate
+        peak = max(rk.host_link_bytes for rk in e.ranks)
+        bound = (e.l3_load or e.load).bound
+        lines.append(
+            f"  {printable(x.option):<14} {'yes' if x.active else 'no':<6} {_ms(e.backup):>10} "
+            f"{_ms(e.load):>10} {_ms(e.l3_load):>11} {human_bytes(peak):>11}  {bound}"
+        )
+    said = "picked by strategy=auto" if auto else "what strategy=auto would run"
+    lines.append(f"winner: {printable(r.winner.option)} ({said}): {r.reason()}")
+    lines += [f"WARN {w.name}: {printable(w.message)}" for w in warnings]
+    return "\n".join(lines)
+
+
+def plan_estimate(job: Job, links: Links) -> dict[str, Any]:
+    """The effective strategy's estimate on this job's workload: its legs and, per rank of
+    the first replica group, the bytes over the host link, broadcast and read from L3."""
+    case = case_of(job.model, job.topology, job.workload, job.storage)
+    e: Estimate = estimate(case, job.strategy.config.ownership, links)
+    return {
+        "links": links.machine,
+        **e.as_dict(),
+        "ranks": [
+            {
+                "rank": rk.rank,
+                "host_link_bytes": rk.host_link_bytes,
+                "broadcast_sent_bytes": rk.broadcast_sent_bytes,
+                "broadcast_received_bytes": rk.broadcast_received_bytes,
+                "l3_read_bytes": rk.l3_read_bytes,
+            }
+            for rk in e.ranks
+        ],
+    }
