@@ -8,9 +8,12 @@ Each instance is its own launch with its own ranks. With a folder both can reach
   python examples/shared_store.py read topology=tp1 storage=file storage.path=/srv/l3
 
 or with a Mooncake master the user started (README, "Sharing a store"): storage=mooncake
-storage.master=HOST:PORT storage.metadata_server=P2PHANDSHAKE. Arguments after the role are
-config overrides. The reader prints, per prefix, the pages found, the pages loaded and
-whether every byte of them is what the writer wrote (each prefix's KV is drawn from a seed).
+storage.master=HOST:PORT storage.metadata_server=P2PHANDSHAKE. Mooncake keeps objects in the
+memory its clients lend (storage.segment_bytes per rank), so there the writer stays up until
+the reader is done: `write --hold-until FILE` waits for FILE to exist before it exits.
+Arguments after the role (and --hold-until) are config overrides. The reader prints, per
+prefix, the pages found, the pages loaded and whether every byte of them is what the writer
+wrote (each prefix's KV is drawn from a seed).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,11 +30,15 @@ import pipeline
 
 PREFIXES, PAGES = 3, 2
 """Prefixes each instance handles, and pages of each."""
+HOLD_S = 600
+"""The longest a writer holds its share of a Mooncake store for a reader."""
 
 
 def main(role: str, overrides: list[str]) -> None:
     if role not in ("write", "read"):
-        raise SystemExit("usage: shared_store.py write|read [OVERRIDE ...]")
+        raise SystemExit("usage: shared_store.py write [--hold-until FILE] | read [OVERRIDE ...]")
+    hold = overrides[1] if overrides[:1] == ["--hold-until"] else None
+    overrides = overrides[2:] if hold else overrides
     if "WORLD_SIZE" in os.environ:  # started by torchrun: its rendezvous
         dist.init_process_group("gloo")
     else:
@@ -41,11 +49,23 @@ def main(role: str, overrides: list[str]) -> None:
         found = [write(engine, p) if role == "write" else read(engine, p) for p in range(PREFIXES)]
         while engine.acks.pending:  # every write-back and load acknowledged on every rank
             engine.poll()
+        if dist.get_rank() == 0:
+            print(json.dumps({"role": role, "prefixes": found}), flush=True)
+        if hold is not None:
+            hold_until(hold)
     finally:
         engine.close()
-    if dist.get_rank() == 0:
-        print(json.dumps({"role": role, "prefixes": found}))
     dist.destroy_process_group()
+
+
+def hold_until(path: str) -> None:
+    """Keep this instance (and the memory it lends the store) up until `path` exists."""
+    deadline = time.monotonic() + HOLD_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path} did not appear in {HOLD_S} s")
+        time.sleep(0.1)
+    dist.barrier()
 
 
 def tokens(engine: pipeline.Engine, prefix: int) -> list[int]:
