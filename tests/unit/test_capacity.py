@@ -14,8 +14,10 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import initialize_config_module
 
+import pipeline
 from pipeline.config.compose import Session
 from pipeline.engine.stores import FileStore, open_store
 from pipeline.engine.stores.capacity import LEDGER, walk
@@ -63,6 +65,42 @@ def test_writing_three_times_the_capacity_keeps_the_most_recently_used(tmp_path:
     assert (stats["evictions"], stats["evicted_bytes"]) == (124 - kept, (124 - kept) * OBJECT_BYTES)
     assert stats["writes"] == 124 and stats["misses"] == 60
     store.close()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_an_engine_writing_back_three_times_the_capacity(tmp_path: Path) -> None:
+    """Through a real engine: the folder stays under the bound, the prefix loaded from L3
+    after every write-back (a read is a use) and the newest survive, the oldest are misses."""
+    store = ["storage=file", f"storage.path={tmp_path}", "storage.capacity_bytes=20KB"]
+    bound = [*store, "storage.evict_to=0.75"]  # about 14 objects of 1430 B: 10 prefixes of 21
+    job = pipeline.compose(["topology=tp1", "workload.num_tokens=32", *bound])
+    engine = pipeline.create_engine(job)
+    try:
+        size = engine.sizing.slots_per_page
+        prefixes = [engine.l3_keys(list(range(p * 1000, p * 1000 + 2 * size))) for p in range(21)]
+        for keys in prefixes:
+            host = engine.host_slots.alloc(2 * size)
+            engine.backup(host, torch.arange(2 * size)).wait()
+            engine.write_back(keys, host).wait()
+            settle(engine)
+            engine.host_slots.free(host)
+            assert held_bytes(tmp_path) <= 20_000
+            again = engine.host_slots.alloc(2 * size)
+            hot = engine.load_from_l3(prefixes[0], again, torch.arange(2 * size, 4 * size))
+            assert hot.hits == 2
+            settle(engine)
+            engine.host_slots.free(again)
+        found = [engine.lookup(keys) for keys in prefixes]
+    finally:
+        engine.close()
+    assert found[0] == 2 and found[-3:] == [2, 2, 2] and found[1:4] == [0, 0, 0]
+    one = next(f for f in tmp_path.rglob("*") if f.is_file() and f.name != LEDGER).stat().st_size
+    assert 2 * found.count(2) * one <= held_bytes(tmp_path) <= 20_000
+
+
+def settle(engine: pipeline.Engine) -> None:
+    while engine.acks.pending:
+        engine.poll()
 
 
 def test_a_new_store_learns_what_the_folder_holds(tmp_path: Path) -> None:
