@@ -100,9 +100,14 @@ class Ranking:
 
 
 def case_of(
-    model: ModelGeometry, topology: Topology, workload: WorkloadConfig, storage: StorageConfig
+    model: ModelGeometry,
+    topology: Topology,
+    workload: WorkloadConfig,
+    storage: StorageConfig,
+    graph_cache: int,
 ) -> Case:
-    """The model's Case of a run's workload (the topology normalized as the engine runs it)."""
+    """The model's Case of a run's workload (the topology normalized as the engine runs it;
+    graphs as on cuda, where strategy.cuda_graph_cache > 0 replays them)."""
     normalized, _ = normalize(topology)
     window = storage.load_chunk_pages
     return Case(
@@ -110,6 +115,7 @@ def case_of(
         topology=normalized,
         tokens=workload.num_tokens,
         fragmented=workload.placement is Placement.fragmented,
+        graphs=graph_cache > 0,
         store=storage.kind,
         window_pages=64 if window is None else window,  # the cuda default (see storage)
     )
@@ -141,7 +147,7 @@ def ranking(cfg: DictConfig, sibling: Sibling) -> Ranking:
     assert isinstance(model, ModelGeometry) and isinstance(topology, Topology)
     assert isinstance(storage, StorageConfig) and isinstance(g["workload"], WorkloadConfig)
     links = links_of(str(cfg.runtime.links))
-    case = case_of(model, topology, g["workload"], storage)
+    case = case_of(model, topology, g["workload"], storage, int(cfg.strategy.cuda_graph_cache))
     candidates = []
     for option in strategy_options():
         node = sibling(option).strategy

@@ -7,6 +7,7 @@ job's workload, per rank of the first replica group (every group moves the same 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pipeline.config.costs import Ranking, case_of
@@ -44,10 +45,20 @@ def estimates_text(r: Ranking, warnings: list[RuleResult], auto: bool) -> str:
     return "\n".join(lines)
 
 
+def case_estimate(job: Job, tokens: int, fragmented: bool, links: Links) -> Estimate:
+    """The estimate of one bench case: `tokens` moved by the job's strategy, its pages
+    consecutive or not (a bench sets placement per case, not in the workload)."""
+    graphs = job.strategy.config.cuda_graph_cache
+    case = case_of(job.model, job.topology, job.workload, job.storage, graphs)
+    case = dataclasses.replace(case, tokens=tokens, fragmented=fragmented)
+    return estimate(case, job.strategy.config.ownership, links)
+
+
 def plan_estimate(job: Job, links: Links) -> dict[str, Any]:
     """The effective strategy's estimate on this job's workload: its legs and, per rank of
     the first replica group, the bytes over the host link, broadcast and read from L3."""
-    case = case_of(job.model, job.topology, job.workload, job.storage)
+    graphs = job.strategy.config.cuda_graph_cache
+    case = case_of(job.model, job.topology, job.workload, job.storage, graphs)
     e: Estimate = estimate(case, job.strategy.config.ownership, links)
     return {
         "links": links.machine,

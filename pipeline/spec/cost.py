@@ -7,8 +7,9 @@ moves the same bytes), with g ranks in the group:
 
 - a rank's copy over its host link: `calls x copy_call_us + bytes / link`, where calls are the
   units it copies (one host call each, the per-transfer term that dominates small requests),
-  bytes its units' pages, and the link the DMA one (io_backend=direct) or the UVA kernels'
-  (io_backend=kernel, which gathers and scatters through the SMs);
+  bytes its units' pages, and the link the DMA one (io_backend=direct, or kernel on
+  consecutive pages outside CUDA graphs) or the UVA kernels' (io_backend=kernel on fragmented
+  pages or in graphs: they gather and scatter through the SMs);
 - a broadcast of every exchanged unit from its owner: bytes / broadcast (algorithm bandwidth;
   the inter-node link where the group spans nodes);
 - a dedup load: with DMA copies the broadcasts overlap the next layers' copies, so
@@ -101,6 +102,9 @@ class Case:
     """Tokens per backup and per load-back."""
     fragmented: bool = False
     """Pages at random ids (bench and run's workload.placement=fragmented)."""
+    graphs: bool = False
+    """Transfers replay CUDA graphs (strategy.cuda_graph_cache > 0 on cuda): the kernel
+    backend then gathers even consecutive pages with kernels."""
     store: StorageKind = StorageKind.none
     hit_tokens: int | None = None
     """Tokens a load from L3 finds (None: all of them)."""
@@ -184,7 +188,8 @@ def estimate(case: Case, ownership: Ownership, links: Links) -> Estimate:
     t, units = case.topology, case.model.units
     group = t.replica_group(0, case.model)
     owners = owner_map(ownership, group, units)
-    kernel = t.io_backend is IoBackend.kernel
+    # the kernel backend copies consecutive pages with one DMA, except inside a graph
+    kernel = t.io_backend is IoBackend.kernel and (case.fragmented or case.graphs)
     h2d, d2h = (
         (links.h2d_kernel_gbps, links.d2h_kernel_gbps)
         if kernel

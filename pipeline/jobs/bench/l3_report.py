@@ -7,6 +7,8 @@ import statistics
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.config.links import links_of
+from pipeline.jobs.cost_report import case_estimate
 
 
 def limit_of(limits: dict[str, Any], case: dict, io_threads: int) -> float | None:
@@ -55,7 +57,11 @@ def row_of(job: Job, case: dict, per_rank: list[dict]) -> dict[str, Any]:
     write_s = max(c["write_back_s"] for c in per_rank)
     gbps = unique / seconds / 1e9
     limit = limit_of(limits, case, job.storage.io_threads)
+    est = case_estimate(job, case["tokens"], False, links_of(job.runtime.links)).l3_load
+    assert est is not None, "an L3 case has a store"
     return {
+        "estimate_ms": est.seconds * 1e3,
+        "x_estimate": seconds / est.seconds,
         **case,
         "ms": seconds * 1e3,
         "fetch_ms": max(statistics.median(c["fetch_s"]) for c in per_rank) * 1e3,
@@ -84,23 +90,26 @@ def _x(value: float | None) -> str:
 
 
 def l3_markdown(result: dict[str, Any]) -> str:
-    """bench_l3.md: the loads, one row per case, then the limits measured on each case's
-    objects."""
+    """bench_l3.md: the loads, one row per case (beside each, the cost model's estimate with
+    the links of `runtime.links`, and measured / estimate), then the limits measured on each
+    case's objects."""
     lines = [
         f"{result['model']} on {result['topology']}: {result['ranks']} x {result['device_name']}",
         "",
-        "| store | cache | io | tokens | layout | strategy | load ms | of which L3 ms | GB/s "
+        "| store | cache | io | tokens | layout | strategy | load ms | estimate ms "
+        "| / estimate | of which L3 ms | GB/s "
         "| x limit | x ideal | x read+copy | x replicated | L3 read per rank | write-back ms "
         "| x write | bit-exact |",
         "| --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| --- | ---: | ---: | --- |",
+        "| ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for r in result["rows"]:
         reads = " / ".join(f"{b / 1e6:.1f} MB" for b in r["l3_read_bytes_per_rank"])
         lines.append(
             f"| {r['store']} | {r['cache']} | {r['io']} | {r['tokens']} | {r['layout']} "
             f"| {r['strategy']} "
-            f"| {r['ms']:.1f} | {r['fetch_ms']:.1f} | {r['gbps']:.2f} | {_x(r['x_limit'])} "
+            f"| {r['ms']:.1f} | {r['estimate_ms']:.1f} | {r['x_estimate']:.2f} "
+            f"| {r['fetch_ms']:.1f} | {r['gbps']:.2f} | {_x(r['x_limit'])} "
             f"| {_x(r['x_ideal'])} | {_x(r['x_read_copy'])} | {r['x_replicated']:.3f} "
             f"| {reads} | {r['write_back_ms']:.1f} | {_x(r['x_write'])} "
             f"| {'yes' if r['bit_exact'] else 'NO'} |"

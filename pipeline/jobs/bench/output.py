@@ -6,7 +6,10 @@ import io
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.job import Job
+from pipeline.jobs.cost_report import case_estimate
 from pipeline.jobs.outputs import write_output
+from pipeline.spec.cost import Links
 
 
 def graphs(row: dict[str, Any]) -> str:
@@ -19,24 +22,44 @@ def ops_text(ops: dict[str, int]) -> str:
     return " + ".join(f"{n} {kind}" for kind, n in sorted(ops.items()))
 
 
+def with_estimates(result: dict[str, Any], runnable: list[tuple[Job, dict]], links: Links) -> None:
+    """Each row's cost-model estimate (`estimate_ms`) and measured / estimate (`x_estimate`),
+    from the case's own job (`summarize` makes a backup and a load row per case, in order)."""
+    for i, (job, case) in enumerate(runnable):
+        e = case_estimate(job, case["tokens"], case["placement"] == "fragmented", links)
+        for row, leg in zip(result["rows"][2 * i : 2 * i + 2], (e.backup, e.load), strict=True):
+            row["estimate_ms"] = leg.seconds * 1e3
+            row["x_estimate"] = row["ms"] / row["estimate_ms"]
+    result["links"] = links.machine
+
+
+def _estimate(row: dict[str, Any]) -> str:
+    if "estimate_ms" not in row:
+        return "- | -"
+    return f"{row['estimate_ms']:.2f} | {row['x_estimate']:.2f}"
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """bench.md: the floors, every case, and the chunked backups timed in turn."""
+    """bench.md: the floors, every case (with the cost model's estimate where
+    `with_estimates` added it: links of `runtime.links`), and the chunked backups timed in
+    turn."""
     lines = [
         f"{result['model']} on {result['topology']}: {result['ranks']} x {result['device_name']}",
         "",
         *_floors(result["floors"]),
         "",
-        "| direction | placement | tokens | io | graphs | chunk | strategy | ms | GB/s per rank "
+        "| direction | placement | tokens | io | graphs | chunk | strategy | ms | estimate ms "
+        "| / estimate | GB/s per rank "
         "| x floor | hand loop ms | x hand loop | issue ms | hand loop issue ms | bit-exact |",
         "| --- | --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | --- |",
+        "| ---: | ---: | ---: | --- |",
     ]
     for r in result["rows"]:
         exact = "yes" if r["bit_exact"] and r["reference_bit_exact"] else "NO"
         lines.append(
             f"| {r['direction']} | {r['placement']} | {r['tokens']} | {r['io']} "
             f"| {graphs(r)} | {r['chunk_pages']} | {r['strategy']} | {r['ms']:.2f} "
-            f"| {r['gbps_per_rank']:.1f} | {r['x_floor']:.3f} "
+            f"| {_estimate(r)} | {r['gbps_per_rank']:.1f} | {r['x_floor']:.3f} "
             f"| {r['reference_ms']:.2f} | {r['x_reference']:.3f} | {r['issue_ms']:.2f} "
             f"| {r['reference_issue_ms']:.2f} | {exact} |"
         )
