@@ -43,13 +43,22 @@ def test_deepseek_v3s_layer_params_are_its_published_configs_on_one_tp8_rank() -
 def test_forward_flops_are_params_times_tokens_plus_causal_attention(prefix: int, new: int) -> None:
     config, layers = DEEPSEEK_V3, 61
     params = sum(config.gemm_columns(i) * config.hidden for i in range(layers))
-    assert 0 <= params - sum(config.layer_params(i) for i in range(layers)) < layers * 7168
+    exact = sum(config.layer_params(i) for i in range(layers))
+    assert 0 <= params - exact < exact / 1000  # GEMM columns rounded up to 128
     per_pair = 2 * 16 * (576 + 512)  # absorbed MLA: scores over 576, values over 512
     exact_causal = per_pair * new * (prefix + (new + 1) / 2)
     block = max(stop - start for start, stop in query_blocks(config, prefix, new))
     attention = (forward_flops(config, layers, prefix, new) - 2 * new * params) / layers
     # causal at block granularity: at most half a block of extra keys per query token
     assert exact_causal <= attention <= exact_causal + per_pair * new * block / 2
+
+
+def test_gemm_columns_and_query_blocks_come_in_multiples_of_128() -> None:
+    assert {DEEPSEEK_V3.gemm_columns(i) % 128 for i in range(61)} == {0}
+    for prefix, new in [(16384, 1024), (16384, 8192), (0, 17408), (65536, 8192)]:
+        blocks = query_blocks(DEEPSEEK_V3, prefix, new)
+        assert blocks[0][0] == 0 and blocks[-1][1] == new
+        assert all((stop - start) % 128 == 0 for start, stop in blocks[:-1])
 
 
 def test_the_forward_issues_the_flops_it_is_sized_to() -> None:
