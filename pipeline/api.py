@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.job import Job
-from pipeline.engine.adopt import Adopted, page_views
+from pipeline.engine.adopt import Adopted
 from pipeline.engine.engine import Engine
-from pipeline.jobs.run import open_engine
+from pipeline.engine.factory import open_engine
 from pipeline.spec.storage import StorageKind
 
 
@@ -66,8 +66,7 @@ def create_engine(
     rank, world = dist.get_rank(), dist.get_world_size()
     gpus = torch.cuda.device_count()
     local = local_rank if local_rank is not None else rank % gpus if gpus else 0
-    views = None if device_kv is None else page_views(job.model, device_kv)
-    return open_engine(job, rank, world, local, device_kv=views)
+    return open_engine(job.recipe(), rank, world, local, device_kv=device_kv)
 
 
 def _unresolved_store(job: Job) -> bool:

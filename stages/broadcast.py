@@ -6,6 +6,7 @@ import torch
 
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
+from pipeline.spec.ownership import Role
 from pipeline.spec.steps import Step
 
 
@@ -17,7 +18,8 @@ class Broadcast:
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         plan = t.plan
-        if not plan.exchanged(step.unit):
+        role = plan.role(step.unit)
+        if role is Role.none:
             return
         source = plan.source(step.unit)
         buffer, _ = t.exchange_buffer(step)
@@ -29,5 +31,5 @@ class Broadcast:
             pages=step.count,
             src=source,
             bytes=step.count * step.unit.page_bytes,
-            sent=source == plan.spec.rank,
+            sent=role is Role.send,
         )

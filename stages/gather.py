@@ -6,6 +6,7 @@ import torch
 
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
+from pipeline.spec.ownership import Role
 from pipeline.spec.steps import Step
 
 
@@ -18,7 +19,7 @@ class Gather:
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         plan = t.plan
-        if not plan.exchanged(step.unit) or plan.source(step.unit) != plan.spec.rank:
+        if plan.role(step.unit) is not Role.send:
             return
         buffer, staged = t.exchange_buffer(step)
         if not staged:

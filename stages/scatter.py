@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
+from pipeline.spec.ownership import Role
 from pipeline.spec.steps import Step
 
 
@@ -13,7 +14,7 @@ class Scatter:
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
         plan = t.plan
-        if not plan.exchanged(step.unit) or plan.source(step.unit) == plan.spec.rank:
+        if plan.role(step.unit) is not Role.receive:
             return
         buffer, staged = t.exchange_buffer(step)
         if not staged:

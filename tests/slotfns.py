@@ -7,8 +7,9 @@ from typing import Any
 
 from pipeline.config.job import Job
 from pipeline.engine.engine import Engine
+from pipeline.engine.factory import open_engine
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
-from pipeline.jobs.run import forward, open_engine
+from pipeline.jobs.run import forward
 from pipeline.spec.slots import page_tokens
 
 
@@ -30,7 +31,7 @@ def host_slot_lifecycle(job: Job, rank: int, world_size: int, local_rank: int) -
     """Back up 2 pages into allocated host slots and write them back; reuse the same slots
     for a load_from_l3 of those pages into other device pages; free them, then the mistakes
     a scheduler can make. Returns what each step gave or said."""
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), rank, world_size, local_rank)
     try:
         return _lifecycle(engine)
     finally:

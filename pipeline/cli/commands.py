@@ -32,7 +32,7 @@ from pipeline.jobs.launch import launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
 from pipeline.jobs.report import printable
 from pipeline.jobs.resources import resource_problems
-from pipeline.jobs.run import backend_of, run_rank
+from pipeline.jobs.run import run_rank
 from pipeline.jobs.simulate import simulate_rank
 from pipeline.jobs.simulate import summarize as summarize_simulation
 from pipeline.jobs.soak import soak_rank
@@ -78,7 +78,7 @@ def launch_ranks(fn: RankFn, job: Job, *, job_s: float | None = None) -> list[An
             fn,
             dataclasses.replace(job, storage=storage),
             job.topology.tp_size,
-            backend=backend_of(job),
+            backend=job.recipe().backend_name(),
             timeout_s=job.runtime.timeout_s,
             job_s=job_s,
         )
@@ -110,10 +110,7 @@ def runnable_job(inv: Invocation) -> Job | None:
     job = inv.job()
     if strict_refusal(job, inv.line.as_json):
         return None
-    workload = job.workload
-    raise_problems(
-        resource_problems(job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio)
-    )
+    raise_problems(resource_problems(job))
     return job
 
 
@@ -149,10 +146,7 @@ def run(inv: Invocation) -> int:
             "strategy %s is inactive (%s); running %s",
             *map(printable, (verdict.strategy, why, verdict.effective_strategy)),
         )
-    workload = job.workload
-    guards = resource_problems(
-        job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
-    )
+    guards = resource_problems(job)
     trace = job.runtime.trace_file
     if trace is not None and (Path(trace).exists() or Path(trace).is_symlink()):
         message = f"runtime.trace_file={trace!r} exists: name a new file (a run overwrites none)"

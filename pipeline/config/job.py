@@ -15,15 +15,16 @@ from pipeline.config.schema import (
     SoakConfig,
     WorkloadConfig,
 )
+from pipeline.engine.factory import EngineRecipe
 from pipeline.engine.strategy import Strategy
 from pipeline.spec.checks import Problem
 from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import owner_map
 from pipeline.spec.sizing import (
     DEFAULT_HOST_RATIO,
+    PoolBudget,
+    capacity_problems,
     exchange_staging_bytes,
-    ratio_for_bytes,
-    size_pools,
+    size_rank,
 )
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import Topology
@@ -49,24 +50,34 @@ class Job:
     strict: bool
     """Refuse an inactive strategy instead of falling back."""
 
-    def host_ratio(self, device_tokens: int | None = None) -> float:
-        """The host budget as the ratio the engine sizes by: workload.host_ratio (2.0 unset),
-        or workload.host_bytes over a device pool of `device_tokens` (default
-        workload.device_tokens): the same bytes whatever the pool."""
-        workload, model = self.workload, self.model
-        host_bytes = workload.host_budget_bytes
-        if host_bytes is None:
-            return DEFAULT_HOST_RATIO if workload.host_ratio is None else workload.host_ratio
-        tokens = workload.device_tokens if device_tokens is None else device_tokens
-        pages = tokens // (model.page_size * self.topology.dcp_size)
-        return ratio_for_bytes(host_bytes, pages * sum(u.page_bytes for u in model.units))
+    def budget(self) -> PoolBudget:
+        """The pools' budget: workload.device_tokens, and the host budget in bytes
+        (workload.host_bytes) or as a ratio (workload.host_ratio, 2.0 unset)."""
+        workload = self.workload
+        ratio = DEFAULT_HOST_RATIO if workload.host_ratio is None else workload.host_ratio
+        return PoolBudget(workload.device_tokens, ratio, workload.host_budget_bytes)
+
+    def recipe(self) -> EngineRecipe:
+        """What each rank's engine is made of (`engine.factory.open_engine` makes it)."""
+        return EngineRecipe(
+            strategy=self.strategy,
+            model=self.model,
+            topology=self.topology,
+            storage=self.storage,
+            budget=self.budget(),
+            backend=self.runtime.backend,
+            timeout_s=self.runtime.timeout_s,
+            debug_consensus=self.runtime.debug_consensus,
+            metrics_port=self.runtime.metrics_port,
+            metrics_address=self.runtime.metrics_address,
+        )
 
 
 def job_problems(job: Job) -> list[Problem]:
     """The rules that join groups, which a rank would otherwise find only after it started:
     workload and bench sizes in whole pages that fit the pools, and staging for a page."""
     aligned = alignment_problems(job.model, job.topology, job.workload, job.bench)
-    return aligned or capacity_problems(job)
+    return aligned or pool_problems(job)
 
 
 def alignment_problems(
@@ -89,40 +100,18 @@ def alignment_problems(
     return found
 
 
-def capacity_problems(job: Job) -> list[Problem]:
+def pool_problems(job: Job) -> list[Problem]:
     """Pools that hold what moves, and staging for a page (they read every group)."""
-    model, topology, workload = job.model, job.topology, job.workload
-    config = job.strategy.config
-    owners = owner_map(config.ownership, topology.replica_group(0, model), model.units)
-    sizing = size_pools(
-        model,
-        topology,
-        owners,
-        0,
+    model, workload, config = job.model, job.workload, job.strategy.config
+    sizing = size_rank(model, job.topology, config, 0, job.budget())
+    found = capacity_problems(
+        sizing,
+        num_tokens=workload.num_tokens,
         device_tokens=workload.device_tokens,
-        host_ratio=job.host_ratio(),
-        keep_capacity=config.keep_capacity,
+        host_key=workload.host_key,
     )
-    found = []
-    pages = workload.num_tokens // sizing.slots_per_page
-    if 2 * pages > sizing.device_pages:
-        found.append(
-            Problem(
-                "workload.device_tokens",
-                f"workload.device_tokens={workload.device_tokens} must hold twice "
-                f"workload.num_tokens={workload.num_tokens} (backup source + load target)",
-            )
-        )
-    if pages > sizing.host.num_pages:
-        found.append(
-            Problem(
-                workload.host_key,
-                f"the host pool holds {sizing.host_slots} tokens < workload.num_tokens="
-                f"{workload.num_tokens}; raise {workload.host_key}",
-            )
-        )
     try:
-        exchange_staging_bytes(config, model, owners)
+        exchange_staging_bytes(config, model, sizing.owners)
     except ValueError as e:
         found.append(Problem("strategy.staging_bytes", str(e)))
     return found

@@ -37,6 +37,8 @@ class Ack:
     event: Event
     payload: Any = None
     """What the caller releases when the ack pops (pages, a request)."""
+    submitted_s: float = field(default_factory=time.monotonic)
+    """When it was submitted (the latency metrics time it to its release)."""
 
 
 IdleCheck = Callable[["AckLedger"], tuple[bool, tuple]]

@@ -1,39 +1,39 @@
 """What a serving engine calls on one rank: `backup`, `load` (per-layer waits), the forward
 gate, `host_slots` (allocate and free host slots), and with an L3 store `write_back`, `lookup`
-and `load_from_l3`. `Engine.create` allocates the pools (after `Runtime.start` made the process
-groups); the constructor only stores them.
+and `load_from_l3`. `engine.factory` makes one (process groups, pools, L3 tier); the
+constructor only stores them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import time
+from collections.abc import Sequence
 
 import torch
 
 from pipeline.engine.acks import Ack, AckLedger, digest_of
-from pipeline.engine.allocate import allocate
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.host_slots import HostSlots
-from pipeline.engine.l3 import L3Tier, open_tier
+from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import objects_job
 from pipeline.engine.loads import L3Load, WindowedLoad
+from pipeline.engine.metrics import EngineMetrics, Readings
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.stores import ObjectStore
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
 from pipeline.engine.transfer import Resources, Trace, Transfer
 from pipeline.spec.l3 import prefix_keys
 from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap, owner_map
+from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
-from pipeline.spec.sizing import Sizing, size_pools
+from pipeline.spec.sizing import Sizing
 from pipeline.spec.slots import PageAllocator
-from pipeline.spec.storage import StorageConfig
 from pipeline.spec.strategy import Ordering
-from pipeline.spec.topology import IoBackend, Topology
+from pipeline.spec.topology import Topology
 
 
 class Engine:
@@ -46,7 +46,6 @@ class Engine:
         runtime: Runtime,
         model: ModelGeometry,
         topology: Topology,
-        owners: OwnerMap,
         sizing: Sizing,
         resources: Resources,
         acks: AckLedger,
@@ -57,7 +56,7 @@ class Engine:
         self.runtime = runtime
         self.model = model
         self.topology = topology
-        self.owners = owners
+        self.owners: OwnerMap = sizing.owners
         self.sizing = sizing
         self.resources = resources
         self.device_pool: DevicePool = resources.device_pool
@@ -69,7 +68,7 @@ class Engine:
         """CUDA graphs of gated transfers, per shape (cuda with io_backend=kernel only)."""
         self.l3 = l3
         """The L3 store's tier (None with storage=none)."""
-        spec = PlanSpec.of(model, topology, strategy.config, owners, sizing, runtime.rank)
+        spec = PlanSpec.of(model, topology, strategy.config, sizing, runtime.rank)
         self.spec = resources.fitted(spec)
         """What every transfer plan of this rank shares (its knobs included)."""
         self.host_allocator = PageAllocator(sizing.host.num_pages)
@@ -82,57 +81,12 @@ class Engine:
         self._broken: str | None = None
         """Why the engine refuses every call: a failed transfer left its state unknown."""
         self._closed = False
-
-    @classmethod
-    def create(
-        cls,
-        strategy: Strategy,
-        runtime: Runtime,
-        model: ModelGeometry,
-        topology: Topology,
-        *,
-        device_tokens: int,
-        host_ratio: float,
-        debug_consensus: bool = False,
-        keep_trace: bool = False,
-        storage: StorageConfig | None = None,
-        store: ObjectStore | None = None,
-        device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
-    ) -> Engine:
-        """This rank's pools and L3 tier (`store`: the caller's; `device_kv`: see adopt)."""
-        config = strategy.config
-        owners = owner_map(config.ownership, runtime.replica_group, model.units)
-        sizing = size_pools(
-            model,
-            topology,
-            owners,
-            runtime.rank,
-            device_tokens=device_tokens,
-            host_ratio=host_ratio,
-            keep_capacity=config.keep_capacity,
-        )
-        uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
-        graphs = config.cuda_graph_cache if uva else 0  # kernels reach the host pool by UVA
-        res = allocate(runtime, model, topology, config, owners, sizing, uva, keep_trace, device_kv)
-        return cls(
-            strategy=strategy,
-            runtime=runtime,
-            model=model,
-            topology=topology,
-            owners=owners,
-            sizing=sizing,
-            resources=res,
-            acks=AckLedger(
-                runtime.cpu_group,
-                skip_enabled=config.idle_sync_skip.enabled,
-                max_skips=config.idle_sync_skip.max_skips,
-                storage_attached=storage is not None and storage.attached,
-                debug_consensus=debug_consensus,
-                poll_timer_every=config.poll_timer_every,
-            ),
-            graphs=TransferGraphs(graphs) if graphs else None,
-            l3=open_tier(storage, runtime, model, topology, owners, res, store),
-        )
+        self._l3_pages = {"hits": 0, "misses": 0}  # what lookups found, for the metrics
+        # (read from the engine's parts, not the engine: a cycle would keep a closed engine's
+        # streams and their threads alive until a garbage collection)
+        read = functools.partial(readings, self.trace, self.host_allocator, l3, self._l3_pages)
+        self.metrics = EngineMetrics(runtime.rank, read)
+        """This rank's Prometheus registry (`stats()`; served with runtime.metrics_port)."""
 
     @property
     def host_slots(self) -> HostSlots:
@@ -180,14 +134,17 @@ class Engine:
 
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` the replica group can load from L3 (a collective)."""
-        return self._l3().lookup(keys)
+        found = self._l3().lookup(keys)
+        self._l3_pages["hits"] += found
+        self._l3_pages["misses"] += len(keys) - found
+        return found
 
     def load_from_l3(
         self, keys: list[str], host_indices: torch.Tensor, device_indices: torch.Tensor
     ) -> L3Load:
         """Read `keys`' pages from L3 into free host slots; load the leading pages every
         reader found intact to device slots, window by window as read (a collective)."""
-        tier = self._l3()
+        tier, start = self._l3(), time.monotonic()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
         per_page, loads = self.sizing.slots_per_page, []
 
@@ -198,6 +155,7 @@ class Engine:
 
         job.window_pages, job.release = tier.window_pages, release
         job = tier.fetch(self.strategy.l3.fetch, job)
+        self.metrics.observe("fetch", time.monotonic() - start)
         return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
 
     def _l3(self) -> L3Tier:
@@ -211,6 +169,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self.metrics.close()
         if self.graphs is not None:
             self.graphs.clear()
         if self.l3 is not None:
@@ -220,7 +179,15 @@ class Engine:
     def poll(self) -> list[Ack]:
         """Release the acks every rank has seen complete (a failed one raises when waited on)."""
         self._usable()
-        return self.acks.poll(self.state_digest)
+        released = self.acks.poll(self.state_digest)
+        now = time.monotonic()
+        for ack in released:
+            self.metrics.observe(ack.kind, now - ack.submitted_s)
+        return released
+
+    def stats(self) -> dict[str, float]:
+        """This rank's metrics as a scrape of `/metrics` shows them (see `engine.metrics`)."""
+        return self.metrics.stats()
 
     def state_digest(self) -> int:
         """Digest of this rank's replicated state: host allocator free list and ack ledger."""
@@ -294,3 +261,17 @@ class Engine:
             self._broken = (
                 f"a {plan.direction.value} failed ({error}) and {where} may be out of step"
             )
+
+
+def readings(
+    trace: Trace, slots: PageAllocator, l3: L3Tier | None, l3_pages: dict[str, int]
+) -> Readings:
+    """What a scrape of an engine's metrics reads (see `engine.metrics`)."""
+    counts, moved = trace.totals()
+    host = {
+        "capacity": slots.num_pages,
+        "allocated": slots.num_pages - slots.num_free,
+        "data": slots.num_with_data(),
+    }
+    store = {} if l3 is None else l3.store.stats()
+    return Readings(counts, moved, dict(l3_pages), store, host)

@@ -167,8 +167,10 @@ class L3Tier:
                 views = pages.views(page) if pages.direct else scratch.views(units)
                 buffers, group_ok = unit_checks(pages, views, self.digest)
             table = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
-            ranges, check = read_checked(head, pages, table, buffers, group_ok)
+            ranges, check, failed = read_checked(head, pages, table, buffers, group_ok)
             if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
+                if failed:  # it was there, and did not check out
+                    self.trace.op("l3_corrupt")
                 return False
             if not pages.direct:
                 targets = self.runs(units, page, device=device)

@@ -259,22 +259,27 @@ def read_checked(
     header: Callable[[], list[int] | None],
     buffers: list[list[memoryview]],
     group_ok: GroupCheck,
-) -> tuple[list[Range], Check]:
+) -> tuple[list[Range], Check, list[int]]:
     """The byte ranges of one page's read (the header with the first group, then one range
-    per group's `buffers`) and the check of each range as it lands: the header's own check
-    and its digest table first, then `group_ok` of each group."""
+    per group's `buffers`), the check of each range as it lands (the header's own check and
+    its digest table first, then `group_ok` of each group), and the ranges that landed and
+    failed their check, as they do (a corrupt object, not a missing one)."""
     ranges: list[Range] = [
         (head.nbytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)
     ]
     ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
     table: list[int] = []
+    failed: list[int] = []
 
     def check(i: int) -> bool:
         if not i:
             found = header()
             if found is None:
+                failed.append(i)
                 return False
             table.extend(found)
-        return group_ok(i, table)
+        ok = group_ok(i, table)
+        failed.extend(() if ok else (i,))
+        return ok
 
-    return ranges, check
+    return ranges, check, failed

@@ -63,6 +63,11 @@ class Trace:
             for capture in self._captures:
                 capture.append((kind, fields))
 
+    def totals(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """(ops per kind, bytes per kind and side) as of now (other threads add to them)."""
+        with self._lock:
+            return dict(self.counts), dict(self.bytes)
+
     @contextlib.contextmanager
     def capture(self) -> Iterator[list[tuple[str, dict[str, Any]]]]:
         """The ops of a block, to be `replay`ed (a CUDA graph's, logged again per replay)."""

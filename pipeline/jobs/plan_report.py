@@ -16,9 +16,9 @@ from pipeline.config.job import Job
 from pipeline.config.schema import Placement
 from pipeline.engine.strategy import Strategy
 from pipeline.spec.l3 import PageObject, page_roles, share_of
-from pipeline.spec.ownership import OwnerMap, owner_map
+from pipeline.spec.ownership import OwnerMap, Role, owner_map
 from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
-from pipeline.spec.sizing import device_staging_bytes, size_pools
+from pipeline.spec.sizing import device_staging_bytes, size_rank
 from pipeline.spec.slots import PageAllocator, page_tokens
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
@@ -58,10 +58,11 @@ def counts(plan: TransferPlan) -> dict[str, int]:
     for step in plan.steps:
         ops["batch_gather"] += plan.copies(step.unit) and step.gathered
         ops["copy"] += copy_calls(plan, step)
-        if plan.exchanged(step.unit):
+        role = plan.role(step.unit)
+        if role is not Role.none:
             ops["broadcast"] += 1
             if plan.in_place(step) is None:  # else broadcast straight between device slots
-                ops["gather" if plan.source(step.unit) == plan.spec.rank else "scatter"] += 1
+                ops["gather" if role is Role.send else "scatter"] += 1
     return ops
 
 
@@ -69,17 +70,9 @@ def rank_row(job: Job, rank: int) -> dict[str, Any]:
     """One backup and one load-back of the workload on `rank`: bytes, ops, capacity."""
     model, topology, workload = job.model, job.topology, job.workload
     strategy = job.strategy.config
-    owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
-    sizing = size_pools(
-        model,
-        topology,
-        owners,
-        rank,
-        device_tokens=workload.device_tokens,
-        host_ratio=job.host_ratio(),
-        keep_capacity=strategy.keep_capacity,
-    )
-    spec = PlanSpec.of(model, topology, strategy, owners, sizing, rank)
+    sizing = size_rank(model, topology, strategy, rank, job.budget())
+    owners = sizing.owners
+    spec = PlanSpec.of(model, topology, strategy, sizing, rank)
     slots = sizing.slots_per_page
     num_pages = workload.num_tokens // slots
     pick = None if workload.placement is Placement.contiguous else random.Random(workload.seed)

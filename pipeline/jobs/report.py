@@ -179,6 +179,15 @@ def soak_text(result: dict[str, Any]) -> str:
     flat = "flat" if result["flat"] else "GROWS"
     most = result["max_rss_growth_mb"]
     lines.append(f"{flat} (at most {most:g} MB per rank, {most / 2:g} of it in the 2nd half)")
+    for rank, metrics in enumerate(result["metrics"]):
+        moved = ", ".join(f"{k} {human_bytes(v)}" for k, v in metrics["bytes"].items())
+        waits = ", ".join(
+            f"{op} {t['mean_ms']:.3f} ms x{t['count']}" for op, t in metrics["latency"].items()
+        )
+        l3 = ", ".join(f"{k} {v}" for k, v in metrics["l3"].items())
+        lines.append(f"rank {rank} metrics: moved {moved}; mean latency {waits}")
+        if any(metrics["l3"].values()):
+            lines.append(f"rank {rank} L3: {l3}")
     return "\n".join(lines)
 
 

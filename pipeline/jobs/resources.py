@@ -17,8 +17,7 @@ from pipeline.engine.runtime import pick_device
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.report import human_bytes
 from pipeline.spec.checks import Problem
-from pipeline.spec.ownership import owner_map
-from pipeline.spec.sizing import device_staging_bytes, size_pools
+from pipeline.spec.sizing import device_staging_bytes, size_rank
 
 RANKS_PER_CORE = 8
 """Local CPU ranks allowed per core (each is a process running gloo and worker threads)."""
@@ -34,20 +33,12 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float | None) -> int:
+def host_bytes(job: Job, rank: int) -> int:
     """Host memory one rank's engine allocates: its host pool, and on CPU its device pool and
-    staging buffers too (`host_ratio` None: the job's own budget, see `Job.host_ratio`)."""
+    staging buffers too."""
     model, topology, config = job.model, job.topology, job.strategy.config
-    owners = owner_map(config.ownership, topology.replica_group(rank, model), model.units)
-    sizing = size_pools(
-        model,
-        topology,
-        owners,
-        rank,
-        device_tokens=device_tokens,
-        host_ratio=job.host_ratio(device_tokens) if host_ratio is None else host_ratio,
-        keep_capacity=config.keep_capacity,
-    )
+    sizing = size_rank(model, topology, config, rank, job.budget())
+    owners = sizing.owners
     total = sizing.host.pool_bytes
     if pick_device(topology.device, 0).type == "cpu":
         total += sizing.device_pages * sum(u.page_bytes for u in model.units)
@@ -55,14 +46,12 @@ def host_bytes(job: Job, rank: int, *, device_tokens: int, host_ratio: float | N
     return total
 
 
-def resource_problems(job: Job, *, device_tokens: int, host_ratio: float | None) -> list[Problem]:
+def resource_problems(job: Job) -> list[Problem]:
     """What this machine cannot hold of the job's local ranks and their pools."""
     if not under_torchrun() and (found := _rank_problems(job)):
         return found  # sizing the pools of ranks that cannot start would only take time
     ranks = [int(os.environ["RANK"])] if under_torchrun() else range(job.topology.tp_size)
-    need = sum(
-        host_bytes(job, r, device_tokens=device_tokens, host_ratio=host_ratio) for r in ranks
-    )
+    need = sum(host_bytes(job, r) for r in ranks)
     free = available_memory()
     if need <= free:
         return []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +16,8 @@ import torch.distributed as dist
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement, WorkloadConfig
 from pipeline.engine.engine import Engine
+from pipeline.engine.factory import open_engine
 from pipeline.engine.loads import L3Load, Loading
-from pipeline.engine.runtime import Runtime, pick_backend, pick_device
 from pipeline.jobs.contents import (
     fill_random,
     first_mismatch,
@@ -28,59 +27,8 @@ from pipeline.jobs.contents import (
     snapshot,
 )
 from pipeline.jobs.progress import progress
+from pipeline.spec.sizing import capacity_problems
 from pipeline.spec.slots import PageAllocator, page_tokens
-
-
-def backend_of(job: Job, local_rank: int = 0) -> str:
-    """The process-group backend the job's ranks use (the parent and every rank agree)."""
-    return pick_backend(job.runtime.backend, pick_device(job.topology.device, local_rank))
-
-
-def start_runtime(job: Job, rank: int, world_size: int, local_rank: int) -> Runtime:
-    """This rank's process groups and streams for the job."""
-    return Runtime.start(
-        job.topology,
-        job.model,
-        rank=rank,
-        world_size=world_size,
-        device=pick_device(job.topology.device, local_rank),
-        backend=backend_of(job, local_rank),
-        timeout_s=job.runtime.timeout_s,
-    )
-
-
-def open_engine(
-    job: Job,
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    *,
-    keep_trace: bool = False,
-    device_kv: Mapping[tuple[str, int], torch.Tensor] | None = None,
-) -> Engine:
-    """Groups, streams and pools of one rank for the job (`keep_trace`: every op in order;
-    `device_kv`: the caller's KV tensors as the device pool, which then sets its size)."""
-    device_tokens = job.workload.device_tokens
-    if device_kv:  # `DevicePool.adopt` checks each tensor
-        pages = min((t.shape[0] for t in device_kv.values() if t.dim() == 3), default=0)
-        device_tokens = pages * job.model.page_size * job.topology.dcp_size
-    runtime = start_runtime(job, rank, world_size, local_rank)
-    try:
-        return Engine.create(
-            job.strategy,
-            runtime,
-            job.model,
-            job.topology,
-            device_tokens=device_tokens,
-            host_ratio=job.host_ratio(device_tokens),
-            debug_consensus=job.runtime.debug_consensus,
-            keep_trace=keep_trace,
-            storage=job.storage,
-            device_kv=device_kv,
-        )
-    except BaseException:
-        runtime.close()
-        raise
 
 
 def run_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
@@ -92,7 +40,7 @@ def run_report(
     job: Job, rank: int, world_size: int, local_rank: int, *, trace: bool
 ) -> dict[str, Any]:
     """`workload.cycles` rounds on this rank, and its report (with its op trace if asked)."""
-    engine = open_engine(job, rank, world_size, local_rank, keep_trace=trace)
+    engine = open_engine(job.recipe(), rank, world_size, local_rank, keep_trace=trace)
     try:
         report = drive(engine, job.workload)
     finally:
@@ -103,24 +51,22 @@ def run_report(
 
 
 def transfer_pages(engine: Engine, workload: WorkloadConfig) -> int:
+    """Pages per transfer; ValueError when they are not whole or the pools cannot hold them."""
     slots_per_page = engine.sizing.slots_per_page
     if workload.num_tokens % slots_per_page:
         raise ValueError(
             f"workload.num_tokens={workload.num_tokens} must be a multiple of "
             f"page_size x dcp_size = {slots_per_page}"
         )
-    pages = workload.num_tokens // slots_per_page
-    if 2 * pages > engine.sizing.device_pages:
-        raise ValueError(
-            f"workload.device_tokens={workload.device_tokens} must hold twice "
-            f"num_tokens={workload.num_tokens} (backup source + load target)"
-        )
-    if pages > engine.sizing.host.num_pages:
-        raise ValueError(
-            f"the host pool holds {engine.sizing.host_slots} tokens < num_tokens="
-            f"{workload.num_tokens}; raise {workload.host_key}"
-        )
-    return pages
+    found = capacity_problems(
+        engine.sizing,
+        num_tokens=workload.num_tokens,
+        device_tokens=engine.sizing.device_slots,
+        host_key=workload.host_key,
+    )
+    if found:
+        raise ValueError(found[0].message)
+    return workload.num_tokens // slots_per_page
 
 
 class Cycles:

@@ -18,10 +18,10 @@ from pipeline.config.job import Job
 from pipeline.config.schema import SimulateConfig
 from pipeline.engine.acks import AckLedger, IdleCheck, digest_of, replicated_idle
 from pipeline.engine.engine import Engine
+from pipeline.engine.factory import open_engine
 from pipeline.engine.streams import Event
 from pipeline.jobs.contents import fill_random
 from pipeline.jobs.progress import progress
-from pipeline.jobs.run import open_engine
 from pipeline.spec.slots import PageAllocator, page_tokens
 
 
@@ -152,7 +152,7 @@ class Scheduler:
 
 def simulate_rank(job: Job, rank: int, world_size: int, local_rank: int) -> list[dict[str, Any]]:
     """Every seed with the skip off, then on, on one rank."""
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), rank, world_size, local_rank)
     cfg = job.simulate
     try:
         return [

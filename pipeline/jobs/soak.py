@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.engine.factory import open_engine
 from pipeline.jobs.progress import progress
-from pipeline.jobs.run import Cycles, open_engine
+from pipeline.jobs.run import Cycles
 
 
 def rss_bytes() -> int:
@@ -26,7 +28,7 @@ def rss_bytes() -> int:
 
 def soak_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
     """Entry point of one rank (see `launch`)."""
-    engine = open_engine(job, rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), rank, world_size, local_rank)
     soak = job.soak
     try:
         cycles = Cycles(engine, job.workload)
@@ -45,6 +47,7 @@ def soak_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str
             "rss_end_mb": end / 2**20,
             "rss_growth_mb": (end - warm) / 2**20,
             "rss_late_growth_mb": (end - mid) / 2**20,
+            "metrics": engine.stats(),  # what /metrics shows at the end
         }
     finally:
         engine.close()
@@ -68,4 +71,28 @@ def summarize(job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "verified": all(r["verified"] for r in ranks),
         "flat": all(is_flat(r["rss_growth_mb"], r["rss_late_growth_mb"], most) for r in ranks),
         "ranks": [{k: r[k] for k in (*keys, "verified")} for r in ranks],
+        "metrics": [metrics_summary(r["metrics"]) for r in ranks],
+        "stats": [r["metrics"] for r in ranks],  # each rank's engine.stats() at the end
     }
+
+
+def metrics_summary(stats: dict[str, float]) -> dict[str, Any]:
+    """A rank's metrics at the end, in short: bytes per tier and direction, the L3 counts,
+    and each latency's count and mean (the whole set is `engine.stats()`, or /metrics)."""
+    moved = {
+        " ".join(re.findall(r'(?:tier|direction)="([a-z_0-9]+)"', key)[::-1]): int(value)
+        for key, value in stats.items()
+        if key.startswith("hicache_bytes_total{") and value
+    }  # "host backup": tier then direction (the labels sort direction first)
+    l3 = {
+        key[len("hicache_l3_") : -len("_total")]: int(value)
+        for key, value in stats.items()
+        if key.startswith("hicache_l3_") and key.endswith("_total")
+    }
+    latency = {}
+    for op in ("backup", "load", "write_back", "fetch"):
+        count = stats[f"hicache_{op}_seconds_count"]
+        if count:
+            mean_ms = stats[f"hicache_{op}_seconds_sum"] / count * 1e3
+            latency[op] = {"count": int(count), "mean_ms": round(mean_ms, 3)}
+    return {"bytes": moved, "l3": l3, "latency": latency}

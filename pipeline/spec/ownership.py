@@ -21,6 +21,15 @@ class Ownership(Enum):
     rotating = "rotating"
 
 
+class Role(Enum):
+    """What a rank does with one unit in a load-back's exchange: nothing (replicated: it
+    copies its own; or a group of one), send it (its owner), or receive it (every other)."""
+
+    none = "none"
+    send = "send"
+    receive = "receive"
+
+
 @dataclass(frozen=True)
 class OwnerMap:
     """For one replica group: the rank that moves each unit, or None where every rank does."""
@@ -38,6 +47,11 @@ class OwnerMap:
     def exchanged(self, ordinal: int) -> bool:
         """Is this unit broadcast from its owner to the rest of the group?"""
         return self.sources[ordinal] is not None and len(self.group) > 1
+
+    def role(self, ordinal: int, rank: int) -> Role:
+        if not self.exchanged(ordinal):
+            return Role.none
+        return Role.send if self.sources[ordinal] == rank else Role.receive
 
     def owned(self, rank: int, units: tuple[Unit, ...]) -> tuple[Unit, ...]:
         """The units `rank` copies, in ordinal order."""

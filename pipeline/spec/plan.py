@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.ownership import OwnerMap
+from pipeline.spec.ownership import OwnerMap, Role
 from pipeline.spec.runs import Run, breaks, clip, runs_of
 from pipeline.spec.sizing import Sizing, batch_buffer_bytes
 from pipeline.spec.slots import pages_of
@@ -65,10 +65,10 @@ class PlanSpec:
         model: ModelGeometry,
         topology: Topology,
         strategy: StrategyConfig,
-        owners: OwnerMap,
         sizing: Sizing,
         rank: int,
     ) -> PlanSpec:
+        owners = sizing.owners
         return cls(
             rank=rank,
             units=model.units,
@@ -96,6 +96,11 @@ class PlanSpec:
     def copied(self) -> frozenset[int]:
         """Ordinals of the units this rank copies (`copies` as a set, for the issue path)."""
         return frozenset(u.ordinal for u in self.units if self.copies(u))
+
+    @functools.cached_property
+    def roles(self) -> tuple[Role, ...]:
+        """By unit ordinal: this rank's part in a load-back's exchange of the unit."""
+        return tuple(self.owners.role(u.ordinal, self.rank) for u in self.units)
 
     def lay_out(self, direction: Direction, num_pages: int) -> StepLayout:
         """The steps of a transfer of `num_pages` pages (they depend on nothing else)."""
@@ -200,9 +205,14 @@ class TransferPlan:
     def copies(self, unit: Unit) -> bool:
         return self.spec.copies(unit)
 
+    def role(self, unit: Unit) -> Role:
+        """This rank's part in `unit`'s exchange (none in a backup): decided here, once per
+        engine, and read by the exchange stages and `plan` alike."""
+        return self.spec.roles[unit.ordinal] if self.direction is Direction.load else Role.none
+
     def exchanged(self, unit: Unit) -> bool:
         """Is `unit` broadcast from its owner to the replica group in this transfer?"""
-        return self.direction is Direction.load and self.spec.owners.exchanged(unit.ordinal)
+        return self.role(unit) is not Role.none
 
     def source(self, unit: Unit) -> int:
         source = self.spec.owners.sources[unit.ordinal]
@@ -212,12 +222,11 @@ class TransferPlan:
     def bytes_moved(self) -> dict[str, int]:
         """Bytes this rank copies between tiers and sends/receives in broadcasts."""
         copied = send = recv = 0
-        rank = self.spec.rank
         for s in self.steps:
             copied += s.nbytes if self.copies(s.unit) else 0
-            if self.exchanged(s.unit):
-                send += s.nbytes if self.source(s.unit) == rank else 0
-                recv += s.nbytes if self.source(s.unit) != rank else 0
+            role = self.role(s.unit)
+            send += s.nbytes if role is Role.send else 0
+            recv += s.nbytes if role is Role.receive else 0
         key = "d2h_bytes" if self.direction is Direction.backup else "h2d_bytes"
         return {key: copied, "broadcast_send_bytes": send, "broadcast_recv_bytes": recv}
 

@@ -1,19 +1,19 @@
 """How big one rank's pools and staging buffers are, from the model, topology and knobs.
 
-The engine allocates exactly these sizes and `plan` reports them, so what `plan` says a rank
-holds is what a run allocates.
+`size_rank` is the one sizing: the engine allocates exactly it, `plan` reports it and the
+parent checks it before a rank starts, so what `plan` says a rank holds is what a run
+allocates.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pipeline.spec.checks import LARGEST_NUMBER
+from pipeline.spec.checks import LARGEST_NUMBER, Problem
 from pipeline.spec.model import ModelGeometry, by_pool_kind
-from pipeline.spec.ownership import OwnerMap
+from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import Topology
 
@@ -59,6 +59,8 @@ class Sizing:
     host: HostCapacity
     slots_per_page: int
     """Logical slots per page: page_size x dcp_size."""
+    owners: OwnerMap
+    """Who copies and who sends each unit in the rank's replica group (sizes follow it)."""
 
     @property
     def device_slots(self) -> int:
@@ -69,31 +71,71 @@ class Sizing:
         return self.host.num_pages * self.slots_per_page
 
 
-def size_pools(
+def size_rank(
     model: ModelGeometry,
     topology: Topology,
-    owners: OwnerMap,
+    strategy: StrategyConfig,
     rank: int,
-    *,
-    device_tokens: int,
-    host_ratio: float,
-    keep_capacity: bool,
+    budget: PoolBudget,
 ) -> Sizing:
-    """Device pages from `device_tokens`; host budget = host_ratio x the device pool's bytes."""
+    """One rank's pools: device pages from the budget's tokens, host pages that fit its host
+    budget (see `host_capacity`), for the owners the strategy gives the rank's group."""
+    owners = owner_map(strategy.ownership, topology.replica_group(rank, model), model.units)
     slots_per_page = model.page_size * topology.dcp_size
-    if device_tokens % slots_per_page:
+    if budget.device_tokens % slots_per_page:
         raise ValueError(
-            f"workload.device_tokens={device_tokens} must be a multiple of "
+            f"workload.device_tokens={budget.device_tokens} must be a multiple of "
             f"page_size x dcp_size = {slots_per_page}"
         )
-    device_pages = device_tokens // slots_per_page
-    budget = host_budget(host_ratio, device_pages * sum(u.page_bytes for u in model.units))
-    host = host_capacity(model, owners, rank, budget, keep_capacity)
-    return Sizing(device_pages, host, slots_per_page)
+    device_pages = budget.device_tokens // slots_per_page
+    host_bytes = budget.host_budget(device_pages * sum(u.page_bytes for u in model.units))
+    host = host_capacity(model, owners, rank, host_bytes, strategy.keep_capacity)
+    return Sizing(device_pages, host, slots_per_page, owners)
+
+
+def capacity_problems(
+    sizing: Sizing, *, num_tokens: int, device_tokens: int, host_key: str
+) -> list[Problem]:
+    """A transfer of `num_tokens` that these pools cannot hold: the device pool holds the
+    backup's source and the load's target, the host pool the transfer."""
+    pages = num_tokens // sizing.slots_per_page
+    found = []
+    if 2 * pages > sizing.device_pages:
+        message = (
+            f"workload.device_tokens={device_tokens} must hold twice workload.num_tokens="
+            f"{num_tokens} (backup source + load target)"
+        )
+        found.append(Problem("workload.device_tokens", message))
+    if pages > sizing.host.num_pages:
+        message = (
+            f"the host pool holds {sizing.host_slots} tokens < workload.num_tokens="
+            f"{num_tokens}; raise {host_key}"
+        )
+        found.append(Problem(host_key, message))
+    return found
 
 
 DEFAULT_HOST_RATIO = 2.0
 """The host budget when neither workload.host_ratio nor workload.host_bytes is given."""
+
+
+@dataclass(frozen=True)
+class PoolBudget:
+    """What one rank's pools may hold: the device pool in tokens; the host pool as a ratio of
+    the device pool's bytes or, when given, in bytes (the same whatever the device pool, so
+    an adopted pool of another size keeps it)."""
+
+    device_tokens: int
+    host_ratio: float = DEFAULT_HOST_RATIO
+    host_bytes: int | None = None
+
+    def host_budget(self, device_pool_bytes: int) -> int:
+        """Bytes of the host budget over a device pool of these bytes (all its units)."""
+        if self.host_bytes is not None:
+            return self.host_bytes
+        return int(self.host_ratio * device_pool_bytes)
+
+
 UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*", re.IGNORECASE)
 
@@ -109,26 +151,6 @@ def parse_bytes(text: str) -> int:
     if size.denominator != 1 or not 1 <= size <= LARGEST_NUMBER:
         raise ValueError(text)
     return int(size)
-
-
-def host_budget(host_ratio: float, device_pool_bytes: int) -> int:
-    """Bytes of a rank's host budget: host_ratio x the device pool's bytes (all its units)."""
-    return int(host_ratio * device_pool_bytes)
-
-
-def ratio_for_bytes(host_bytes: int, device_pool_bytes: int) -> float:
-    """The host_ratio whose budget over a device pool of these bytes is exactly `host_bytes`
-    (the engine takes its budget as a ratio: the float is nudged until `host_budget` agrees,
-    which it can for any pool and budget below 2**52 bytes)."""
-    if device_pool_bytes == 0:
-        return 0.0  # no ratio of nothing is a budget: an empty pool has none
-    ratio = host_bytes / device_pool_bytes
-    for _ in range(8):
-        budget = host_budget(ratio, device_pool_bytes)
-        if budget == host_bytes:
-            return ratio
-        ratio = math.nextafter(ratio, math.inf if budget < host_bytes else 0.0)
-    raise AssertionError(f"no ratio gives {host_bytes} B over {device_pool_bytes} B")
 
 
 def exchange_staging_bytes(strategy: StrategyConfig, model: ModelGeometry, owners: OwnerMap) -> int:

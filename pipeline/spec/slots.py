@@ -99,6 +99,10 @@ class PageAllocator:
         """Mark pages as holding data (a backup wrote them), or as not (it failed)."""
         self._holds_data[pages] = held
 
+    def num_with_data(self) -> int:
+        """Pages that hold data now."""
+        return int(self._holds_data.sum())
+
     def without_data(self, pages: np.ndarray) -> list[int]:
         """The pages among `pages` that hold no data (never written, or freed since)."""
         return pages[~self._holds_data[pages]].tolist()

@@ -36,17 +36,39 @@ def planned_ops(row: dict) -> dict[str, int]:
     return {kind: n for kind, n in ops.items() if n}
 
 
+STRATEGIES = ("replicated", "single_source", "rotating")
 CASES = [
-    (topology, strategy)
-    for topology in ("tp1", "tp2", "tp4")
-    for strategy in ("replicated", "single_source", "rotating")
+    (topology, strategy, storage)
+    for topology in ("tp1", "tp2", "tp4", "tp4_dp2")
+    for strategy in STRATEGIES
+    for storage in ("none", "file")
     if topology != "tp1" or strategy == "replicated"  # at tp1 the others fall back to it
+]
+WIDE = ("tp8", "tp8_dcp4", "h200x8_direct", "h200x8_dp8", "pd_decode_tp8")
+"""The other topology files that run on gloo (two_nodes_tp16 needs two nodes): 8 ranks each,
+so with -m slow, and each strategy with one store, the stores taking turns (every pair of
+topology x strategy, topology x store and strategy x store is covered)."""
+WIDE_CASES = [
+    (topology, strategy, ("none", "file")[(i + j) % 2])
+    for i, topology in enumerate(WIDE)
+    for j, strategy in enumerate(STRATEGIES)
 ]
 
 
-@pytest.mark.parametrize("storage", ["none", "file"])
-@pytest.mark.parametrize(("topology", "strategy"), CASES)
+@pytest.mark.parametrize(("topology", "strategy", "storage"), CASES)
 def test_plan_is_what_each_rank_issues(topology: str, strategy: str, storage: str) -> None:
+    check_plan_against_run(topology, strategy, storage)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("topology", "strategy", "storage"), WIDE_CASES)
+def test_plan_is_what_each_rank_issues_on_eight_ranks(
+    topology: str, strategy: str, storage: str
+) -> None:
+    check_plan_against_run(topology, strategy, storage)
+
+
+def check_plan_against_run(topology: str, strategy: str, storage: str) -> None:
     overrides = [f"topology={topology}", f"strategy={strategy}", f"storage={storage}"]
     overrides.append("workload.cycles=1")  # the plan is one backup and one load-back
     planned = plan_report(job_config(*overrides))["ranks"]
@@ -54,7 +76,7 @@ def test_plan_is_what_each_rank_issues(topology: str, strategy: str, storage: st
         [sys.executable, "-m", "pipeline", "run", *overrides, "--json"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     ran = json.loads(done.stdout)["ranks"]

@@ -72,4 +72,4 @@ def test_a_budget_too_small_for_the_transfer_names_host_bytes() -> None:
 def test_without_either_the_ratio_is_two() -> None:
     job = pipeline.compose(TINY)
     assert (job.workload.host_ratio, job.workload.host_bytes) == (None, None)
-    assert job.host_ratio() == 2.0
+    assert (job.budget().host_ratio, job.budget().host_bytes) == (2.0, None)

@@ -105,6 +105,23 @@ def test_no_import_cycles() -> None:
             assert visit(start, []) == []
 
 
+def test_only_the_engine_factory_builds_engines_and_sizes_pools() -> None:
+    """`Engine(...)` is called in `pipeline.engine.factory` alone, and `HostCapacity` /
+    `Sizing` are made by `spec.sizing` alone: one factory, one sizing, whatever the caller
+    (API, jobs, benches, tests)."""
+    homes = {"Engine": "pipeline.engine.factory", "Sizing": "pipeline.spec.sizing"}
+    homes["HostCapacity"] = "pipeline.spec.sizing"
+    everything = [*SOURCES, *(ROOT / "tests").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
+    offenders = []
+    for path in everything:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                home = homes.get(node.func.id)
+                if home is not None and module_name(path) != home:
+                    offenders.append(f"{module_name(path)}:{node.lineno} calls {node.func.id}")
+    assert offenders == []
+
+
 def test_only_the_config_layer_imports_hydra_or_omegaconf() -> None:
     offenders = [
         f"{module_name(p)} imports {m}"

@@ -7,7 +7,6 @@ from typing import Any
 from pipeline.config.job import Job
 from pipeline.jobs.launch import launch
 from pipeline.jobs.resources import resource_problems
-from pipeline.jobs.run import backend_of
 from pipeline.jobs.spawn import RankFn
 from pipeline.spec.checks import raise_problems
 
@@ -15,12 +14,7 @@ from pipeline.spec.checks import raise_problems
 def check_fit(cases: list[tuple[Job, dict]]) -> None:
     """ConfigError unless this machine holds each case's pools (one case at a time)."""
     for job, _ in cases:
-        workload = job.workload
-        raise_problems(
-            resource_problems(
-                job, device_tokens=workload.device_tokens, host_ratio=workload.host_ratio
-            )
-        )
+        raise_problems(resource_problems(job))
 
 
 def launch_cases(fn: RankFn, base: Job, cases: list[tuple[Job, dict]]) -> list[Any] | None:
@@ -31,7 +25,7 @@ def launch_cases(fn: RankFn, base: Job, cases: list[tuple[Job, dict]]) -> list[A
         fn,
         (base, cases),
         base.topology.tp_size,
-        backend=backend_of(base),
+        backend=base.recipe().backend_name(),
         timeout_s=timeout_s,
         job_s=timeout_s * (len(cases) + 1),
     )

@@ -23,7 +23,7 @@ import torch
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.drive_schemas import BenchConfig, PageCache
 from pipeline.config.job import Job
-from pipeline.engine.engine import Engine
+from pipeline.engine.factory import engine_on
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.l3_case import measure_l3_case
@@ -32,7 +32,6 @@ from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.l3_store import check_direct_io, concrete
 from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.progress import progress
-from pipeline.jobs.run import start_runtime
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.l3 import largest_object
 from pipeline.spec.model import ModelGeometry
@@ -112,7 +111,7 @@ def bench_l3_rank(
     once for all of its cases (a Mooncake client that left could still be handed new objects
     by the master for a while)."""
     base, cases = payload
-    runtime = start_runtime(base, rank, world_size, local_rank)
+    runtime = base.recipe().start_runtime(rank, world_size, local_rank)
     timer = Timer(runtime, base.bench)
     with contextlib.ExitStack() as stack:
         stack.callback(runtime.close)
@@ -122,16 +121,7 @@ def bench_l3_rank(
         }
         result: dict[str, Any] = {"rank": rank, "cases": []}
         for job, case in progress(cases, "L3 bench cases", rank=rank):
-            engine = Engine.create(
-                job.strategy,
-                runtime,
-                job.model,
-                job.topology,
-                device_tokens=job.workload.device_tokens,
-                host_ratio=job.host_ratio(),
-                storage=job.storage,
-                store=stores[store_key(case)],
-            )
+            engine = engine_on(job.recipe(), runtime, store=stores[store_key(case)])
             try:
                 result["cases"].append(measure_l3_case(timer, engine, case, job.storage))
             finally:

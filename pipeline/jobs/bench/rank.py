@@ -22,14 +22,12 @@ import torch.distributed as dist
 from pipeline.config.job import Job
 from pipeline.config.schema import BenchConfig, Placement
 from pipeline.engine.engine import Engine
-from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.factory import engine_on, on_same_memory
 from pipeline.engine.pools import HostPool
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.strategy import Strategy
 from pipeline.jobs.bench.reference import Reference
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.progress import progress
-from pipeline.jobs.run import start_runtime
 from pipeline.spec.slots import PageAllocator, page_tokens
 
 
@@ -128,14 +126,7 @@ def measure_case(
     timer: Timer, job: Job, case: dict[str, Any], reference_hosts: dict[tuple, HostPool]
 ) -> dict[str, Any]:
     """One strategy x size x placement x io: framework and reference, both directions."""
-    engine = Engine.create(  # the case's pools (see `cases`)
-        job.strategy,
-        timer.rt,
-        job.model,
-        job.topology,
-        device_tokens=job.workload.device_tokens,
-        host_ratio=job.host_ratio(),
-    )
+    engine = engine_on(job.recipe(), timer.rt)  # the case's pools (see `cases`)
     pages = CasePages.fill(engine, case)
     result = framework(timer, engine, pages, chunked=case["chunk_pages"] > 0)
     contiguous = case["placement"] == Placement.contiguous.value
@@ -176,7 +167,7 @@ def framework(timer: Timer, engine: Engine, pages: CasePages, *, chunked: bool) 
     result: dict[str, Any] = {"backup_ops": _ops_of(engine, backup_here)}
     if chunked:
         unchunked_config = dataclasses.replace(engine.strategy.config, chunk_pages=0)
-        unchunked = _on_same_memory(
+        unchunked = on_same_memory(
             engine, dataclasses.replace(engine.strategy, config=unchunked_config)
         )
         backup_unchunked = functools.partial(backup, unchunked, [])
@@ -236,23 +227,6 @@ def _host_timed(transfer: Callable[[], None], issue_s: list[float]) -> None:
     issue_s.append(time.perf_counter() - start)
 
 
-def _on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
-    """`engine`'s pools and buffers under other knobs of the same strategy, so both sides of
-    an in-turn comparison move the same bytes between the same memory."""
-    graphs = engine.graphs
-    return Engine(
-        strategy=strategy,
-        runtime=engine.runtime,
-        model=engine.model,
-        topology=engine.topology,
-        owners=engine.owners,
-        sizing=engine.sizing,
-        resources=engine.resources,
-        acks=engine.acks,
-        graphs=None if graphs is None else TransferGraphs(strategy.config.cuda_graph_cache),
-    )
-
-
 def _ops_of(engine: Engine, transfer: Callable[[], Any]) -> dict[str, int]:
     """The ops one untimed `transfer` issues on this rank, by kind: what a compared side
     really does (a published comparison names them)."""
@@ -283,7 +257,7 @@ def bench_rank(
 ) -> dict[str, Any]:
     """Entry point of one rank: floors, then every (job, case) in order."""
     base, cases = payload
-    runtime = start_runtime(base, rank, world_size, local_rank)
+    runtime = base.recipe().start_runtime(rank, world_size, local_rank)
     timer = Timer(runtime, base.bench)
     try:
         result: dict[str, Any] = {"rank": rank, "floors": floors(timer), "cases": []}

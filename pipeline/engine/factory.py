@@ -1,0 +1,151 @@
+"""The one way an engine is made: `open_engine` (this rank's process groups, streams, pools and
+L3 tier) or `engine_on` (on a runtime the caller keeps, as the benches do for many cases).
+
+Everything an engine is made from is an `EngineRecipe`, which holds nothing of Hydra: a `Job`
+hands its own over (`Job.recipe`), so the public API, every job and the tests build engines
+the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.engine.acks import AckLedger
+from pipeline.engine.adopt import Adopted, Key, page_views
+from pipeline.engine.allocate import allocate
+from pipeline.engine.engine import Engine
+from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.l3 import open_tier
+from pipeline.engine.runtime import Backend, Runtime, pick_backend, pick_device
+from pipeline.engine.stores import ObjectStore
+from pipeline.engine.strategy import Strategy
+from pipeline.spec.model import ModelGeometry
+from pipeline.spec.sizing import PoolBudget, size_rank
+from pipeline.spec.storage import StorageConfig
+from pipeline.spec.topology import IoBackend, Topology
+
+
+@dataclass(frozen=True)
+class EngineRecipe:
+    """What one rank's engine is made of."""
+
+    strategy: Strategy
+    """The effective strategy, its stages instantiated."""
+    model: ModelGeometry
+    topology: Topology
+    """Normalized: the layout and io backend that run."""
+    storage: StorageConfig
+    budget: PoolBudget
+    backend: Backend = Backend.auto
+    timeout_s: float = 120.0
+    """Every collective's and rank join's timeout."""
+    debug_consensus: bool = False
+    metrics_port: int | None = None
+    """Serve `/metrics` on this port + the rank (None: no listener)."""
+    metrics_address: str = "127.0.0.1"
+
+    def backend_name(self, local_rank: int = 0) -> str:
+        """The process-group backend its ranks use (the parent and every rank agree)."""
+        return pick_backend(self.backend, pick_device(self.topology.device, local_rank))
+
+    def start_runtime(self, rank: int, world_size: int, local_rank: int) -> Runtime:
+        """This rank's process groups and streams."""
+        return Runtime.start(
+            self.topology,
+            self.model,
+            rank=rank,
+            world_size=world_size,
+            device=pick_device(self.topology.device, local_rank),
+            backend=self.backend_name(local_rank),
+            timeout_s=self.timeout_s,
+        )
+
+
+def open_engine(
+    recipe: EngineRecipe,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    *,
+    keep_trace: bool = False,
+    device_kv: Adopted | None = None,
+) -> Engine:
+    """This rank's engine on its own runtime, which `Engine.close` closes (`keep_trace`: every
+    op in order; `device_kv`: the caller's KV tensors as the device pool, see adopt; refused
+    before any group is made when they do not fit), serving its metrics if the recipe asks."""
+    views = None if device_kv is None else page_views(recipe.model, device_kv)
+    runtime = recipe.start_runtime(rank, world_size, local_rank)
+    try:
+        engine = engine_on(recipe, runtime, keep_trace=keep_trace, device_kv=views)
+    except BaseException:
+        runtime.close()
+        raise
+    if recipe.metrics_port is not None:
+        try:
+            engine.metrics.serve(recipe.metrics_address, recipe.metrics_port + rank)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def engine_on(
+    recipe: EngineRecipe,
+    runtime: Runtime,
+    *,
+    keep_trace: bool = False,
+    device_kv: Mapping[Key, torch.Tensor] | None = None,
+    store: ObjectStore | None = None,
+) -> Engine:
+    """The engine's pools and L3 tier on `runtime` (`store`: the caller's, kept open by it;
+    `device_kv`: page views of adopted tensors, which then size the device pool)."""
+    model, topology, config = recipe.model, recipe.topology, recipe.strategy.config
+    budget = recipe.budget
+    if device_kv:  # `DevicePool.adopt` checks each tensor
+        pages = min((t.shape[0] for t in device_kv.values() if t.dim() == 3), default=0)
+        tokens = pages * model.page_size * topology.dcp_size
+        budget = dataclasses.replace(budget, device_tokens=tokens)
+    sizing = size_rank(model, topology, config, runtime.rank, budget)
+    owners = sizing.owners
+    uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
+    graphs = config.cuda_graph_cache if uva else 0  # kernels reach the host pool by UVA
+    res = allocate(runtime, model, topology, config, owners, sizing, uva, keep_trace, device_kv)
+    acks = AckLedger(
+        runtime.cpu_group,
+        skip_enabled=config.idle_sync_skip.enabled,
+        max_skips=config.idle_sync_skip.max_skips,
+        storage_attached=recipe.storage.attached,
+        debug_consensus=recipe.debug_consensus,
+        poll_timer_every=config.poll_timer_every,
+    )
+    return Engine(
+        strategy=recipe.strategy,
+        runtime=runtime,
+        model=model,
+        topology=topology,
+        sizing=sizing,
+        resources=res,
+        acks=acks,
+        graphs=TransferGraphs(graphs) if graphs else None,
+        l3=open_tier(recipe.storage, runtime, model, topology, owners, res, store),
+    )
+
+
+def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
+    """`engine`'s pools and buffers under other knobs of the same strategy (its own graphs),
+    so both sides of an in-turn comparison move the same bytes between the same memory."""
+    graphs = strategy.config.cuda_graph_cache if engine.graphs is not None else 0
+    return Engine(
+        strategy=strategy,
+        runtime=engine.runtime,
+        model=engine.model,
+        topology=engine.topology,
+        sizing=engine.sizing,
+        resources=engine.resources,
+        acks=engine.acks,
+        graphs=TransferGraphs(graphs) if graphs else None,
+    )

@@ -1,0 +1,181 @@
+"""Prometheus metrics of one rank's engine (prometheus_client), named `hicache_*` and labelled
+by rank.
+
+The counts are what the engine keeps anyway (the op trace's counts and bytes, the store's
+counters, the host slots), read when a scrape asks, so the issue path pays nothing for them.
+The latency histograms are observed when `Engine.poll` releases an ack (submission to release:
+what a scheduler waits) and when a load from L3 returns. Each engine has its own registry, and
+`stats()` reads the same registry a scrape does, so the two agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+"""Seconds: a small request's backup (~100 us) to a 64K-token load from a cold store."""
+TIMED = {
+    "backup": "Backup latency: submitted to released by the ack poll",
+    "load": "Load-back latency: submitted to released by the ack poll",
+    "write_back": "Write-back latency: submitted to released by the ack poll",
+    "fetch": "Load from L3: the call, its reads and the window loads it issued",
+}
+BYTES = {
+    ("host", "backup"): ("copy", "d2h"),
+    ("host", "load"): ("copy", "h2d"),
+    ("peer", "sent"): ("broadcast", "sent"),
+    ("peer", "received"): ("broadcast", "received"),
+    ("l3", "write"): ("l3_write", ""),
+    ("l3", "read"): ("l3_read", ""),
+    ("l3", "sent_to_writer"): ("l3_send", ""),
+}
+"""(tier, direction) of `hicache_bytes_total` -> the op trace's (kind, side) it sums."""
+
+
+@dataclass(frozen=True)
+class Readings:
+    """What a scrape reads from the engine, at once."""
+
+    op_counts: dict[str, int]
+    op_bytes: dict[tuple[str, str], int]
+    l3_pages: dict[str, int]
+    """Pages a lookup found ("hits") or did not find ("misses") at the front of its keys."""
+    store: dict[str, int | None] = field(default_factory=dict)
+    """The store's own counts (evictions...) and holdings (None: not known here)."""
+    host_pages: dict[str, int] = field(default_factory=dict)
+    """Host slots in pages: capacity, allocated, holding data."""
+
+
+COUNTERS = {
+    "l3_hits": "Pages an L3 lookup found at the front of its keys",
+    "l3_misses": "Pages an L3 lookup did not find",
+    "l3_read_misses": "L3 loads that met a missing or unreadable page",
+    "l3_corrupt_objects": "L3 objects whose header or a unit's CRC-32C did not match",
+    "l3_fallbacks": "L3 loads whose ranks disagreed on the plan and read every unit",
+    "l3_evictions": "Objects this rank evicted from the store to stay under its capacity",
+    "l3_evicted_bytes": "Bytes this rank evicted from the store",
+}
+GAUGES = {
+    "host_capacity_pages": "Host slots, in pages",
+    "host_allocated_pages": "Host pages allocated",
+    "host_data_pages": "Host pages holding data",
+    "store_objects": "Objects the store holds (a bounded file store knows)",
+    "store_bytes": "Bytes the store holds (a bounded file store knows)",
+}
+
+
+def counted(now: Readings) -> dict[str, int | None]:
+    """The value of each of `COUNTERS` (None: this store does not know it)."""
+    ops = now.op_counts
+    return {
+        "l3_hits": now.l3_pages["hits"],
+        "l3_misses": now.l3_pages["misses"],
+        "l3_read_misses": ops.get("l3_miss", 0),
+        "l3_corrupt_objects": ops.get("l3_corrupt", 0),
+        "l3_fallbacks": ops.get("l3_fallback", 0),
+        "l3_evictions": now.store.get("evictions"),
+        "l3_evicted_bytes": now.store.get("evicted_bytes"),
+    }
+
+
+def gauged(now: Readings) -> dict[str, int | None]:
+    """The value of each of `GAUGES` (None: not known here)."""
+    host = now.host_pages
+    return {
+        "host_capacity_pages": host.get("capacity"),
+        "host_allocated_pages": host.get("allocated"),
+        "host_data_pages": host.get("data"),
+        "store_objects": now.store.get("objects"),
+        "store_bytes": now.store.get("bytes"),
+    }
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's numbers when scraped."""
+
+    def __init__(self, rank: str, read: Callable[[], Readings]) -> None:
+        self.rank, self.read = rank, read
+
+    def collect(self) -> Iterator[Metric]:
+        now, rank = self.read(), self.rank
+        doc = "Bytes moved per tier and direction"
+        moved = CounterMetricFamily("hicache_bytes", doc, labels=["rank", "tier", "direction"])
+        for (tier, direction), key in BYTES.items():
+            moved.add_metric([rank, tier, direction], now.op_bytes.get(key, 0))
+        yield moved
+        for name, value in counted(now).items():
+            if value is not None:
+                family = CounterMetricFamily(f"hicache_{name}", COUNTERS[name], labels=["rank"])
+                family.add_metric([rank], value)
+                yield family
+        for name, value in gauged(now).items():
+            if value is not None:
+                gauge = GaugeMetricFamily(f"hicache_{name}", GAUGES[name], labels=["rank"])
+                gauge.add_metric([rank], value)
+                yield gauge
+
+
+class EngineMetrics:
+    """One engine's registry: the read-at-scrape numbers and the latency histograms, and the
+    HTTP listener that serves them when asked for."""
+
+    def __init__(self, rank: int, read: Callable[[], Readings]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(str(rank), read))
+        self.latency = {
+            op: Histogram(
+                f"hicache_{op}_seconds",
+                doc,
+                ["rank"],
+                buckets=LATENCY_BUCKETS,
+                registry=self.registry,
+            ).labels(rank=str(rank))
+            for op, doc in TIMED.items()
+        }
+        self._server: tuple[WSGIServer, threading.Thread] | None = None
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.latency[op].observe(seconds)
+
+    def serve(self, address: str, port: int) -> None:
+        """Serve `/metrics` on address:port until `close` (OSError names a port in use)."""
+        try:
+            self._server = start_http_server(port, addr=address, registry=self.registry)
+        except OSError as e:
+            raise OSError(
+                f"runtime.metrics_port: cannot listen on {address}:{port} ({e}); pick a free "
+                "port (each rank serves on metrics_port + its rank)"
+            ) from e
+
+    @property
+    def port(self) -> int | None:
+        """The port it serves on (None: not serving)."""
+        return None if self._server is None else self._server[0].server_port
+
+    def stats(self) -> dict[str, float]:
+        """Every sample, as a scrape shows it less the rank label: `name{label="v",...}`."""
+        found = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue  # when a series started, not a number it counts
+                labels = {k: v for k, v in sample.labels.items() if k != "rank"}
+                shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                found[f"{sample.name}{{{shown}}}" if shown else sample.name] = sample.value
+        return found
+
+    def close(self) -> None:
+        """Stop the listener (its port is free again when this returns)."""
+        if self._server is not None:
+            server, thread = self._server
+            self._server = None
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=10)
