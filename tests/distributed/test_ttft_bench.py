@@ -54,7 +54,10 @@ def check_rows(result: dict, stores: list[str], strategies: list[str]) -> None:
         assert r["hit_vs_recompute"] == pytest.approx(r["recompute_ms"] / r["overlapped_ms"])
         assert r["flops"] == r["issued_flops"] == forward_flops(TINY, 5, 64, r["new_tokens"])
         assert r["recompute_flops"] == forward_flops(TINY, 5, 0, 64 + r["new_tokens"])
-        assert r["estimate_ms"] is None  # the cost model's, once it predicts a forward
+        # the cost model prices the load; the forward is the measured one
+        assert r["load_estimate_ms"] > 0
+        assert r["estimate_ms"] == max(r["load_estimate_ms"], r["compute_ms"])
+        assert r["x_estimate"] == pytest.approx(r["overlapped_ms"] / r["estimate_ms"])
 
 
 def test_ttft_bench_rows_for_host_hits_and_a_file_store(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.config.links import links_of
 from pipeline.jobs.bench.forward import published_config
+from pipeline.jobs.cost_report import case_estimate
 from pipeline.jobs.outputs import write_output
 
 BAR = 1.10
@@ -20,11 +22,12 @@ BAR = 1.10
 def summarize_ttft(ranks: list[dict], cases: list[tuple[Job, dict]], base: Job) -> dict[str, Any]:
     """Every case's rows from every rank's measurements; "ok": every row checked whole."""
     rows = []
-    for i, (_, case) in enumerate(cases):
+    for i, (job, case) in enumerate(cases):
         per_rank = [r["cases"][i] for r in ranks]
         for j, new in enumerate(base.bench.new_tokens):
             rows.append(row_of(case, [c["rows"][j] for c in per_rank], new))
             rows[-1]["hits_ok"] = all(c["hits"] == c["pages"] for c in per_rank)
+            rows[-1] |= estimate_of(job, case, rows[-1])
     config = published_config(base.model)
     return {
         "model": base.model.name,
@@ -41,8 +44,23 @@ def summarize_ttft(ranks: list[dict], cases: list[tuple[Job, dict]], base: Job) 
     }
 
 
+def estimate_of(job: Job, case: dict, row: dict[str, Any]) -> dict[str, Any]:
+    """The cost model's load of the case (`runtime.links`: the load from the host tier, or
+    from L3), and its ideal: max(that load, the measured compute), since the model prices no
+    forward; measured overlapped / that ("x_estimate")."""
+    est = case_estimate(job, case["tokens"], False, links_of(job.runtime.links))
+    leg = est.load if case["store"] == "none" else est.l3_load
+    assert leg is not None, "an L3 case has a store"
+    ideal_ms = max(leg.seconds * 1e3, row["compute_ms"])
+    return {
+        "load_estimate_ms": leg.seconds * 1e3,
+        "estimate_ms": ideal_ms,
+        "x_estimate": row["overlapped_ms"] / ideal_ms,
+    }
+
+
 def row_of(case: dict, per_rank: list[dict], new: int) -> dict[str, Any]:
-    """One row (see `summarize_ttft`); "estimate_ms" is the cost model's, when it has one."""
+    """One row (see `summarize_ttft`), without the cost model's estimate."""
 
     def ms(key: str) -> float:
         return max(statistics.median(r[key]) for r in per_rank) * 1e3
@@ -65,7 +83,6 @@ def row_of(case: dict, per_rank: list[dict], new: int) -> dict[str, Any]:
         "recompute_ms": recompute,
         "hit_vs_recompute": recompute / overlapped,
         "hit_beats_recompute": overlapped < recompute,
-        "estimate_ms": None,
         "flops": per_rank[0]["flops"],
         "issued_flops": per_rank[0]["issued_flops"],
         "recompute_flops": per_rank[0]["recompute_flops"],
@@ -73,10 +90,6 @@ def row_of(case: dict, per_rank: list[dict], new: int) -> dict[str, Any]:
         "waits_per_layer": all(r["waits_per_layer"] for r in per_rank),
         "bit_exact": all(r[k] for r in per_rank for k in checked),
     }
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def ttft_markdown(result: dict[str, Any]) -> str:
@@ -88,10 +101,10 @@ def ttft_markdown(result: dict[str, Any]) -> str:
         f"{forward['params_per_layer'][-1] / 1e6:.1f} M params per layer on each rank",
         "",
         "| store | tokens | strategy | new tokens | load ms | compute ms | load then compute ms "
-        "| overlapped ms | ideal ms | x ideal | recompute ms | hit vs recompute | estimate ms "
-        "| TFLOP/s | waits per layer | bit-exact |",
+        "| overlapped ms | ideal ms | x ideal | recompute ms | hit vs recompute "
+        "| load estimate ms | estimate ms | / estimate | TFLOP/s | waits per layer | bit-exact |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | --- | --- |",
+        "| ---: | ---: | ---: | --- | --- |",
     ]
     for r in result["rows"]:
         lines.append(
@@ -99,14 +112,17 @@ def ttft_markdown(result: dict[str, Any]) -> str:
             f"| {r['load_ms']:.1f} | {r['compute_ms']:.1f} | {r['serial_ms']:.1f} "
             f"| {r['overlapped_ms']:.1f} | {r['ideal_ms']:.1f} | {r['x_ideal']:.3f} "
             f"| {r['recompute_ms']:.1f} | {r['hit_vs_recompute']:.2f}x "
-            f"| {_ms(r['estimate_ms'])} | {r['compute_tflops']:.0f} "
+            f"| {r['load_estimate_ms']:.1f} | {r['estimate_ms']:.1f} | {r['x_estimate']:.2f} "
+            f"| {r['compute_tflops']:.0f} "
             f"| {'yes' if r['waits_per_layer'] else 'NO'} "
             f"| {'yes' if r['bit_exact'] and r['hits_ok'] else 'NO'} |"
         )
     lines += [
         "",
         "x ideal: overlapped / max(load, compute); hit vs recompute: recompute / overlapped "
-        "(above 1: the hit is faster).",
+        "(above 1: the hit is faster); load estimate: the cost model's load with the links of "
+        "runtime.links; estimate: max(load estimate, compute) (the model prices no forward); "
+        "/ estimate: overlapped / estimate.",
     ]
     lines += [
         f"- not measured: {s['strategy']} ({s['store']}, {s['tokens']} tokens): "
