@@ -1,85 +1,49 @@
-"""The public API as engines combine it, at tp1: every model kind x chunk_pages x adopted KV x
-store, through backup, load, write-back and load_from_l3, all bit-exact.
+"""The public API as engines combine it, at tp1: every model kind (MLA, DSA, MHA) x
+chunk_pages (0, 1, 2 and the odd 3) x adopted KV (none, one tensor per layer, one stacked
+tensor per pool kind) x store (none, file), through backup, load, write-back and
+load_from_l3, all bit-exact (`gridfns.run_case`); non-contiguous views refused saying so.
 
-The full product here is 3 x 4 x 3 x 2 = 72 engines, a few seconds on CPU, so no covering
-design is needed; strategies and tp2 are `tests/distributed/test_dedup.py`'s grid (every
-strategy x chunk_pages x adopted KV x host layout on 2 gloo ranks).
+Design: the whole product, 3 x 4 x 3 x 2 = 72 engines (11 s on 2 cores). Strategy is no
+factor at tp1: single_source and rotating fall back to replicated there (compose resolves
+it, and `test_fallbacks_leave_these_engine_kinds` pins that), so the engine is the same.
+tp2 on gloo ranks is `tests/distributed/test_api_grid_tp2.py`; cuda, `tests/gpu`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import gridfns
 import pytest
-import torch
 
 import pipeline
 
-Adopted = dict[object, torch.Tensor] | None
 
-
-def adopted_kv(job: pipeline.Job, how: str) -> Adopted:
-    """None (the engine allocates), one tensor per (pool kind, layer), or one stacked tensor
-    per pool kind: shaped as the engine would allocate them."""
-    if how == "none":
-        return None
-    engine = pipeline.create_engine(job)
-    try:
-        shapes = {(u.pool, u.layer): engine.device_pool.layer(u) for u in job.model.units}
-    finally:
-        engine.close()
-    per_layer = {key: torch.zeros_like(t) for key, t in shapes.items()}
-    if how == "per_layer":
-        return per_layer
-    kinds = sorted({pool for pool, _ in per_layer})
-    return {
-        kind: torch.stack([t for (pool, _), t in sorted(per_layer.items()) if pool == kind])
-        for kind in kinds
-    }
-
-
-def device_layers(engine: pipeline.Engine, job: pipeline.Job) -> list[torch.Tensor]:
-    return [engine.device_pool.layer(u) for u in job.model.units]
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("case", gridfns.whole_product(tp=1), ids=str)
+def test_every_combination_moves_its_pages_bit_exact(case: gridfns.Case, tmp_path: Path) -> None:
+    assert gridfns.run_case(case, case.job(tmp_path)) == ""
 
 
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("store", ["none", "file"])
-@pytest.mark.parametrize("adopted", ["none", "per_layer", "stacked"])
-@pytest.mark.parametrize("chunk_pages", [0, 1, 2, 3])
-@pytest.mark.parametrize("model", ["tiny_mla", "tiny_dsa", "tiny_mha"])
-def test_every_combination_moves_its_pages_bit_exact(
-    model: str, chunk_pages: int, adopted: str, store: str, tmp_path: Path
-) -> None:
-    overrides = [f"model={model}", "topology=tp1", "topology.device=cpu"]
-    overrides.append(f"strategy.chunk_pages={chunk_pages}")
-    if store == "file":
-        overrides += ["storage=file", f"storage.path={tmp_path}"]
-    job = pipeline.compose(overrides)
-    engine = pipeline.create_engine(job, device_kv=adopted_kv(job, adopted))
-    try:
-        page, pages = job.model.page_size, 7  # 7 pages: a partial last batch
-        source, target = torch.arange(0, pages * page), torch.arange(8 * page, (8 + pages) * page)
-        generator = torch.Generator().manual_seed(pages)
-        for layer in device_layers(engine, job):
-            layer[:pages].copy_(torch.randint(0, 255, layer[:pages].shape, generator=generator))
-        before = [layer[:pages].clone() for layer in device_layers(engine, job)]
-        host = engine.host_slots.alloc(pages * page)
-        engine.backup(host, source).wait()
-        engine.load(host, target).done().wait()
-        for i, layer in enumerate(device_layers(engine, job)):
-            assert torch.equal(layer[8 : 8 + pages], before[i]), f"unit {i}: load"
-        if store == "file":
-            keys = engine.l3_keys(list(range(pages * page)))
-            engine.write_back(keys, host).wait()
-            engine.poll()
-            engine.host_slots.reuse(host)  # evicted from the host: L3 holds the pages
-            for layer in device_layers(engine, job):
-                layer.zero_()
-            loaded = engine.load_from_l3(keys, host, target)
-            assert loaded.hits == pages and loaded.handle is not None
-            loaded.handle.done().wait()
-            for i, layer in enumerate(device_layers(engine, job)):
-                assert torch.equal(layer[8 : 8 + pages], before[i]), f"unit {i}: from L3"
-        engine.poll()
-    finally:
-        engine.close()
+@pytest.mark.parametrize("how", ["per_layer", "stacked"])
+@pytest.mark.parametrize("model", gridfns.MODELS)
+def test_adopted_views_that_are_not_contiguous_are_refused_saying_so(model: str, how: str) -> None:
+    job = gridfns.Case(model, "replicated", 0, "none", "none").job(None)
+    said = gridfns.refusal(job, f"{how}_strided", "cpu")
+    assert said.startswith("device_kv[('kv', 0)]: not contiguous (strides "), said
+    assert "a .contiguous() copy would not be your KV" in said
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fallbacks_leave_these_engine_kinds(tp: int) -> None:
+    """What every strategy x model becomes after compose's fallback: the grids run these."""
+    asked = [
+        gridfns.Case(m, s, 0, "none", "none", tp)
+        for m in gridfns.MODELS
+        for s in gridfns.STRATEGIES
+    ]
+    kinds = {
+        (case.model, pipeline.compose(case.overrides()).strategy.config.name) for case in asked
+    }
+    assert sorted(kinds) == sorted(gridfns.engine_kinds(tp))
