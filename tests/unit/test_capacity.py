@@ -9,6 +9,7 @@ import hashlib
 import multiprocessing
 import os
 import re
+import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -115,6 +116,21 @@ def test_a_new_store_learns_what_the_folder_holds(tmp_path: Path) -> None:
     assert held_bytes(tmp_path) <= 10 * OBJECT_BYTES
     assert read_back(store, "ns/00/new") == blob("ns/00/new")
     assert store.stats()["evictions"] == 30 - 9
+    store.close()
+
+
+def test_an_eviction_removes_what_a_crashed_writer_left(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path), capacity_bytes=4 * OBJECT_BYTES, evict_to=0.5)
+    store.put("ns/00/a", [blob("ns/00/a")])
+    left, writing = tmp_path / "ns" / "00" / ".tmp-0123", tmp_path / "ns" / "00" / ".tmp-4567"
+    left.write_bytes(b"half an object")
+    writing.write_bytes(b"a write in flight")
+    two_hours_ago = time.time_ns() - 2 * 3600 * 10**9
+    os.utime(left, ns=(two_hours_ago, two_hours_ago))
+    for i in range(5):  # past the capacity: an eviction pass
+        store.put(name_of(i), [blob(name_of(i))])
+    assert (store.stats()["evictions"] or 0) > 0
+    assert not left.exists() and writing.read_bytes() == b"a write in flight"
     store.close()
 
 

@@ -18,6 +18,7 @@ import re
 import stat
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +34,11 @@ LEDGER_FORMAT = struct.Struct("<8sqq")
 LEDGER_MAGIC = b"HCPLUSE1"
 MAX_DEPTH = 8
 """Folders a walk goes down at most (objects lie 3 deep: namespace, key prefix, key)."""
+TEMPORARY = ".tmp-"
+"""How a write in flight is named (`FileStore.put`), beside the object it becomes."""
+STALE_TEMPORARY_NS = 3600 * 10**9
+"""A temporary file this old is a crashed writer's (a write takes milliseconds): an
+eviction pass removes it."""
 
 
 @dataclass(frozen=True)
@@ -46,25 +52,39 @@ class Stored:
     inode: int
 
 
-def walk(beneath: Beneath) -> Iterator[Stored]:
+def walk(beneath: Beneath, temporaries: list[Stored] | None = None) -> Iterator[Stored]:
     """Every object below the root: the regular files whose every name is a store name (no
-    write in flight, no ledger), found without following a link."""
-    yield from _walk(beneath.fd, [], MAX_DEPTH)
+    write in flight, no ledger), found without following a link; a file that goes while
+    the walk runs (evicted, renamed) is left out. `temporaries` collects the writes in
+    flight (their modification time as their use), or that a crashed writer left."""
+    yield from _walk(beneath.fd, [], MAX_DEPTH, temporaries)
 
 
-def _walk(fd: int, parts: list[str], depth: int) -> Iterator[Stored]:
+def _walk(
+    fd: int, parts: list[str], depth: int, temporaries: list[Stored] | None
+) -> Iterator[Stored]:
     with os.scandir(fd) as entries:
-        listed = [(e.name, e.stat(follow_symlinks=False)) for e in entries]
-    for name, info in sorted(listed):
-        if not COMPONENT.fullmatch(name):
+        names = sorted(e.name for e in entries)
+    for name in names:
+        temporary = name.startswith(TEMPORARY)
+        if not COMPONENT.fullmatch(name) and not (temporary and temporaries is not None):
             continue
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        used = info.st_mtime_ns if temporary else info.st_atime_ns
+        found = Stored("/".join([*parts, name]), info.st_size, used, info.st_ino)
         if stat.S_ISREG(info.st_mode):
-            yield Stored("/".join([*parts, name]), info.st_size, info.st_atime_ns, info.st_ino)
-        elif stat.S_ISDIR(info.st_mode) and depth > 1:
+            if temporary and temporaries is not None:
+                temporaries.append(found)
+            elif not temporary:
+                yield found
+        elif stat.S_ISDIR(info.st_mode) and depth > 1 and not temporary:
             with contextlib.suppress(FileNotFoundError):  # evicted or removed meanwhile
                 inner = os.open(name, FOLDER_FLAGS, dir_fd=fd)
                 try:
-                    yield from _walk(inner, [*parts, name], depth - 1)
+                    yield from _walk(inner, [*parts, name], depth - 1, temporaries)
                 finally:
                     os.close(inner)
 
@@ -150,8 +170,12 @@ class Bound:
     def _evict(self, to_bytes: int) -> Evicted:
         """Under the lock: the folder counted again (other processes' writes, crashes, a
         replaced object: the ledger is exact after each pass), then the oldest removed."""
-        found = sorted(walk(self.beneath), key=lambda s: s.used_ns)
+        temporaries: list[Stored] = []
+        found = sorted(walk(self.beneath, temporaries), key=lambda s: s.used_ns)
         held_bytes, held_objects = sum(s.size for s in found), len(found)
+        stale = time.time_ns() - STALE_TEMPORARY_NS
+        for left in (t for t in temporaries if t.used_ns < stale):
+            self._unlink_unused(left)
         objects = freed = 0
         for stored in found:
             if held_bytes <= to_bytes:
@@ -177,7 +201,8 @@ class Bound:
             return "kept"
         try:
             now = os.stat(leaf, dir_fd=folder, follow_symlinks=False)
-            if (now.st_ino, now.st_atime_ns) != (stored.inode, stored.used_ns):
+            used = now.st_mtime_ns if leaf.startswith(TEMPORARY) else now.st_atime_ns
+            if (now.st_ino, used) != (stored.inode, stored.used_ns):
                 return "kept"
             os.unlink(leaf, dir_fd=folder)
             return "evicted"

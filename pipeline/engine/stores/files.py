@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.engine.stores.capacity import COMPONENT, Bound
+from pipeline.engine.stores.capacity import COMPONENT, TEMPORARY, Bound
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views, copy_out
 
@@ -147,7 +147,7 @@ class FileStore:
     def put(self, name: str, parts: Sequence[Part]) -> None:
         folders, leaf = self._split(name)
         folder = self._folder(folders, create=True)
-        tmp = f".tmp-{secrets.token_hex(8)}"
+        tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
         try:
             fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
             try:
