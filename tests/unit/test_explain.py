@@ -146,3 +146,60 @@ def test_strict_exits_1_and_a_config_that_does_not_compose_exits_2(
     assert said["exit_code"] == 2 and "did you mean rotating?" in said["error"]
     assert run_command(explain, ["topology.tp_size=0", "--json"], "explain") == 2
     assert "topology.tp_size" in json.loads(capsys.readouterr().out)["error"]
+
+
+DEEPSEEK_16K = ["model=deepseek_v3", "workload.num_tokens=16384", "workload.device_tokens=65536"]
+
+
+def text_of(sources: ConfigSources, capsys: pytest.CaptureFixture, *overrides: str) -> str:
+    assert explain(Invocation(CommandLine(overrides=list(overrides)), sources)) == 0
+    return capsys.readouterr().out
+
+
+def test_auto_explains_every_strategys_estimate_and_the_winner_in_json_and_text(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    verdict = explained(sources, capsys, "strategy=auto", "topology=tp2", *DEEPSEEK_16K)
+    assert verdict["auto"] and verdict["strategy"] == "rotating" and verdict["runs"]
+    estimates = verdict["estimates"]
+    assert estimates["winner"] == "rotating" and estimates["links"] == "h200"
+    by_name = {e["strategy"]: e for e in estimates["strategies"]}
+    assert set(by_name) == {"replicated", "single_source", "rotating"}
+    for e in by_name.values():
+        assert e["backup"]["ms"] > 0 and e["load"]["bound"] and e["l3_load"] is None
+        assert sum(e["load"]["terms_ms"].values()) == pytest.approx(e["load"]["ms"], abs=0.01)
+    assert (
+        by_name["rotating"]["host_link_bytes_per_rank"] * 2
+        < by_name["replicated"]["host_link_bytes_per_rank"] * 1.1
+    )
+    assert verdict["notes"][-1].startswith("strategy=auto picked rotating: estimated load-back")
+    assert verdict["warnings"] == []
+    out = text_of(sources, capsys, "strategy=auto", "topology=tp2", *DEEPSEEK_16K)
+    assert "strategy rotating: ACTIVE" in out and "estimates (links h200; 16384 tokens" in out
+    assert "winner: rotating (picked by strategy=auto)" in out
+
+
+def test_a_dedup_strategy_expected_to_lose_is_warned_with_what_to_change(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    args = ("strategy=single_source", "topology=two_nodes_tp16", *DEEPSEEK_16K)
+    verdict = explained(sources, capsys, *args)
+    assert verdict["strategy"] == verdict["effective_strategy"] == "single_source"
+    assert not verdict["auto"] and verdict["estimates"]["winner"] == "replicated"
+    (warning,) = verdict["warnings"]
+    assert warning["name"] == "dedup_expected_to_win" and not warning["passed"]
+    assert "the group spans nodes" in warning["message"]
+    assert "use strategy=replicated or strategy=auto" in warning["message"]
+    out = text_of(sources, capsys, *args)
+    assert "WARN dedup_expected_to_win: single_source is expected to lose" in out
+
+
+def test_no_estimate_where_a_group_it_reads_has_a_mistake_and_auto_then_refuses(
+    sources: ConfigSources, capsys: pytest.CaptureFixture
+) -> None:
+    verdict = explained(sources, capsys, "strategy=auto", "workload.num_tokens=0")
+    assert verdict["estimates"] is None and not verdict["runs"]
+    assert any(p["key"] == "workload.num_tokens" for p in verdict["problems"])
+    said = explained(sources, capsys, "runtime.links=nosuch")
+    assert said["estimates"] is None
+    assert [p["key"] for p in said["problems"]] == ["runtime.links"]
