@@ -18,10 +18,11 @@ from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, p
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.host_slots import HostSlots
 from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_jobs import objects_job
+from pipeline.engine.l3_jobs import objects_job, prefetch_job
 from pipeline.engine.loads import L3Load, WindowedLoad
-from pipeline.engine.metrics import EngineMetrics, Readings
+from pipeline.engine.metrics import EngineMetrics, readings
 from pipeline.engine.pools import DevicePool, HostPool
+from pipeline.engine.prefetch import Prefetch, agreed_pages, start
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
@@ -133,8 +134,11 @@ class Engine:
         return done
 
     def lookup(self, keys: list[str]) -> int:
-        """Pages at the front of `keys` the replica group can load from L3 (a collective)."""
-        found = self._l3().lookup(keys)
+        """Pages at the front of `keys` the replica group can load from L3 (a collective; 0
+        below `storage.min_hit_pages`)."""
+        tier = self._l3()
+        found = tier.lookup(keys)
+        found = found if found >= tier.storage.min_hit_pages else 0
         self._l3_pages["hits"] += found
         self._l3_pages["misses"] += len(keys) - found
         return found
@@ -157,6 +161,33 @@ class Engine:
         job = tier.fetch(self.strategy.l3.fetch, job)
         self.metrics.observe("fetch", time.monotonic() - start)
         return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
+
+    def prefetch(self, keys: list[str], host_indices: torch.Tensor) -> Prefetch:
+        """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
+        `host_slots.alloc`) on the I/O threads, and return at once (a collective: it agrees on
+        the plan); `Prefetch.ready()` counts this rank's leading pages read so far."""
+        tier = self._l3()
+        job = prefetch_job(keys, host_indices, self.spec, self.host_allocator)
+        return start(tier, job, host_indices, self.strategy.l3.fetch)
+
+    def load_prefetched(self, prefetch: Prefetch, device_indices: torch.Tensor) -> L3Load:
+        """Agree under `storage.prefetch_policy` on the leading pages every reader of the group
+        has read intact, load them to `device_indices` (one per prefetched page), and give the
+        slots of the other pages back to the free list, on every rank (a collective)."""
+        tier, per_page = self._l3(), self.sizing.slots_per_page
+        if prefetch.taken:
+            raise ValueError("prefetch: this prefetch was loaded already")
+        host = prefetch.host_indices
+        if len(device_indices) != len(host):
+            raise ValueError(f"device_indices has {len(device_indices)} slots for {len(host)}")
+        prefetch.taken = True
+        hits = agreed_pages(tier, prefetch, tier.storage)
+        self.host_allocator.hold_data(prefetch.job.host_pages[:hits])
+        self.host_allocator.free(prefetch.job.host_pages[hits:].tolist())
+        slots = slice(0, hits * per_page)
+        load = self.load(host[slots], device_indices[slots]) if hits else None
+        self.metrics.observe("fetch", time.monotonic() - prefetch.started_s)
+        return L3Load(hits, False, WindowedLoad([load]) if load else None)
 
     def _l3(self) -> L3Tier:
         self._usable()
@@ -261,17 +292,3 @@ class Engine:
             self._broken = (
                 f"a {plan.direction.value} failed ({error}) and {where} may be out of step"
             )
-
-
-def readings(
-    trace: Trace, slots: PageAllocator, l3: L3Tier | None, l3_pages: dict[str, int]
-) -> Readings:
-    """What a scrape of an engine's metrics reads (see `engine.metrics`)."""
-    counts, moved = trace.totals()
-    host = {
-        "capacity": slots.num_pages,
-        "allocated": slots.num_pages - slots.num_free,
-        "data": slots.num_with_data(),
-    }
-    store = {} if l3 is None else l3.store.stats()
-    return Readings(counts, moved, dict(l3_pages), store, host)

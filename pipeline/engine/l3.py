@@ -79,8 +79,7 @@ class L3Tier:
         io: ThreadPoolExecutor,
         scratches: Scratches,
         owners: OwnerMap,
-        batch_pages: int,
-        window_pages: int,
+        storage: StorageConfig,
         checks: Checks,
     ) -> None:
         self.store = store
@@ -106,9 +105,10 @@ class L3Tier:
         """The threads that read and write objects (`storage.io_threads`)."""
         self.scratches = scratches
         self.owners = owners
-        self.batch_pages = batch_pages
+        self.storage = storage
+        self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
-        self.window_pages = window_pages
+        self.window_pages = window_pages(storage, runtime)
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
         self.checks = checks
         self.digest = checks.unit()
@@ -290,8 +290,7 @@ def open_tier(
         io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
         scratches=Scratches(obj, longest, storage.io_threads),
         owners=owners,
-        batch_pages=2 * storage.io_threads,
-        window_pages=window_pages(storage, runtime),
+        storage=storage,
         checks=Checks(key),
     )
     tier.store.register(tier.memory())

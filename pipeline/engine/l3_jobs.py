@@ -75,6 +75,18 @@ def objects_job(
     return ObjectsJob(keys, host, device)
 
 
+def prefetch_job(
+    keys: list[str], host_indices: torch.Tensor, spec: PlanSpec, host_allocator: PageAllocator
+) -> ObjectsJob:
+    """A prefetch's job: reads into host pages that hold no data (the device pages come
+    with the load); ValueError naming the argument otherwise, before any byte moves."""
+    host = pages_of("host_indices", host_indices, spec.slots_per_page, spec.host_slots).numpy()
+    check_keys(keys, len(host))
+    if held := sorted(set(host.tolist()) - set(host_allocator.without_data(host))):
+        raise ValueError(f"host_indices name pages that hold data (a fetch overwrites): {held[:8]}")
+    return ObjectsJob(keys, host)
+
+
 CUDA_WINDOW_PAGES = 64
 """`storage.load_chunk_pages` on cuda when not given: a few windows per prefix, so the DMA of
 one overlaps the reads of the next without a load issued per handful of pages."""

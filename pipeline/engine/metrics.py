@@ -19,6 +19,10 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pipeline.engine.l3 import L3Tier
+from pipeline.engine.transfer import Trace
+from pipeline.spec.slots import PageAllocator
+
 LATENCY_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 """Seconds: a small request's backup (~100 us) to a 64K-token load from a cold store."""
 TIMED = {
@@ -179,3 +183,17 @@ class EngineMetrics:
             server.shutdown()
             server.server_close()
             thread.join(timeout=10)
+
+
+def readings(
+    trace: Trace, slots: PageAllocator, l3: L3Tier | None, l3_pages: dict[str, int]
+) -> Readings:
+    """What a scrape of an engine's metrics reads (see `engine.metrics`)."""
+    counts, moved = trace.totals()
+    host = {
+        "capacity": slots.num_pages,
+        "allocated": slots.num_pages - slots.num_free,
+        "data": slots.num_with_data(),
+    }
+    store = {} if l3 is None else l3.store.stats()
+    return Readings(counts, moved, dict(l3_pages), store, host)

@@ -26,6 +26,16 @@ def shown_url(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", url)
 
 
+class PrefetchPolicy(Enum):
+    """How a prefetched load from L3 agrees on its pages: wait_complete (wait for every read),
+    best_effort (take what every reader has ready now), timeout (wait up to
+    storage.prefetch_timeout_s, then take what is ready)."""
+
+    wait_complete = "wait_complete"
+    best_effort = "best_effort"
+    timeout = "timeout"
+
+
 class StorageKind(Enum):
     """none: no L3; file: objects in a folder on local disk; mooncake: Mooncake Store."""
 
@@ -74,10 +84,29 @@ class StorageConfig:
     evict_to: float = 0.9
     """file with capacity_bytes: an eviction removes objects until they take at most this
     fraction of capacity_bytes (0 < evict_to <= 1), so not every write evicts."""
+    prefetch_policy: PrefetchPolicy = PrefetchPolicy.best_effort
+    """How `engine.load_prefetched` agrees on the pages an `engine.prefetch` read (see
+    PrefetchPolicy): every rank of the replica group takes the same leading pages."""
+    prefetch_timeout_s: float = 1.0
+    """prefetch_policy=timeout: the longest a prefetched load waits for its reads."""
+    min_hit_pages: int = 1
+    """A lookup or prefetched load that finds fewer leading pages reports 0 (loads none):
+    below it a hit is not worth a load."""
 
     def __post_init__(self) -> None:
-        found = at_least("storage", self, segment_bytes=1 << 20, io_threads=1, load_chunk_pages=0)
+        found = at_least(
+            "storage",
+            self,
+            segment_bytes=1 << 20,
+            io_threads=1,
+            load_chunk_pages=0,
+            min_hit_pages=1,
+        )
         found += finite("storage", self, "evict_to") + self._capacity_problems()
+        timeout = self.prefetch_timeout_s
+        if isinstance(timeout, int | float) and (not math.isfinite(timeout) or timeout <= 0):
+            message = f"storage.prefetch_timeout_s={timeout}: seconds, > 0"
+            found.append(Problem("storage.prefetch_timeout_s", message))
         if self.io_threads > MAX_IO_THREADS:
             found.append(
                 Problem(

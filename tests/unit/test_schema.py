@@ -92,6 +92,14 @@ KNOB_ERRORS = [
     (BenchConfig, {"chunk_pages": [0, -3]}, r"bench.chunk_pages=\[0, -3\] must hold integers"),
     (SimulateConfig, {"max_skips": 0}, "simulate.max_skips=0 must be >= 1"),
     (SimulateConfig, {"arrive_prob": 1.5}, r"simulate.arrive_prob=1.5 must lie in \[0, 1\]"),
+    (BenchConfig, {"new_tokens": [0]}, r"bench.new_tokens=\[0\] must hold integers >= 1"),
+    (RuntimeConfig, {"metrics_port": 0}, r"runtime.metrics_port=0 must lie in \[1, 65535\]"),
+    (storage.StorageConfig, {"min_hit_pages": 0}, "storage.min_hit_pages=0 must be >= 1"),
+    (
+        storage.StorageConfig,
+        {"prefetch_timeout_s": 0.0},
+        "storage.prefetch_timeout_s=0.0: seconds, > 0",
+    ),
 ]
 REQUIRED = {
     StrategyConfig: {"name": "s", "ownership": Ownership.replicated},
@@ -111,7 +119,7 @@ def test_no_shipped_stage_entry_carries_an_argument() -> None:
     """Every knob has one home: a stage entry names its stage and nothing else, so no
     `${strategy.*}` copy (or any other value) can shadow a strategy knob."""
     strategies = sorted((Path(__file__).parents[2] / "conf" / "strategy").glob("*.yaml"))
-    assert len(strategies) == 3
+    assert {p.stem for p in strategies} == {"replicated", "single_source", "rotating", "auto"}
     for path in strategies:
         config = yaml.safe_load(path.read_text())
         for direction in ("backup", "load"):  # a file may take its lists from another's

@@ -1,0 +1,96 @@
+"""Rank functions for the prefetch tests: pages written back to L3, then prefetched into free
+host slots while one rank's I/O threads are held busy (a slow reader, really slow: its reads
+queue behind work that does not end until the test says), and loaded under a policy."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from pipeline.config.job import Job
+from pipeline.engine.engine import Engine
+from pipeline.engine.factory import open_engine
+from pipeline.jobs.contents import POISON, fill_random, first_mismatch, poison, snapshot
+from pipeline.jobs.run import forward
+from pipeline.spec.slots import page_tokens
+
+PAGES = 8
+WAIT_S = 120.0
+"""The bound on every wait here (a wedged rank fails the test instead of hanging it)."""
+
+
+def prefetched(args: tuple[Job, int, str], rank: int, world_size: int, local_rank: int) -> dict:
+    """Write back 8 pages and evict them; then `slow` (a rank) holds its I/O threads busy,
+    prefetch them into fresh host slots, and load them under the job's policy. `release`:
+    'timer' frees the slow rank's threads 0.5 s after the prefetch started, 'after' only once
+    the load agreed, 'ready' waits (bounded) until every rank read every page first."""
+    job, slow, release = args
+    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    try:
+        return _prefetched(engine, rank == slow, release)
+    finally:
+        engine.close()
+
+
+def _prefetched(engine: Engine, slow: bool, release: str) -> dict[str, Any]:
+    size, tier = engine.sizing.slots_per_page, engine.l3
+    assert tier is not None
+    source = list(range(PAGES))
+    fill_random(engine, source, 5 + engine.runtime.replica_group[0])
+    expected = snapshot(engine, source)
+    host = engine.host_slots.alloc(PAGES * size)
+    engine.backup(host, page_tokens(source, size)).wait()
+    keys = engine.l3_keys(list(range(PAGES * size)))
+    engine.write_back(keys, host).wait()
+    while engine.acks.pending:
+        engine.poll()
+    engine.host_slots.free(host)  # evicted from the host tier: only L3 has them now
+    free_before = engine.host_slots.num_free
+    gate = threading.Event()
+    if slow:  # every I/O thread waits on the gate, so this rank's reads queue behind it
+        busy = [tier.io.submit(gate.wait, WAIT_S) for _ in range(tier.storage.io_threads)]
+    found = engine.lookup(keys)
+    fresh = engine.host_slots.alloc(PAGES * size)
+    prefetch = engine.prefetch(keys, fresh)
+    if release == "timer":
+        threading.Timer(0.5, gate.set).start()
+    if release == "ready":
+        _until_everyone_ready(prefetch.ready, PAGES)
+    target = [p + PAGES for p in source]
+    poison(engine, target)
+    loaded = engine.load_prefetched(prefetch, page_tokens(target, size))
+    gate.set()
+    if slow:
+        for work in busy:
+            work.result(timeout=WAIT_S)
+    hits = loaded.hits
+    if loaded.handle is not None:
+        forward(engine, loaded.handle)
+        loaded.handle.done(engine.runtime.forward_stream).wait()
+    while engine.acks.pending:
+        engine.poll()
+    rest = snapshot(engine, target[hits:]) if hits < PAGES else {}
+    return {
+        "found": found,
+        "hits": hits,
+        "ready_after": prefetch.ready(),
+        "loaded": first_mismatch(engine, target[:hits], {u: e[:hits] for u, e in expected.items()})
+        if hits
+        else "",
+        "rest_untouched": all(bool((t == POISON).all()) for t in rest.values()),
+        "slots_back": engine.host_slots.num_free - (free_before - hits * size),
+        "stats": engine.stats(),
+    }
+
+
+def _until_everyone_ready(ready: Any, pages: int) -> None:
+    """Wait (bounded) until this rank read every page, then for every other rank to."""
+    done = threading.Event()
+    deadline = threading.Timer(WAIT_S, done.set)
+    deadline.start()
+    while ready() < pages and not done.is_set():
+        done.wait(0.01)
+    deadline.cancel()
+    dist.barrier()
