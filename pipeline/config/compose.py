@@ -148,10 +148,11 @@ class Session:
         return self.choices["strategy"]
 
     def runs(self) -> tuple[str | None, DictConfig]:
-        """(a note when the requested strategy falls back, the config that runs)."""
+        """(a note when strategy=auto picked it or the requested strategy falls back, the
+        config that runs)."""
         verdict = self.verdict()
         if verdict.active:
-            return None, self.cfg
+            return self.auto_note, self.cfg
         note = f"strategy {verdict.strategy} is inactive here: {verdict.effective_strategy} runs"
         return note, self.with_strategy(verdict.effective_strategy)
 
