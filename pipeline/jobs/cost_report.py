@@ -74,3 +74,28 @@ def plan_estimate(job: Job, links: Links) -> dict[str, Any]:
             for rk in e.ranks
         ],
     }
+
+
+def plan_estimate_text(planned: dict[str, Any]) -> str:
+    """`plan_estimate`'s result as `plan` prints it: the legs, then the bytes of each rank."""
+    legs = [
+        f"{name} {leg['ms']:.2f} ms ({leg['bound']})"
+        for name, leg in (
+            ("backup", planned["backup"]),
+            ("load", planned["load"]),
+            ("L3 load", planned["l3_load"]),
+            ("write-back", planned["write_back"]),
+        )
+        if leg is not None
+    ]
+    lines = [f"estimate (links {printable(planned['links'])}): {', '.join(legs)}"]
+    lines.append(
+        f"{'rank':>4}  {'host link':>11}  {'bcast send':>11}  {'bcast recv':>11}  {'L3 read':>11}"
+    )
+    lines += [
+        f"{r['rank']:>4}  {human_bytes(r['host_link_bytes']):>11}  "
+        f"{human_bytes(r['broadcast_sent_bytes']):>11}  "
+        f"{human_bytes(r['broadcast_received_bytes']):>11}  {human_bytes(r['l3_read_bytes']):>11}"
+        for r in planned["ranks"]
+    ]
+    return "\n".join(lines)

@@ -241,7 +241,9 @@ def _rank_costs(case: Case, owners: OwnerMap, owned: Owned, pages: int) -> tuple
         mine = sum(u.page_bytes for u in owned[r]) * pages
         sent = sum(u.page_bytes for u in owned[r] if owners.exchanged(u.ordinal)) * pages
         received = sum(
-            u.page_bytes for u in units if owners.exchanged(u.ordinal) and u not in owned[r]
+            u.page_bytes
+            for u in units
+            if owners.exchanged(u.ordinal) and owners.sources[u.ordinal] != r
         )
         reads = _reads(case, owned[r])
         found.append(RankCost(r, mine, sent, received * pages, reads))
