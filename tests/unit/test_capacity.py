@@ -230,3 +230,12 @@ def test_a_capacity_reads_as_bytes() -> None:
     with initialize_config_module(config_module="conf", version_base="1.3"):
         job = Session.compose(["storage=file", "storage.capacity_bytes=64GiB"]).job()
     assert job.storage.capacity == 64 << 30 and job.storage.evict_to == 0.9
+
+
+def test_a_capacity_below_one_object_is_a_config_error_in_the_parent() -> None:
+    """Refused by `compose` (exit 2, before a rank starts), naming the key to raise."""
+    with pytest.raises(ConfigError) as refused:
+        pipeline.compose(["storage=file", "storage.capacity_bytes=1KiB"])
+    ((key, message),) = [(p.key, p.message) for p in refused.value.problems]
+    assert key == "storage.capacity_bytes"
+    assert message.endswith("more than storage.evict_to=0.9 of it; raise it"), message
