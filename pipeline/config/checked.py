@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.assemble import assemble, stage_problems
 from pipeline.config.build import Built, built
+from pipeline.config.costs import dedup_note
 from pipeline.config.eligibility import RULES, Verdict, decide, normalize
 from pipeline.config.job import Job, alignment_problems, job_problems
 from pipeline.config.links import links_problems
@@ -111,6 +112,13 @@ def job_of(
             return None, found + e.problems, verdict
         groups = {**groups, **built_groups(cfg, ("strategy",))}
         found += list(groups["strategy"].problems)
+    typed_strategy = groups["strategy"]
+    if (
+        typed_strategy.obj is not None
+        and not typed_strategy.problems
+        and (warning := dedup_note(cfg, typed_strategy.obj, sibling))
+    ):  # advice, not a refusal: the run's report says it
+        verdict = dataclasses.replace(verdict, notes=(*verdict.notes, warning))
     stages = strategy_stage_problems(cfg)
     stood = {k for b in groups.values() for k in b.stand_ins}
     if stages or any(b.obj is None for b in groups.values()):  # no Job: the page rules only

@@ -25,6 +25,7 @@ from pipeline.spec.cost import Case, Estimate, Links, estimate
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import Ownership
 from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import Topology
 
 AUTO = "auto"
@@ -158,3 +159,29 @@ def ranking(cfg: DictConfig, sibling: Sibling) -> Ranking:
     if not any(c.active for c in candidates):
         raise ConfigError([Problem("strategy", "no strategy option is active here")])
     return Ranking(links, case, tuple(candidates))
+
+
+def dedup_note(cfg: DictConfig, strategy: StrategyConfig, sibling: Sibling) -> str | None:
+    """The dedup rule's warning for the strategy this config runs, as a verdict note (None
+    where it passes, the strategy is replicated, replicated cannot run here, or no estimate
+    can be made: a group it reads has a mistake, which the job reports)."""
+    ownership = strategy.ownership
+    if ownership is Ownership.replicated:
+        return None
+    try:
+        g = typed_groups(cfg)
+        model, storage = g["model"], g["storage"]
+        assert isinstance(model, ModelGeometry) and isinstance(storage, StorageConfig)
+        assert isinstance(g["topology"], Topology) and isinstance(g["workload"], WorkloadConfig)
+        case = case_of(
+            model, g["topology"], g["workload"], storage, int(cfg.strategy.cuda_graph_cache)
+        )
+        requires = list(sibling("replicated").strategy.requires)
+        links = links_of(str(cfg.runtime.links))
+    except ConfigError:
+        return None
+    if not all(r.passed for r in evaluate(requires, case.topology, model, storage)):
+        return None
+    mine, theirs = (estimate(case, o, links) for o in (ownership, Ownership.replicated))
+    rule = dedup_expected_to_win(strategy.name, mine, theirs, case)
+    return None if rule.passed else f"WARN {rule.name}: {rule.message}"

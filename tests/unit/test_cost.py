@@ -173,3 +173,14 @@ def test_auto_runs_replicated_where_it_alone_is_active_or_dedup_would_lose() -> 
     assert across.strategy.config.name == "replicated"  # single_source broadcasts between nodes
     cpu = job_config("topology=tp2", "runtime.links=cpu", "strategy=auto")
     assert cpu.strategy.config.name in {"replicated", "rotating", "single_source"}
+
+
+def test_a_job_whose_dedup_strategy_is_expected_to_lose_carries_the_warning_in_its_notes() -> None:
+    losing = job_config(
+        "model=deepseek_v3", "topology=two_nodes_tp16", "strategy=single_source",
+        "workload.num_tokens=16384", "workload.device_tokens=65536",
+    )  # fmt: skip
+    (warning,) = [n for n in losing.verdict.notes if n.startswith("WARN")]
+    assert warning.startswith("WARN dedup_expected_to_win: single_source is expected to lose")
+    winning = job_config("model=deepseek_v3", "topology=tp2", "strategy=rotating")
+    assert not any(n.startswith("WARN") for n in winning.verdict.notes)
