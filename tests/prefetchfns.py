@@ -21,17 +21,22 @@ WAIT_S = 120.0
 """The bound on every wait here (a wedged rank fails the test instead of hanging it)."""
 
 
-def prefetched(args: tuple[Job, int, str], rank: int, world_size: int, local_rank: int) -> dict:
-    """Write back 8 pages and evict them; then `slow` (a rank) holds its I/O threads busy,
-    prefetch them into fresh host slots, and load them under the job's policy. `release`:
-    'timer' frees the slow rank's threads 0.5 s after the prefetch started, 'after' only once
-    the load agreed, 'ready' waits (bounded) until every rank read every page first."""
-    job, slow, release = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
-    try:
-        return _prefetched(engine, rank == slow, release)
-    finally:
-        engine.close()
+def prefetched(
+    cases: list[tuple[Job, int, str]], rank: int, world_size: int, local_rank: int
+) -> list[dict]:
+    """Per case, on an engine of its own (one launch runs them all): write back 8 pages and
+    evict them; then `slow` (a rank) holds its I/O threads busy, prefetch them into fresh host
+    slots, and load them under the job's policy. `release`: 'timer' frees the slow rank's
+    threads 0.5 s after the prefetch started, 'after' only once the load agreed, 'ready' frees
+    them at once and waits (bounded) until every rank read every page."""
+    said = []
+    for job, slow, release in cases:
+        engine = open_engine(job.recipe(), rank, world_size, local_rank)
+        try:
+            said.append(_prefetched(engine, rank == slow, release))
+        finally:
+            engine.close()
+    return said
 
 
 def _prefetched(engine: Engine, slow: bool, release: str) -> dict[str, Any]:
@@ -56,7 +61,8 @@ def _prefetched(engine: Engine, slow: bool, release: str) -> dict[str, Any]:
     prefetch = engine.prefetch(keys, fresh)
     if release == "timer":
         threading.Timer(0.5, gate.set).start()
-    if release == "ready":
+    if release == "ready":  # nobody is held back: every rank reads every page first
+        gate.set()
         _until_everyone_ready(prefetch.ready, PAGES)
     target = [p + PAGES for p in source]
     poison(engine, target)

@@ -18,6 +18,7 @@ from pipeline.config.compose import Session
 from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
+from pipeline.config.links import links_of
 from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
@@ -27,6 +28,7 @@ from pipeline.jobs.bench.kinds import OTHER_BENCHES
 from pipeline.jobs.bench.l3 import run_l3_bench
 from pipeline.jobs.bench.l3_report import l3_markdown
 from pipeline.jobs.bench.output import markdown
+from pipeline.jobs.cost_report import plan_estimate, plan_estimate_text
 from pipeline.jobs.l3_store import blamed_on_a_dead_store, concrete
 from pipeline.jobs.launch import launch
 from pipeline.jobs.plan_report import broadcasts_per_layer, plan_report
@@ -131,8 +133,16 @@ def plan(inv: Invocation) -> int:
     job = inv.job()
     if strict_refusal(job, inv.line.as_json):
         return 1
-    emit(inv, {**job.verdict.as_dict(), **plan_report(job)}, report.plan_text)
+    planned = {**job.verdict.as_dict(), **plan_report(job)}
+    planned["estimate"] = plan_estimate(job, links_of(job.runtime.links))
+    emit(inv, planned, plan_with_estimate_text)
     return 0
+
+
+def plan_with_estimate_text(planned: dict) -> str:
+    """plan's table (with the verdict's notes: what strategy=auto picked and why) and the
+    cost model's estimate of the same plan."""
+    return report.plan_text(planned) + "\n" + plan_estimate_text(planned["estimate"])
 
 
 def run(inv: Invocation) -> int:

@@ -45,7 +45,8 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
 def drain(job: ObjectsJob) -> None:
     """Cancel the reads not started and wait for the running ones: no thread writes into
     the job's pages after the fetch."""
-    for future in job.reads:
-        future.cancel()
-    wait(job.reads)
+    # a cancelled read never runs; waiting for it would wait until a busy I/O thread reached
+    # it in the queue (a slow reader would hold a best_effort load for as long)
+    running = [future for future in job.reads if not future.cancel()]
+    wait(running)
     job.reads = []

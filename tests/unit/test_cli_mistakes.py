@@ -126,7 +126,7 @@ def test_an_unknown_option_lists_the_real_ones_and_the_closest(
     (error,) = errors_of(capsys, "strategy=rotatingg")
     assert (error["file"], error["key"]) == ("overrides", "strategy")
     message = error["message"]
-    assert "(options: replicated, rotating, single_source;" in message
+    assert "(options: auto, replicated, rotating, single_source;" in message
     assert message.endswith("did you mean rotating?") and "base_" not in message
 
 

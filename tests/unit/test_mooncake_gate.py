@@ -69,4 +69,6 @@ def test_the_tests_that_start_a_master_or_a_client_are_marked() -> None:
         "test_ranks_that_plan_differently_fall_back_to_their_own_reads",
         "test_a_bad_object_is_a_miss_from_its_page_on_never_wrong_bytes",
         "test_a_master_that_dies_during_a_run_is_a_miss_and_loses_nothing",
+        "test_two_launches_share_one_mooncake_master",
+        "test_ttft_bench_rows_for_a_mooncake_store",
     }

@@ -17,10 +17,11 @@ from typing import Any
 
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
+from pipeline.config.links import links_of
 from pipeline.config.schema import BenchConfig
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs.bench.cases import check_fit, launch_cases
-from pipeline.jobs.bench.output import markdown, plot
+from pipeline.jobs.bench.output import markdown, plot, with_estimates
 from pipeline.jobs.bench.rank import bench_rank
 from pipeline.jobs.outputs import check_outputs, write_output
 
@@ -156,6 +157,7 @@ def run_bench(session: Session) -> dict[str, Any]:
     if ranks is None:
         return {}
     result = summarize(ranks, runnable, base)
+    with_estimates(result, runnable, links_of(base.runtime.links))  # the model beside each row
     result["skipped"] = skipped
     result["raw"] = ranks
     out = Path(base.bench.out_dir)
