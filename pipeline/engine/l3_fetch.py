@@ -26,15 +26,17 @@ def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
         ]
 
 
-def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
-    """Wait for the reads of pages [first, stop); the end of their leading intact run
-    (`stop` for a rank that reads nothing)."""
+def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool = True) -> int:
+    """Wait for the reads of pages [first, stop) (`wait=False`: take those done by now); the
+    end of their leading intact run (`stop` for a rank that reads nothing)."""
     if not job.reads:
         return stop
     units = tier.reads(job.fallback)
     nbytes = sum(u.page_bytes for u in units)
     into = "pool" if tier.page_map(units, device=job.fallback).direct else "staging"
     for i in range(first, stop):
+        if not wait and not job.reads[i].done():
+            return i
         if not job.reads[i].result():
             tier.trace.op("l3_miss")
             return i

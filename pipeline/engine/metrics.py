@@ -57,48 +57,65 @@ class Readings:
     """Host slots in pages: capacity, allocated, holding data."""
 
 
-COUNTERS = {
-    "l3_hits": "Pages an L3 lookup found at the front of its keys",
-    "l3_misses": "Pages an L3 lookup did not find",
-    "l3_read_misses": "L3 loads that met a missing or unreadable page",
-    "l3_corrupt_objects": "L3 objects whose header or a unit's CRC-32C did not match",
-    "l3_fallbacks": "L3 loads whose ranks disagreed on the plan and read every unit",
-    "l3_evictions": "Objects this rank evicted from the store to stay under its capacity",
-    "l3_evicted_bytes": "Bytes this rank evicted from the store",
+Read = Callable[[Readings], int | None]
+
+
+def _op(kind: str) -> Read:
+    return lambda now: now.op_counts.get(kind, 0)  # an op the trace never saw counts 0
+
+
+def _store(key: str) -> Read:
+    return lambda now: now.store.get(key)  # None: this store does not know it
+
+
+def _host(key: str) -> Read:
+    return lambda now: now.host_pages.get(key)
+
+
+SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read]] = {
+    "l3_hits": (
+        CounterMetricFamily,
+        "Pages an L3 lookup found at the front of its keys",
+        lambda now: now.l3_pages["hits"],
+    ),
+    "l3_misses": (
+        CounterMetricFamily,
+        "Pages an L3 lookup did not find",
+        lambda now: now.l3_pages["misses"],
+    ),
+    "l3_read_misses": (
+        CounterMetricFamily,
+        "L3 loads that met a missing or unreadable page",
+        _op("l3_miss"),
+    ),
+    "l3_corrupt_objects": (
+        CounterMetricFamily,
+        "L3 objects whose header or a unit's CRC-32C did not match",
+        _op("l3_corrupt"),
+    ),
+    "l3_fallbacks": (
+        CounterMetricFamily,
+        "L3 loads whose ranks disagreed on the plan and read every unit",
+        _op("l3_fallback"),
+    ),
+    "l3_evictions": (
+        CounterMetricFamily,
+        "Objects this rank evicted from the store to stay under its capacity",
+        _store("evictions"),
+    ),
+    "l3_evicted_bytes": (
+        CounterMetricFamily,
+        "Bytes this rank evicted from the store",
+        _store("evicted_bytes"),
+    ),
+    "host_capacity_pages": (GaugeMetricFamily, "Host slots, in pages", _host("capacity")),
+    "host_allocated_pages": (GaugeMetricFamily, "Host pages allocated", _host("allocated")),
+    "host_data_pages": (GaugeMetricFamily, "Host pages holding data", _host("data")),
+    "store_objects": (GaugeMetricFamily, "Objects a bounded file store holds", _store("objects")),
+    "store_bytes": (GaugeMetricFamily, "Bytes a bounded file store holds", _store("bytes")),
 }
-GAUGES = {
-    "host_capacity_pages": "Host slots, in pages",
-    "host_allocated_pages": "Host pages allocated",
-    "host_data_pages": "Host pages holding data",
-    "store_objects": "Objects the store holds (a bounded file store knows)",
-    "store_bytes": "Bytes the store holds (a bounded file store knows)",
-}
-
-
-def counted(now: Readings) -> dict[str, int | None]:
-    """The value of each of `COUNTERS` (None: this store does not know it)."""
-    ops = now.op_counts
-    return {
-        "l3_hits": now.l3_pages["hits"],
-        "l3_misses": now.l3_pages["misses"],
-        "l3_read_misses": ops.get("l3_miss", 0),
-        "l3_corrupt_objects": ops.get("l3_corrupt", 0),
-        "l3_fallbacks": ops.get("l3_fallback", 0),
-        "l3_evictions": now.store.get("evictions"),
-        "l3_evicted_bytes": now.store.get("evicted_bytes"),
-    }
-
-
-def gauged(now: Readings) -> dict[str, int | None]:
-    """The value of each of `GAUGES` (None: not known here)."""
-    host = now.host_pages
-    return {
-        "host_capacity_pages": host.get("capacity"),
-        "host_allocated_pages": host.get("allocated"),
-        "host_data_pages": host.get("data"),
-        "store_objects": now.store.get("objects"),
-        "store_bytes": now.store.get("bytes"),
-    }
+"""Every series but the bytes and the latencies: its type, doc and how it reads the engine's
+numbers; a value the engine does not know is left out of the scrape."""
 
 
 class _EngineCollector(Collector):
@@ -114,16 +131,12 @@ class _EngineCollector(Collector):
         for (tier, direction), key in BYTES.items():
             moved.add_metric([rank, tier, direction], now.op_bytes.get(key, 0))
         yield moved
-        for name, value in counted(now).items():
+        for name, (family_of, doc, read) in SERIES.items():
+            value = read(now)
             if value is not None:
-                family = CounterMetricFamily(f"hicache_{name}", COUNTERS[name], labels=["rank"])
+                family = family_of(f"hicache_{name}", doc, labels=["rank"])
                 family.add_metric([rank], value)
                 yield family
-        for name, value in gauged(now).items():
-            if value is not None:
-                gauge = GaugeMetricFamily(f"hicache_{name}", GAUGES[name], labels=["rank"])
-                gauge.add_metric([rank], value)
-                yield gauge
 
 
 class EngineMetrics:

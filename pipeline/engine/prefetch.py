@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.engine.l3 import L3Tier, ObjectStage
-from pipeline.engine.l3_fetch import drain
+from pipeline.engine.l3_fetch import drain, settle
 from pipeline.engine.l3_jobs import ObjectsJob
 from pipeline.spec.storage import PrefetchPolicy, StorageConfig
 
@@ -63,29 +63,11 @@ def agreed_pages(tier: L3Tier, prefetch: Prefetch, storage: StorageConfig) -> in
     `storage.min_hit_pages`); every read is settled when it returns."""
     job, policy = prefetch.job, storage.prefetch_policy
     try:
-        if policy is PrefetchPolicy.wait_complete:
-            concurrent.futures.wait(job.reads)
-        elif policy is PrefetchPolicy.timeout:
+        if policy is PrefetchPolicy.timeout:
             concurrent.futures.wait(job.reads, timeout=storage.prefetch_timeout_s)
-        mine = _leading_intact(tier, job)
+        complete = policy is PrefetchPolicy.wait_complete
+        mine = 0 if job.fallback else settle(tier, job, 0, len(job.keys), wait=complete)
         agreed = min(tier.agree(mine))
     finally:
         drain(job)  # cancel what has not started, wait for what has: nothing writes later
     return agreed if agreed >= storage.min_hit_pages else 0
-
-
-def _leading_intact(tier: L3Tier, job: ObjectsJob) -> int:
-    """Leading pages read intact by now (a rank that reads nothing has them all)."""
-    if not job.reads:
-        return 0 if job.fallback else len(job.keys)
-    units = tier.reads(job.fallback)
-    nbytes = sum(u.page_bytes for u in units)
-    into = "pool" if tier.page_map(units, device=False).direct else "staging"
-    for i, read in enumerate(job.reads):
-        if not read.done():
-            return i
-        if read.cancelled() or not read.result():
-            tier.trace.op("l3_miss")
-            return i
-        tier.trace.op("l3_read", bytes=nbytes, into=into)
-    return len(job.reads)

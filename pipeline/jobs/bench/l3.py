@@ -41,6 +41,21 @@ SEGMENT_SLACK = 1.5
 """Mooncake segments hold this many times one case's objects (headers, allocator slack)."""
 
 
+def store_case(base: Job, store: StorageKind, tokens: int, strategy: str) -> list[str]:
+    """The overrides of one case that loads back `tokens` from `store` (the L3 and TTFT
+    benches'): pools that hold the transfer twice, Mooncake segments that hold its objects."""
+    per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
+    return [
+        f"storage={store.value}",
+        f"strategy={strategy}",
+        f"workload.num_tokens={tokens}",
+        f"workload.device_tokens={2 * tokens}",
+        "workload.host_ratio=0.5",
+        "strategy.keep_capacity=true",
+        f"storage.segment_bytes={max(int(per_rank), 64 << 20)}",
+    ]
+
+
 def l3_cases(session: Session) -> list[tuple[Job, dict]]:
     """(job, case) per store, size and strategy; every strategy must be active."""
     base = session.job()
@@ -48,21 +63,10 @@ def l3_cases(session: Session) -> list[tuple[Job, dict]]:
     found = []
     for store, cache, direct in store_caches(base.bench):
         for tokens in base.bench.sizes:
-            per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
             for strategy in base.bench.strategies:
-                job = Session.compose(
-                    [
-                        *kept,
-                        f"storage={store.value}",
-                        f"strategy={strategy}",
-                        f"workload.num_tokens={tokens}",
-                        f"workload.device_tokens={2 * tokens}",
-                        "workload.host_ratio=0.5",
-                        "strategy.keep_capacity=true",
-                        f"storage.segment_bytes={max(int(per_rank), 64 << 20)}",
-                        f"storage.direct_io={str(direct).lower()}",
-                    ]
-                ).job()
+                direct_io = f"storage.direct_io={str(direct).lower()}"
+                case_overrides = store_case(base, store, tokens, strategy)
+                job = Session.compose([*kept, *case_overrides, direct_io]).job()
                 if not job.verdict.active:
                     why = [r.message for r in job.verdict.rules if not r.passed]
                     raise ValueError(f"strategy {strategy} is inactive here: {why}")

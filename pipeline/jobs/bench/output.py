@@ -109,15 +109,26 @@ def _in_turn(chunked: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def plot(result: dict[str, Any], path: Path) -> str:
-    """Bars of median ms per case, framework next to the hand loop; says why if it cannot."""
+NO_PLOT = 'no PNG: matplotlib is not installed (pip install -e ".[plot]")'
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot drawing to files (Agg), or None where the plot extra is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return 'no PNG: matplotlib is not installed (pip install -e ".[plot]")'
+        return None
+    return plt
+
+
+def plot(result: dict[str, Any], path: Path) -> str:
+    """Bars of median ms per case, framework next to the hand loop; says why if it cannot."""
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     rows = result["rows"]
     labels = [
         f"{r['direction']} {r['placement'][:4]} {r['tokens'] // 1024}K {r['io'][:3]} "

@@ -29,7 +29,7 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.forward import published_config
-from pipeline.jobs.bench.l3 import SEGMENT_SLACK, kinds
+from pipeline.jobs.bench.l3 import kinds, store_case
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.bench.ttft_case import Recomputed, measure_ttft_case
 from pipeline.jobs.bench.ttft_report import summarize_ttft, ttft_markdown, ttft_plot
@@ -51,21 +51,8 @@ def ttft_cases(session: Session) -> tuple[list[tuple[Job, dict]], list[dict]]:
     runnable, skipped = [], []
     for store in base.bench.stores or [StorageKind.none]:
         for tokens in base.bench.sizes:
-            per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
-            in_l3 = [f"storage.segment_bytes={max(int(per_rank), 64 << 20)}"]
             for strategy in base.bench.strategies:
-                job = Session.compose(
-                    [
-                        *kept,
-                        f"storage={store.value}",
-                        f"strategy={strategy}",
-                        f"workload.num_tokens={tokens}",
-                        f"workload.device_tokens={2 * tokens}",
-                        "workload.host_ratio=0.5",
-                        "strategy.keep_capacity=true",
-                        *(in_l3 if store is not StorageKind.none else []),
-                    ]
-                ).job()
+                job = Session.compose([*kept, *store_case(base, store, tokens, strategy)]).job()
                 case = {"store": store.value, "tokens": tokens, "strategy": strategy}
                 if job.verdict.active:
                     runnable.append((job, case))

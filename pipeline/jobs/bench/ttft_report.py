@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.config.job import Job
 from pipeline.config.links import links_of
 from pipeline.jobs.bench.forward import published_config
+from pipeline.jobs.bench.output import NO_PLOT, pyplot
 from pipeline.jobs.cost_report import case_estimate
 from pipeline.jobs.outputs import write_output
 
@@ -135,13 +136,9 @@ def ttft_markdown(result: dict[str, Any]) -> str:
 def ttft_plot(result: dict[str, Any], path: Path) -> str:
     """Bars per row: overlapped, max(load, compute), load then compute, and recompute (log
     scale: a recompute can take a hundred times a hit); says why if it cannot."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return 'no PNG: matplotlib is not installed (pip install -e ".[plot]")'
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     rows = result["rows"]
     labels = [
         f"{r['store']} {r['tokens'] // 1024}K +{r['new_tokens']}\n{r['strategy']}" for r in rows
