@@ -3,13 +3,14 @@
 One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
 on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
 gather/scatter per step (`index_select`/`index_copy_`), reaching pinned host memory through its
-UVA alias on cuda; where one unit's pages are consecutive on both sides (outside CUDA graphs)
-and each a block on the host, it makes the direct backend's one DMA instead. Where a step
-covers several units that both pools keep evenly spaced in one buffer (a chunked backup
-batch), one call covers them all. A batch the plan marks `gathered` first gathers into a
-device batch buffer on the gather stream (`backup_batch`). Every call here is paid by the
-host on every layer of every transfer, so the common cases make nothing per call but the
-call itself (see BENCHMARKS.md, issue time).
+UVA alias on cuda, and only one kernel where the host pages are one run (read or written in
+place); where the pages are consecutive on both sides (outside CUDA graphs) and each a block
+on the host, it makes the direct backend's DMAs instead. A backup's step covers the units of a
+pool kind; where both pools keep them evenly spaced in one buffer, one call covers them all
+(one strided DMA per run where a unit's pages are contiguous on both sides). A batch the plan
+marks `gathered` first gathers into a device batch buffer on the gather stream
+(`backup_batch`). Every call here is paid by the host on every layer of every transfer, so the
+common cases make nothing per call but the call itself (see BENCHMARKS.md, issue time).
 """
 
 from __future__ import annotations
@@ -41,55 +42,60 @@ class Copy:
             backup_batch(t, step, stream)
             return
         # by identity: an enum's hash is a Python call, and this runs on every step
-        load, direct = plan.direction is Direction.load, plan.spec.io_backend is IoBackend.direct
-        if direct and len(units) == 1:  # every unchunked step
-            _unit_runs(t, step, units[0], load=load)
+        load = plan.direction is Direction.load
+        if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
+            if len(units) == 1:  # every step of a load
+                _unit_runs(t, step, units[0], load=load)
+            else:
+                (load_direct if load else backup_direct)(t, step)
         else:
-            COPIES[load][direct](t, step)
+            (load_kernel if load else backup_kernel)(t, step)
 
 
 def backup_kernel(t: Transfer, step: Step) -> None:
-    if _one_dma(t, step, load=False):
-        return
     host_ids, device_ids = t.step_ids(step)
+    host_first = t.plan.host_first
     for host, device, dim, units in _kernel_views(t, step.units):
-        host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
-        _traced(t, step.first, step.count, units)
+        if host_first is None:
+            host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
+        else:  # the host pages are one run: the gather writes them in place, one kernel
+            out = host.narrow(dim, host_first + step.first, step.count)
+            torch.index_select(device, dim, device_ids, out=out)
+        _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 
 def load_kernel(t: Transfer, step: Step) -> None:
-    if _one_dma(t, step, load=True):
-        return
     host_ids, device_ids = t.step_ids(step)
+    host_first = t.plan.host_first
     for host, device, dim, units in _kernel_views(t, step.units):
-        device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
-        _traced(t, step.first, step.count, units)
+        if host_first is None:
+            device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
+        else:  # the host pages are one run: the scatter reads them in place, one kernel
+            source = host.narrow(dim, host_first + step.first, step.count)
+            device.index_copy_(dim, device_ids, source)
+        _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 
-def _one_dma(t: Transfer, step: Step, *, load: bool) -> bool:
-    """One unit's pages that are consecutive on both sides and each one block on the host
-    go to the copy engine as one call, as the direct backend would: no gather to do, and a
-    DMA costs the host less to issue than a kernel (and the GPU no SMs). Not in a CUDA graph,
-    which must not bake in page ids."""
-    units, plan = step.units, t.plan
-    if len(units) > 1 or plan.graphed or not plan.consecutive:
+def _one_dma(t: Transfer, step: Step) -> bool:
+    """Pages consecutive on both sides, each one block on the host, go to the copy engine as
+    the direct backend's calls: no gather to do, and a DMA costs the host less to issue than
+    a kernel (and the GPU no SMs). Not in a CUDA graph, which must not bake in page ids."""
+    plan = t.plan
+    if plan.graphed or not plan.consecutive:
         return False
-    if not t.res.host_view.pages[units[0].ordinal].block:
-        return False
-    _unit_runs(t, step, units[0], load=load)
-    return True
+    return t.res.host_view.pages[step.unit.ordinal].block
 
 
 def backup_direct(t: Transfer, step: Step) -> None:
     for dma in _dmas(t, step):
         t.res.copy_pages(dma.host, dma.host_at, dma.device, dma.device_at, dma.blocks)
-        _traced(t, dma.first, dma.pages, dma.units, **dma.where)
+        _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
 
 
 def load_direct(t: Transfer, step: Step) -> None:
     for dma in _dmas(t, step):
         t.res.copy_pages(dma.device, dma.device_at, dma.host, dma.host_at, dma.blocks)
-        _traced(t, dma.first, dma.pages, dma.units, **dma.where)
+        _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
 
 
 def _unit_runs(t: Transfer, step: Step, unit: Unit, *, load: bool) -> None:
@@ -105,16 +111,10 @@ def _unit_runs(t: Transfer, step: Step, unit: Unit, *, load: bool) -> None:
         else:
             copy(host, host_page, device, device_page, count)
         if trace.keep_ops:
-            _traced(t, first, count, (unit,), host_page=host_page, device_page=device_page)
+            where = {"host_page": host_page, "device_page": device_page}
+            _traced(t, first, count, (unit,), page_bytes, **where)
         else:
-            trace.op("copy", direction=direction, bytes=count * page_bytes)
-
-
-COPIES: tuple[tuple[Callable[[Transfer, Step], None], ...], ...] = (
-    (backup_kernel, backup_direct),  # backup: kernel, direct
-    (load_kernel, load_direct),  # load: kernel, direct
-)
-"""Per direction (backup, load), per io backend (kernel, direct)."""
+            trace.count("copy", direction, count * page_bytes)
 
 
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
@@ -156,10 +156,11 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
             t.res.copy_pages(
                 host_pages, run.host_page, batch_pages, run.first - step.first, run.pages
             )
-            _traced(t, run.first, run.pages, step.units, host_page=run.host_page)
+            where = {"host_page": run.host_page}
+            _traced(t, run.first, run.pages, step.units, step.page_bytes, **where)
     else:
         host.index_copy_(pages, host_ids, batch)
-        _traced(t, step.first, step.count, step.units)
+        _traced(t, step.first, step.count, step.units, step.page_bytes)
     ring.moved_out(stream)
 
 
@@ -214,12 +215,31 @@ class _Dma(NamedTuple):
 
 
 def _dmas(t: Transfer, step: Step) -> Iterator[_Dma]:
-    """Per run of pages, the fewer of one DMA per unit and one per page (that page of every
-    unit as one strided copy, where the pools stack the units)."""
+    """Per run of pages, where the pools stack the units: one strided DMA for every unit
+    where each unit's run is one block on both sides (a layer-first host), else the fewer of
+    one DMA per unit and one per page (that page of every unit as one strided copy)."""
     units = step.units
     stacks = _stacks(t, units)
     host, device = t.res.host_view.pages, t.res.device_pool.pages
+    first_host, first_device = host[units[0].ordinal], device[units[0].ordinal]
+    runs_are_blocks = (  # a unit's pages are contiguous on both sides
+        stacks is not None
+        and first_host.pitch == first_host.width
+        and first_device.pitch == first_device.width
+    )
     for run in t.plan.runs_in(step.first, step.count):
+        if runs_are_blocks:
+            assert stacks is not None
+            hosts = slice(run.host_page, run.host_page + run.pages)
+            devices = slice(run.device_page, run.device_page + run.pages)
+            # each unit's run as one "page" of the copy call
+            host_runs, device_runs = (
+                pages_view(stacks[0][:, hosts]),
+                pages_view(stacks[1][:, devices]),
+            )
+            at = {"host_page": run.host_page, "device_page": run.device_page}
+            yield _Dma(host_runs, 0, device_runs, 0, len(units), run.first, run.pages, units, at)
+            continue
         if stacks is not None and run.pages < len(units):
             for k in range(run.pages):  # page k of every unit in one call
                 hp, dp = run.host_page + k, run.device_page + k
@@ -239,12 +259,19 @@ def _dmas(t: Transfer, step: Step) -> Iterator[_Dma]:
             yield _Dma(*pages, run.first, run.pages, (u,), at)
 
 
-def _traced(t: Transfer, first: int, count: int, units: tuple[Unit, ...], **where: int) -> None:
+def _page_bytes(step: Step, units: tuple[Unit, ...]) -> int:
+    """Bytes of a page of `units`: all of the step's (summed once), or one of them."""
+    return step.page_bytes if units is step.units else units[0].page_bytes
+
+
+def _traced(
+    t: Transfer, first: int, count: int, units: tuple[Unit, ...], page_bytes: int, **where: int
+) -> None:
+    """Log a copy call of `count` pages of `units` (`page_bytes`: a page of all of them)."""
     direction = "d2h" if t.plan.direction is Direction.backup else "h2d"
     trace = t.res.trace
     if not trace.keep_ops:  # counts and bytes only: nothing else is made on the issue path
-        page_bytes = units[0].page_bytes if len(units) == 1 else sum(u.page_bytes for u in units)
-        trace.op("copy", direction=direction, bytes=count * page_bytes)
+        trace.count("copy", direction, count * page_bytes)
         return
     ids = [u.ordinal for u in units]
     trace.op(
@@ -253,6 +280,6 @@ def _traced(t: Transfer, first: int, count: int, units: tuple[Unit, ...], **wher
         **({"unit": ids[0]} if len(ids) == 1 else {"units": ids}),
         first=first,
         pages=count,
-        bytes=count * sum(u.page_bytes for u in units),
+        bytes=count * page_bytes,
         **where,
     )

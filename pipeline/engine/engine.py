@@ -259,14 +259,15 @@ class Engine:
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)
-        # a graph's layer events are its own (recorded inside it); else one per layer of a load
-        layers = plan.layout.layers if load and graphs is None else ()
+        # a graph's layer events are its own (recorded inside it); else a load's, one per
+        # layer or group of layers (see `StepLayout.layer_events`)
+        own_events = load and graphs is None
         gathers = not load and self.spec.batch_buffer_bytes > 0
         res = self.resources
         return Transfer(
             plan=plan,
             res=res,
-            layer_events={layer: stream.new_event() for layer in layers},
+            layer_events=plan.layout.layer_events(stream.new_event) if own_events else {},
             done=stream.new_event(),
             all_copied=stream.new_event(),
             batches=BatchRing(res.batch_buffers, res.gather_stream) if gathers else None,

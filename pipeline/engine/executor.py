@@ -60,7 +60,7 @@ def issue_copies(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
     """Every step's `per_step` on `stream`, recording `t.copied` per layer (only where there is
     an exchange to wait for it) and `t.all_copied` at the end."""
     if pipeline.exchange:
-        t.copied = {layer: stream.new_event() for layer in t.layers}
+        t.copied = t.plan.layout.layer_events(stream.new_event)
     copied = t.copied
     calls = [stage.on_step for stage in pipeline.per_step]
 

@@ -77,14 +77,27 @@ def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
 class StackedViews:
     """Per set of units, their words views stacked (`stack_views`), made once per set."""
 
+    KEPT = 4096
+    """Unit tuples remembered by identity (a step's, asked on every transfer) before the
+    memo starts over."""
+
     def __init__(self, words: Mapping[int, torch.Tensor]) -> None:
         self._words = words
         self._stacks: dict[tuple[int, ...], torch.Tensor | None] = {}
+        self._seen: dict[int, tuple[tuple[Unit, ...], torch.Tensor | None]] = {}
+        """By id of a units tuple (kept alive here, so its id is not reused): its stack,
+        without hashing every unit of it on the issue path."""
 
     def __call__(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
+        seen = self._seen.get(id(units))
+        if seen is not None and seen[0] is units:
+            return seen[1]
         key = tuple(u.ordinal for u in units)
         if key not in self._stacks:
             self._stacks[key] = stack_views([self._words[o] for o in key])
+        if len(self._seen) >= self.KEPT:
+            self._seen.clear()
+        self._seen[id(units)] = (units, self._stacks[key])
         return self._stacks[key]
 
 

@@ -63,6 +63,15 @@ class Trace:
             for capture in self._captures:
                 capture.append((kind, fields))
 
+    def count(self, kind: str, side: str, nbytes: int) -> None:
+        """`op` of a kind and side without its other fields: what the issue path logs where
+        ops are not kept (no keyword dict, no side lookup)."""
+        with self._lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.bytes[kind, side] = self.bytes.get((kind, side), 0) + nbytes
+            for capture in self._captures:
+                capture.append((kind, {"direction": side, "bytes": nbytes}))
+
     def totals(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """(ops per kind, bytes per kind and side) as of now (other threads add to them)."""
         with self._lock:

@@ -21,7 +21,7 @@ from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
 from pipeline.spec.sizing import device_staging_bytes, size_rank
 from pipeline.spec.slots import PageAllocator, page_tokens
 from pipeline.spec.steps import Step
-from pipeline.spec.topology import IoBackend
+from pipeline.spec.topology import IoBackend, MemLayout
 
 
 def stage_lists(strategy: Strategy) -> dict[str, dict[str, list[str]]]:
@@ -40,16 +40,28 @@ def stage_lists(strategy: Strategy) -> dict[str, dict[str, list[str]]]:
 
 
 def copy_calls(plan: TransferPlan, step: Step) -> int:
-    """Copy calls `stages.copy` issues for a step on this rank: one per kernel step; per run
-    of pages one (a gathered batch) or the fewer of one per unit and one per page (direct)."""
+    """Copy calls `stages.copy` issues for a step on this rank. A gathered batch: one per
+    run of pages (direct) or one scatter (kernel). A kernel step: one, or one per unit where
+    the pools do not stack them, unless its pages are consecutive on both sides and each a
+    block on the host (outside CUDA graphs): then DMAs as the direct backend's, per run one
+    for every stacked unit where a unit's pages are contiguous on both sides (layer_first),
+    else the fewer of one per unit and one per page."""
     if not plan.copies(step.unit):
         return 0
-    if plan.spec.io_backend is IoBackend.kernel:
-        return 1
-    runs = plan.runs_in(step.first, step.count)
+    spec, units = plan.spec, len(step.units)
+    kernel = spec.io_backend is IoBackend.kernel
+    stacked = units > 1 and spec.pools_stack
     if step.gathered:
+        return 1 if kernel else len(plan.runs_in(step.first, step.count))
+    as_dma = not plan.graphed and plan.consecutive and spec.mem_layout is not MemLayout.page_first
+    if kernel and not as_dma:
+        return 1 if stacked or units == 1 else units
+    runs = plan.runs_in(step.first, step.count)
+    if stacked and spec.mem_layout is MemLayout.layer_first:
         return len(runs)
-    return sum(min(len(step.units), r.pages) for r in runs)
+    if stacked:
+        return sum(min(units, r.pages) for r in runs)
+    return units * len(runs)
 
 
 def counts(plan: TransferPlan) -> dict[str, int]:

@@ -52,6 +52,8 @@ class PlanSpec:
     """Largest exchange slice and chunked-backup batch (strategy.staging_bytes)."""
     chunk_pages: int
     """Backups in batches of this many pages; 0 is one batch (strategy.chunk_pages)."""
+    load_group_bytes: int
+    """Least bytes a load's group of unexchanged layers moves (strategy.load_group_bytes)."""
     batch_buffer_bytes: int
     """Each of the two device buffers a chunked backup's batches gather into (0: none)."""
     pools_stack: bool = True
@@ -81,6 +83,7 @@ class PlanSpec:
             mem_layout=topology.mem_layout,
             staging_bytes=strategy.staging_bytes,
             chunk_pages=strategy.chunk_pages,
+            load_group_bytes=strategy.load_group_bytes,
             batch_buffer_bytes=batch_buffer_bytes(strategy, model, owners, rank),
         )
 
@@ -106,8 +109,8 @@ class PlanSpec:
         """The steps of a transfer of `num_pages` pages (they depend on nothing else)."""
         if direction is Direction.load:
             exchanged = functools.partial(_exchanged, self.owners)
-            steps = load_steps(self.units, exchanged, num_pages, staging_bytes=self.staging_bytes)
-            return StepLayout.of(steps)
+            sizes = {"staging_bytes": self.staging_bytes, "group_bytes": self.load_group_bytes}
+            return StepLayout.of(load_steps(self.units, exchanged, num_pages, **sizes))
         # a batch buffer holds what the host takes in one call: a scatter kernel, or a DMA per
         # run of pages where the host keeps a page's units together
         one_call = self.pools_stack and (
@@ -175,6 +178,14 @@ class TransferPlan:
     def consecutive(self) -> bool:
         """All pages are one run (without making the runs: a fragmented transfer has many)."""
         return not len(self._breaks)
+
+    @functools.cached_property
+    def host_first(self) -> int | None:
+        """The first host page if they are one run (kernels move it in place), not in graphs."""
+        hosts = self.host_pages.numpy()
+        if self.graphed or not (hosts[1:] - hosts[:-1] == 1).all():
+            return None
+        return int(hosts[0])
 
     @functools.cached_property
     def runs(self) -> tuple[Run, ...]:

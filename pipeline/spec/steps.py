@@ -9,10 +9,13 @@ so an engine lays them out once per (direction, page count).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from pipeline.spec.model import Unit, by_pool_kind
+
+E = TypeVar("E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +33,26 @@ class Step:
     gathered: bool = False
     """A chunked backup batch that first gathers into a device batch buffer (it covers several
     units, fits a buffer, and the host takes it in one call)."""
+    page_bytes: int = field(init=False)
+    """Bytes of one page of all the step's units (summed once: read on the issue path)."""
+    layers: tuple[int, ...] = ()
+    """The model layers the step belongs to, in order (default: its units'): one, or a load's
+    group of layers, all usable after the group's `last_in_layer` step."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "page_bytes", sum(u.page_bytes for u in self.units))
+        if not self.layers:
+            object.__setattr__(self, "layers", tuple(sorted({u.layer for u in self.units})))
 
     @property
     def unit(self) -> Unit:
-        """The step's first unit (its only one outside chunked backups)."""
+        """The step's first unit (its only one in a load)."""
         return self.units[0]
 
     @property
     def nbytes(self) -> int:
         """Bytes of the step's pages of all its units."""
-        return self.count * sum(u.page_bytes for u in self.units)
+        return self.count * self.page_bytes
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class StepLayout:
 
     steps: tuple[Step, ...]
     by_layer: Mapping[int, tuple[Step, ...]]
+    """Per layer, its steps (a group's steps under the group's last layer, none under the
+    others: they complete together)."""
     layers: tuple[int, ...]
     """The model layers the steps cover, in step order."""
 
@@ -55,9 +70,21 @@ class StepLayout:
     def of(cls, steps: tuple[Step, ...]) -> StepLayout:
         grouped: dict[int, list[Step]] = {}
         for step in steps:
-            grouped.setdefault(step.unit.layer, []).append(step)
+            for layer in step.layers:
+                grouped.setdefault(layer, [])
+            grouped[step.layers[-1]].append(step)
         by_layer = MappingProxyType({k: tuple(v) for k, v in grouped.items()})
         return cls(steps, by_layer, tuple(by_layer))
+
+    def layer_events(self, new_event: Callable[[], E]) -> dict[int, E]:
+        """Per layer, the event its load records once it is usable: one per step that
+        completes layers, shared by the layers of a group."""
+        events: dict[int, E] = {}
+        for step in self.steps:
+            if step.last_in_layer:
+                event = new_event()
+                events.update(dict.fromkeys(step.layers, event))
+        return events
 
 
 def backup_steps(
@@ -69,13 +96,14 @@ def backup_steps(
     buffer_bytes: int,
     one_call_batches: bool,
 ) -> tuple[Step, ...]:
-    """Every copied unit over every page; with `chunk_pages` > 0 in batches of that many
-    pages, one step per pool kind per batch (split where a step would move more than
-    `batch_bytes`). A batch step of several units that fits `buffer_bytes` is gathered into
-    a batch buffer first, where the host takes a batch in one call (`one_call_batches`)."""
-    if chunk_pages <= 0:
-        return tuple(Step((u,), 0, num_pages, True) for u in copied)
+    """Every copied unit over every page, one step per pool kind per batch of pages (split
+    where a step would move more than `batch_bytes`): one step covers many units, so a copy
+    call or kernel can move them all (a backup has no layer to make usable early). With
+    `chunk_pages` > 0 the batches are that many pages, else one batch of every page. A batch
+    step of several units that fits `buffer_bytes` is gathered into a batch buffer first,
+    where the host takes a batch in one call (`one_call_batches`)."""
     steps = []
+    chunk_pages = chunk_pages if chunk_pages > 0 else num_pages
     for first in range(0, num_pages, chunk_pages):
         count = min(chunk_pages, num_pages - first)
         for units in by_pool_kind(copied):
@@ -94,15 +122,40 @@ def load_steps(
     num_pages: int,
     *,
     staging_bytes: int,
+    group_bytes: int = 0,
 ) -> tuple[Step, ...]:
-    """Per model layer, each of its units; exchanged units in staging-sized page slices."""
+    """Per model layer, each of its units; exchanged units in staging-sized page slices.
+    Consecutive layers none of whose units is exchanged go together, one step per pool kind,
+    until a group moves at least `group_bytes` (0: every layer on its own)."""
     n = num_pages
-    slices: dict[int, list[tuple[Unit, int, int]]] = {}
+    by_layer: dict[int, list[Unit]] = {}
     for u in units:
-        per = max(1, staging_bytes // u.page_bytes) if exchanged(u) else n
-        slices.setdefault(u.layer, []).extend((u, f, min(per, n - f)) for f in range(0, n, per))
+        by_layer.setdefault(u.layer, []).append(u)
     steps: list[Step] = []
-    for layer in sorted(slices):
-        last = len(slices[layer]) - 1
-        steps += [Step((u,), f, c, i == last) for i, (u, f, c) in enumerate(slices[layer])]
-    return tuple(steps)
+    group: list[Unit] = []
+    for layer in sorted(by_layer):
+        layer_units = by_layer[layer]
+        if any(exchanged(u) for u in layer_units):
+            steps += _group_steps(group, n)
+            group = []
+            slices = []
+            for u in layer_units:
+                per = max(1, staging_bytes // u.page_bytes) if exchanged(u) else n
+                slices += [(u, f, min(per, n - f)) for f in range(0, n, per)]
+            last = len(slices) - 1
+            steps += [Step((u,), f, c, i == last) for i, (u, f, c) in enumerate(slices)]
+            continue
+        group += layer_units
+        if n * sum(u.page_bytes for u in group) >= group_bytes:
+            steps += _group_steps(group, n)
+            group = []
+    return tuple(steps + _group_steps(group, n))
+
+
+def _group_steps(group: list[Unit], num_pages: int) -> list[Step]:
+    """One step per pool kind of a group of layers' units; the last completes the group."""
+    kinds, layers = by_pool_kind(tuple(group)), tuple(sorted({u.layer for u in group}))
+    return [
+        Step(units, 0, num_pages, i == len(kinds) - 1, layers=layers)
+        for i, units in enumerate(kinds)
+    ]

@@ -78,6 +78,12 @@ class StrategyConfig:
     chunk_pages: int = 0
     """Plan each backup in batches of this many pages (every copied layer per batch); 0 plans
     one batch."""
+    load_group_bytes: int = 64 * 1024 * 1024
+    """A load copies consecutive layers that no rank broadcasts (every layer of replicated)
+    together, one copy call or kernel per pool kind, until a group moves at least this many
+    bytes: each of its layers is usable once the group is. At 61 layers a call per layer
+    costs the host more than small layers take to move (issue time, BENCHMARKS.md); 0 moves
+    each layer on its own (every layer usable as soon as it lands)."""
     keep_capacity: bool = False
     """Sharded host pools keep the unsharded token capacity and use less memory instead."""
     staging_bytes: int = 128 * 1024 * 1024
@@ -102,6 +108,7 @@ class StrategyConfig:
             "strategy",
             self,
             chunk_pages=0,
+            load_group_bytes=0,
             staging_bytes=1,
             verify_every=0,
             poll_timer_every=0,

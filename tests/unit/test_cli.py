@@ -161,6 +161,7 @@ BAD = {
     "strategy/badknobs.yaml": "defaults: [replicated, _self_]\nname: k\nchunk_pages: -1\n",
     "strategy/badstaging.yaml": "defaults: [replicated, _self_]\nname: s\nstaging_bytes: 0\n",
     "strategy/badverify.yaml": "defaults: [replicated, _self_]\nname: v\nverify_every: -2\n",
+    "strategy/badgroups.yaml": "defaults: [replicated, _self_]\nname: l\nload_group_bytes: -1\n",
     "strategy/badskips.yaml": "defaults: [replicated, _self_]\nname: m\n"
     "idle_sync_skip:\n  max_skips: 0\n",
 }
@@ -187,6 +188,7 @@ def test_validate_lists_every_error_with_file_and_key(tmp_path: Path) -> None:
         "strategy/badknobs.yaml": "strategy.chunk_pages=-1 must be >= 0",
         "strategy/badstaging.yaml": "strategy.staging_bytes=0 must be >= 1",
         "strategy/badverify.yaml": "strategy.verify_every=-2 must be >= 0",
+        "strategy/badgroups.yaml": "strategy.load_group_bytes=-1 must be >= 0",
         "strategy/badskips.yaml": "strategy.idle_sync_skip.max_skips=0 must be >= 1",
     }
     for name, fragment in expectations.items():

@@ -46,8 +46,24 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmented: bool):
-    """(project Python calls, torch ops by name, copy calls) of one transfer of 4 pages."""
+PLACEMENTS = {
+    "contiguous": ([0, 1, 2, 3], [8, 9, 10, 11]),
+    "scattered": ([0, 2, 4, 6], [8, 10, 12, 14]),
+    "host_run": ([0, 1, 2, 3], [14, 8, 12, 10]),  # the bench's fragmented placement
+}
+"""(host pages, device pages) of the 4-page transfer per placement."""
+
+
+def issued(
+    layers: int,
+    io: list[str],
+    chunk: int,
+    direction: Direction,
+    placement: str,
+    group_bytes: int = 0,
+):
+    """(project Python calls, torch ops by name, copy calls) of one transfer of 4 pages (a
+    load: each layer on its own, or with `group_bytes` its layers in groups)."""
     job = pipeline.compose(
         [
             "model=tiny_mla",
@@ -55,14 +71,15 @@ def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmen
             "topology=tp1",
             "workload.num_tokens=64",
             f"strategy.chunk_pages={chunk}",
+            f"strategy.load_group_bytes={group_bytes}",
             *io,
         ]
     )
     engine = pipeline.create_engine(job)
     size = engine.sizing.slots_per_page
-    pages = [0, 2, 4, 6] if fragmented else [0, 1, 2, 3]
-    host, device = page_tokens(pages, size), page_tokens([p + 8 for p in pages], size)
-    engine.host_allocator.hold_data(np.array(pages), held=True)
+    host_pages, device_pages = PLACEMENTS[placement]
+    host, device = page_tokens(host_pages, size), page_tokens(device_pages, size)
+    engine.host_allocator.hold_data(np.array(host_pages), held=True)
     stream = InlineStream(30.0)
     pipe = engine.strategy.backup if direction is Direction.backup else engine.strategy.load
 
@@ -88,27 +105,31 @@ def issued(layers: int, io: list[str], chunk: int, direction: Direction, fragmen
     return calls, ops.names, copies
 
 
-# (io, chunk_pages, direction, fragmented): budgets per layer of (Python calls, torch ops,
-# copy calls), as the paths issue them today. Loads record a layer event (on CPU a Python
-# event, hence more calls). A direct copy call is one `copy_` on CPU (one cudaMemcpy2DAsync
-# and no torch op on cuda); a kernel step is a gather and a scatter, or where its pages are
-# consecutive on both sides the direct backend's one copy call.
+# (io, chunk_pages, direction, placement): budgets per layer of (Python calls, torch ops,
+# copy calls), as the paths issue them today. A load makes each layer usable in turn: per
+# layer its copy call or kernels and a layer event (on CPU a Python event, hence more calls).
+# A direct copy call is one `copy_` on CPU (one cudaMemcpy2DAsync and no torch op on cuda);
+# a kernel step is a gather and a scatter, one kernel where the host pages are one run, or
+# where its pages are consecutive on both sides the direct backend's one copy call. A backup
+# has no layer to make usable: its steps cover every unit of a pool kind, so nothing it
+# issues grows with the layers (one call or kernel moves them all where the pools stack).
 BUDGETS = {
-    ("direct", 0, "backup", False): (7, 1, 1),
-    ("direct", 0, "load", False): (13, 1, 1),
-    ("kernel", 0, "backup", False): (10, 1, 1),
-    ("kernel", 0, "backup", True): (10, 2, 1),
-    ("kernel", 0, "load", False): (16, 1, 1),
-    ("kernel", 0, "load", True): (16, 2, 1),
-    # chunked: a backup batch moves every unit at once (nothing per layer but its share of
-    # the batch's bookkeeping); a load is never chunked, and a fragmented direct one makes
-    # one copy call per run (4 here)
-    ("direct", 2, "backup", False): (12, 0, 0),
-    ("direct", 2, "backup", True): (16, 0, 0),
-    ("direct", 2, "load", True): (22, 4, 4),
-    ("kernel", 2, "backup", False): (12, 0, 0),
-    ("kernel", 2, "backup", True): (12, 0, 0),
-    ("kernel", 2, "load", True): (16, 2, 1),
+    ("direct", 0, "load", "contiguous"): (12, 1, 1),
+    ("kernel", 0, "load", "contiguous"): (14, 1, 1),
+    ("kernel", 0, "load", "scattered"): (14, 2, 1),
+    ("kernel", 0, "load", "host_run"): (14, 1, 1),
+    # a load is never chunked, and a fragmented direct one makes one copy call per run (4)
+    ("direct", 2, "load", "scattered"): (22, 4, 4),
+    ("kernel", 2, "load", "scattered"): (14, 2, 1),
+    **{
+        (io, chunk, "backup", placement): (1, 0, 0)
+        for io, chunk, placement in [
+            ("direct", 0, "contiguous"),
+            ("direct", 2, "contiguous"),
+            ("direct", 2, "scattered"),
+            *[("kernel", c, p) for c in (0, 2) for p in PLACEMENTS],
+        ]
+    },
 }
 
 
@@ -117,8 +138,8 @@ WHAT = ("Python calls", "torch ops", "copy calls")
 
 @pytest.mark.parametrize("case", list(BUDGETS), ids=lambda c: "-".join(map(str, c)))
 def test_each_path_issues_no_more_per_layer_than_its_budget(case) -> None:
-    io, chunk, direction, fragmented = case
-    args = (DIRECT if io == "direct" else KERNEL, chunk, Direction(direction), fragmented)
+    io, chunk, direction, placement = case
+    args = (DIRECT if io == "direct" else KERNEL, chunk, Direction(direction), placement)
     (calls, ops, copies), (more_calls, more_ops, more_copies) = issued(4, *args), issued(12, *args)
     torch_ops = sum(more_ops.values()) - sum(ops.values())
     per_layer = ((more_calls - calls) / 8, torch_ops / 8, (more_copies - copies) / 8)
@@ -130,9 +151,31 @@ def test_each_path_issues_no_more_per_layer_than_its_budget(case) -> None:
 @pytest.mark.parametrize("direction", [Direction.backup, Direction.load])
 def test_a_kernel_step_is_one_copy_call_where_its_pages_are_consecutive(direction) -> None:
     """What the bench's kernel rows compare: consecutive pages on both sides go as the direct
-    backend's copy call (a `copy_` on CPU), scattered ones as a gather and a scatter."""
-    _, consecutive, _ = issued(4, KERNEL, 0, direction, False)
-    _, scattered, _ = issued(4, KERNEL, 0, direction, True)
+    backend's copy call (a `copy_` on CPU: per layer in a load, one for all the stacked units
+    of a backup), scattered ones as a gather and a scatter, and device pages scattered behind
+    one run of host pages (the bench's fragmented rows) as one kernel."""
+    load = direction is Direction.load
     moves = ("aten.copy_", "aten.index_select", "aten.index_copy_")
-    assert [consecutive[op] for op in moves] == [4, 0, 0]  # one per layer of the 4
-    assert [scattered[op] for op in moves] == [0, 4, 4]
+    _, consecutive, _ = issued(4, KERNEL, 0, direction, "contiguous")
+    _, scattered, _ = issued(4, KERNEL, 0, direction, "scattered")
+    _, host_run, _ = issued(4, KERNEL, 0, direction, "host_run")
+    per = 4 if load else 1  # per layer of the 4, or once
+    assert [consecutive[op] for op in moves] == [per, 0, 0]
+    assert [scattered[op] for op in moves] == [0, per, per]
+    assert [host_run[op] for op in moves] == ([0, 0, 4] if load else [0, 1, 0])
+
+
+@pytest.mark.parametrize(
+    ("io", "placement"),
+    [("direct", "contiguous"), *[("kernel", p) for p in PLACEMENTS]],
+)
+def test_a_grouped_load_issues_one_call_per_group_not_per_layer(io, placement) -> None:
+    """strategy.load_group_bytes: the layers of a group go in one copy call or kernel pair
+    and one event; with every layer in one group nothing that moves bytes grows with them."""
+    args = (DIRECT if io == "direct" else KERNEL, 0, Direction.load, placement)
+    (_, few_ops, few_copies), (_, many_ops, many_copies) = (
+        issued(n, *args, group_bytes=1 << 30) for n in (4, 12)
+    )
+    moves = ("aten.copy_", "aten.index_select", "aten.index_copy_")
+    assert [few_ops[op] for op in moves] == [many_ops[op] for op in moves]
+    assert few_copies == many_copies == (4 if (io, placement) == ("direct", "contiguous") else 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -48,6 +50,7 @@ def plan(
     layout=MemLayout.layer_first,
     chunk_pages=0,
     batch_buffer_bytes=1 << 20,
+    load_group_bytes=0,
     known_steps=None,
 ) -> TransferPlan:
     """A plan over pages (lists of page ids become whole-page slot tensors)."""
@@ -69,6 +72,7 @@ def plan(
         mem_layout=layout,
         staging_bytes=staging_bytes,
         chunk_pages=chunk_pages,
+        load_group_bytes=load_group_bytes,
         batch_buffer_bytes=batch_buffer_bytes if chunk_pages else 0,
     )
     return build_plan(direction, host, device, spec, known_steps=known_steps)
@@ -162,10 +166,11 @@ def test_runs_in_clips_to_a_page_window() -> None:
 # --- backup steps ----------------------------------------------------------------------------
 
 
-def test_backup_is_one_step_per_copied_unit() -> None:
-    """Unchunked backup: every owned unit once, over all pages."""
+def test_an_unchunked_backup_is_one_step_of_every_copied_unit_over_every_page() -> None:
+    """Unchunked backup: the owned units of a pool kind in one step, over all pages (one
+    copy call or kernel may then move them all)."""
     p = plan([0, 1, 2], ownership=Ownership.rotating, rank=1)
-    assert [(s.unit.ordinal, s.first, s.count) for s in p.steps] == [(1, 0, 3), (3, 0, 3)]
+    assert [([u.ordinal for u in s.units], s.first, s.count) for s in p.steps] == [([1, 3], 0, 3)]
 
 
 def test_chunked_covers_every_page_in_order_per_unit() -> None:
@@ -177,7 +182,8 @@ def test_chunked_covers_every_page_in_order_per_unit() -> None:
         pages = [k for s in steps if unit in s.units for k in range(s.first, s.first + s.count)]
         assert pages == [0, 1, 2, 3, 4]
     assert all(s.last_in_layer for s in steps)
-    assert all(len(s.units) == 1 for s in plan([0, 1, 2, 3, 4], chunk_pages=0).steps)
+    unchunked = plan([0, 1, 2, 3, 4], chunk_pages=0).steps
+    assert [(s.units, s.first, s.count) for s in unchunked] == [(MODEL.units, 0, 5)]
 
 
 def test_chunked_batches_one_step_per_pool_kind_of_the_units_a_rank_copies() -> None:
@@ -219,15 +225,21 @@ def test_the_plan_marks_the_batches_that_go_through_a_batch_buffer() -> None:
 
 
 def test_copy_calls_are_one_per_clipped_run_or_one_per_kernel_step() -> None:
-    """Direct copies: one per run of pages (strided on the host if need be); kernel: one."""
+    """Direct copies of a layer_first host: per run of pages one strided copy of every
+    stacked unit (per unit where the pools do not stack them); kernel: one."""
     p = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct)
     step = p.steps[0]
     assert p.runs_in(step.first, step.count) == (Run(0, 0, 4, 3), Run(3, 6, 7, 1))
     assert copy_calls(p, step) == 2
+    unstacked = dataclasses.replace(p, spec=dataclasses.replace(p.spec, pools_stack=False))
+    assert copy_calls(unstacked, step) == 2 * len(step.units)
     kernel = plan([0, 1, 2, 6], [4, 5, 6, 7])
     assert copy_calls(kernel, kernel.steps[0]) == 1
-    # a chunk over 4 units: the 3-page run as a copy per unit, the lone page as one copy
-    chunked = plan([0, 1, 2, 6], [4, 5, 6, 7], io_backend=IoBackend.direct, chunk_pages=4)
+    # a page_first_direct host spaces a unit's pages apart: the 3-page run as a copy per
+    # unit (of the 4), the lone page as one copy of every unit
+    layout = MemLayout.page_first_direct
+    direct = {"io_backend": IoBackend.direct, "layout": layout, "batch_buffer_bytes": 0}
+    chunked = plan([0, 1, 2, 6], [4, 5, 6, 7], **direct, chunk_pages=4)
     (chunk,) = chunked.steps
     assert copy_calls(chunked, chunk) == 3 + 1
     chunked_kernel = plan([0, 1, 2, 6], [4, 5, 6, 7], chunk_pages=4)
@@ -338,3 +350,30 @@ def test_known_steps_are_laid_out_once_per_direction_and_page_count() -> None:
     assert plan([0, 1, 2], known_steps=cache).steps is not first.steps  # a backup lays its own
     # the oldest of 3 shapes was evicted at capacity 2: laid out anew
     assert plan([9, 3, 4], [1, 2, 8], **load).steps is not first.steps
+
+
+@pytest.mark.parametrize(
+    ("group_bytes", "groups"),
+    [(0, [[0], [1]]), (1, [[0], [1]]), (1 << 30, [[0, 1]])],
+)
+def test_a_load_groups_consecutive_unexchanged_layers_until_a_group_moves_enough(
+    group_bytes, groups
+) -> None:
+    """load_group_bytes over 4 pages of DSA (kv on layers 0 and 1, index on layer 1): one
+    step per pool kind per group, the last completing the group's layers."""
+    p = plan([0, 1, 2, 3], model=DSA, direction=Direction.load, load_group_bytes=group_bytes)
+    completed = [list(s.layers) for s in p.steps if s.last_in_layer]
+    assert completed == groups
+    assert p.layout.layers == (0, 1)
+    for step in p.steps:
+        assert len({u.pool for u in step.units}) == 1 and (step.first, step.count) == (0, 4)
+    events = p.layout.layer_events(object)
+    assert [[layer for layer in events if events[layer] is events[g[0]]] for g in groups] == groups
+
+
+def test_a_load_never_groups_the_layers_a_rank_broadcasts() -> None:
+    """rotating over a group of two: every layer is exchanged, so each goes on its own (its
+    copy, then its broadcast, per layer), whatever load_group_bytes says."""
+    grouped = {"ownership": Ownership.rotating, "load_group_bytes": 1 << 30}
+    p = plan([0, 1], direction=Direction.load, **grouped)
+    assert [s.layers for s in p.steps if s.last_in_layer] == [(u.layer,) for u in MODEL.units]

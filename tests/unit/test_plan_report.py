@@ -13,7 +13,7 @@ from pipeline.jobs.plan_report import plan_report, rank_row
     [
         ("kernel", "layer_first", True),
         ("direct", "page_first_direct", True),
-        ("direct", "layer_first", False),  # the host keeps a page's layers apart
+        ("direct", "layer_first", False),  # a layer's pages are contiguous on both sides
     ],
 )
 def test_a_chunked_backup_counts_one_gather_and_one_copy_per_batch(
@@ -35,9 +35,9 @@ def test_a_chunked_backup_counts_one_gather_and_one_copy_per_batch(
         batches = 3  # 8 pages in batches of 3, 3 and 2, one pool kind (tiny_mla)
         if gathered:
             assert ops["batch_gather"] == ops["copy"] == batches
-        else:  # per batch, one page of every layer per copy
+        else:  # per batch, one strided copy of every layer's run of pages
             assert ops["batch_gather"] == 0
-            assert ops["copy"] == 3 + 3 + 2
+            assert ops["copy"] == batches
 
 
 def test_plan_reports_the_device_memory_of_the_staging_buffers() -> None:

@@ -72,6 +72,7 @@ def transfer(
     layout: MemLayout = MemLayout.layer_first,
     chunk_pages: int = 0,
     staging_bytes: int = 1 << 20,
+    load_group_bytes: int = 0,
     verify: bool = False,
     collectives: FakeCollectives | None = None,
 ) -> Transfer:
@@ -91,6 +92,7 @@ def transfer(
         mem_layout=layout,
         staging_bytes=staging_bytes,
         chunk_pages=chunk_pages,
+        load_group_bytes=load_group_bytes,
         batch_buffer_bytes=chunk_pages * widest,
     )
     plan = build_plan(
@@ -119,7 +121,7 @@ def transfer(
     return Transfer(
         plan=plan,
         res=res,
-        layer_events={layer: stream.new_event() for layer in plan.layout.layers},
+        layer_events=plan.layout.layer_events(stream.new_event),
         done=stream.new_event(),
         all_copied=stream.new_event(),
         batches=BatchRing(res.batch_buffers, stream) if chunk_pages else None,
@@ -162,12 +164,18 @@ def test_copy_backs_up_every_owned_unit_and_nothing_else(io, layout, chunk_pages
     assert [g["buffer"] for g in gathers] == [0, 1, 0, 1][: len(gathers)]
 
 
+GROUPS = {0: 3, 600: 2, 1 << 30: 1}
+"""load_group_bytes -> the groups of 3 pages of MODEL's 3 layers (480, 384 and 480 B): each
+layer on its own, layers 0-1 then layer 2, all three in one group."""
+
+
 @pytest.mark.parametrize(
-    ("io", "layout"), list(itertools.product(list(IoBackend), list(MemLayout)))
+    ("io", "layout", "group_bytes", "placement"),
+    list(itertools.product(list(IoBackend), list(MemLayout), list(GROUPS), ["apart", "host_run"])),
 )
-def test_copy_loads_host_pages_into_device_pages(io: IoBackend, layout: MemLayout) -> None:
-    host, device = [7, 1, 2], [0, 10, 11]
-    t = transfer(Direction.load, host, device, io=io, layout=layout)
+def test_copy_loads_host_pages_into_device_pages(io, layout, group_bytes, placement) -> None:
+    host, device = ([7, 1, 2], [0, 10, 11]) if placement == "apart" else ([4, 5, 6], [9, 0, 3])
+    t = transfer(Direction.load, host, device, io=io, layout=layout, load_group_bytes=group_bytes)
     for buf in t.res.host_pool.storage:
         buf.view(torch.uint8).copy_(torch.randint(0, 256, buf.view(torch.uint8).shape))
     for step in t.plan.steps:
@@ -238,14 +246,23 @@ def test_replicated_loads_exchange_nothing() -> None:
     assert t.res.collectives.broadcasts == [] and t.res.trace.ops == []  # type: ignore[attr-defined]
 
 
-def test_record_event_marks_each_layer_after_its_last_step_and_the_ack_at_the_end() -> None:
-    t = transfer(Direction.load, [0, 1, 2], [3, 4, 5], staging_bytes=1)
-    record = RecordEvent()
+@pytest.mark.parametrize("group_bytes", list(GROUPS))
+def test_record_event_marks_each_layer_after_its_last_step_and_the_ack_at_the_end(
+    group_bytes,
+) -> None:
+    """Each layer's event completes after the last step of its layer, or of its group of
+    layers (load_group_bytes): no layer is usable before all of its units are copied."""
+    t = transfer(Direction.load, [0, 1, 2], [3, 4, 5], load_group_bytes=group_bytes)
+    record, copied = RecordEvent(), set()
     for step in t.plan.steps:
         record.on_step(t, step, InlineStream(timeout_s=5))
-        if not step.last_in_layer:
-            assert not t.layer_events[step.unit.layer].query()
+        copied |= {u.ordinal for u in step.units}
+        for unit in MODEL.units:
+            if t.layer_events[unit.layer].query():
+                assert unit.ordinal in copied, f"layer {unit.layer} usable before its copy"
+    assert set(t.layer_events) == set(range(MODEL.num_layers))
     assert all(e.query() for e in t.layer_events.values()) and not t.done.query()
+    assert len({id(e) for e in t.layer_events.values()}) == GROUPS[group_bytes]  # one a group
     record.on_transfer(t, InlineStream(timeout_s=5))
     assert t.done.query()
 
