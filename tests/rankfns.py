@@ -206,13 +206,14 @@ def no_sync_on_issue(job: Job, rank: int, world_size: int, local_rank: int) -> s
 
 
 class SleepBefore:
-    """Test stage: puts a long GPU sleep on the stream before `layer`'s copy."""
+    """Test stage: puts a long GPU sleep on the stream before `layer`'s copy (before its
+    group's, where a load groups layers)."""
 
     def __init__(self, *, layer: int) -> None:
         self.layer = layer
 
     def on_step(self, t: Transfer, step: Step, stream: Stream) -> None:
-        if step.unit.layer == self.layer and step.first == 0:
+        if self.layer in step.layers and step.first == 0:
             torch.cuda._sleep(2_000_000_000)  # ~1 s at H200 clocks
 
 

@@ -116,9 +116,19 @@ def test_issue_path_never_syncs_the_device(
     assert said == [""] * ranks
 
 
+@pytest.mark.parametrize("group_bytes", [0, 2 << 20])  # each layer alone; 8 layers a group
 @pytest.mark.parametrize(("ranks", "strategy"), ON_GPUS)
-def test_forward_uses_layer_0_while_the_last_layer_is_in_flight(ranks: int, strategy: str) -> None:
-    cfg = job_config(*on_gpus(ranks, strategy), "model=deepseek_v3", "workload.device_tokens=4096")
+def test_forward_uses_layer_0_while_the_last_layer_is_in_flight(
+    ranks: int, strategy: str, group_bytes: int
+) -> None:
+    """4 pages of deepseek_v3 (295 KB a layer): layer 0 is usable while the last layer (or
+    group of layers, strategy.load_group_bytes) is held up on the load stream."""
+    cfg = job_config(
+        *on_gpus(ranks, strategy),
+        "model=deepseek_v3",
+        "workload.device_tokens=4096",
+        f"strategy.load_group_bytes={group_bytes}",
+    )
     results = launch(rankfns.overlap_cuda, cfg, ranks, backend="nccl", timeout_s=300)
     assert results is not None
     for r in results:
