@@ -53,13 +53,13 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
     for r in in_turn:
         assert r["unchunked_ms"] > 0
         assert r["x_unchunked"] == pytest.approx(r["ms"] / r["unchunked_ms"])
-        # each side issues what it claims: the unchunked backup gathers no batch and copies
-        # each unit the rank holds once (kernel backend: tiny_dsa's 5 kv + 2 index-K units,
-        # or a rotating rank's share of them); the chunked one moves its 128 pages in 64
-        # batches, one step per pool kind, gathered where a step has several units (a size
+        # each side issues what it claims: the unchunked backup gathers no batch and moves
+        # the units the rank holds of each pool kind in one call (kernel backend: tiny_dsa's
+        # kv units, then its index-K units, or a rotating rank's share of them); the chunked
+        # one moves its 128 pages in 64 batches, one step per pool kind, gathered where a step has several units (a size
         # other than the workload's: each case sizes its own pools)
         replicated = r["strategy"] == "replicated"
-        assert r["unchunked_ops"] == [{"copy": n} for n in ([7, 7] if replicated else [4, 3])]
+        assert r["unchunked_ops"] == [{"copy": 2}, {"copy": 2}]
         gathers = 128 if replicated else 64  # a rotating rank holds one index-K unit
         assert r["ops"] == [{"batch_gather": gathers, "copy": 128}] * 2
     assert "chunked / unchunked" in (out / "bench.md").read_text()
