@@ -56,7 +56,8 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
         # each side issues what it claims: the unchunked backup gathers no batch and moves
         # the units the rank holds of each pool kind in one call (kernel backend: tiny_dsa's
         # kv units, then its index-K units, or a rotating rank's share of them); the chunked
-        # one moves its 128 pages in 64 batches, one step per pool kind, gathered where a step has several units (a size
+        # one moves its 128 pages in 64 batches, one step per pool kind, gathered where a
+        # step has several units (a size
         # other than the workload's: each case sizes its own pools)
         replicated = r["strategy"] == "replicated"
         assert r["unchunked_ops"] == [{"copy": 2}, {"copy": 2}]
