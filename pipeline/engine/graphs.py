@@ -113,8 +113,8 @@ class TransferGraphs:
         host_pages, device_pages = t.page_ids()
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
             t.host_ids, t.device_ids = host_pages.clone(), device_pages.clone()
-        layouts = t.plan.layout
-        layer_events = layouts.layer_events(lambda: CudaEvent(stream.timeout_s, external=True))
+        layout = t.plan.layout
+        layer_events = layout.layer_events(lambda: CudaEvent(stream.timeout_s, external=True))
         t.layer_events = dict(layer_events)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream.stream), t.res.trace.capture() as ops:

@@ -54,23 +54,22 @@ class Trace:
         self._lock = threading.Lock()
 
     def op(self, kind: str, **fields: Any) -> None:
-        key = (kind, side_of(kind, fields))
-        with self._lock:
-            self.counts[kind] = self.counts.get(kind, 0) + 1
-            self.bytes[key] = self.bytes.get(key, 0) + fields.get("bytes", 0)
-            if self.keep_ops:
-                self.ops.append({"op": kind, **fields})
-            for capture in self._captures:
-                capture.append((kind, fields))
+        self.count(kind, side_of(kind, fields), fields.get("bytes", 0), fields)
 
-    def count(self, kind: str, side: str, nbytes: int) -> None:
-        """`op` of a kind and side without its other fields: what the issue path logs where
-        ops are not kept (no keyword dict, no side lookup)."""
+    def count(
+        self, kind: str, side: str, nbytes: int, fields: dict[str, Any] | None = None
+    ) -> None:
+        """`op` with its side and bytes given: a copy's direction and bytes alone is what the
+        issue path logs where ops are not kept (no keyword dict, no side lookup)."""
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.bytes[kind, side] = self.bytes.get((kind, side), 0) + nbytes
-            for capture in self._captures:
-                capture.append((kind, {"direction": side, "bytes": nbytes}))
+            if self.keep_ops or self._captures:
+                fields = {"direction": side, "bytes": nbytes} if fields is None else fields
+                if self.keep_ops:
+                    self.ops.append({"op": kind, **fields})
+                for capture in self._captures:
+                    capture.append((kind, fields))
 
     def totals(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """(ops per kind, bytes per kind and side) as of now (other threads add to them)."""

@@ -133,11 +133,12 @@ def load_steps(
         by_layer.setdefault(u.layer, []).append(u)
     steps: list[Step] = []
     group: list[Unit] = []
+    grouped = 0  # bytes the group moves
     for layer in sorted(by_layer):
         layer_units = by_layer[layer]
         if any(exchanged(u) for u in layer_units):
             steps += _group_steps(group, n)
-            group = []
+            group, grouped = [], 0
             slices = []
             for u in layer_units:
                 per = max(1, staging_bytes // u.page_bytes) if exchanged(u) else n
@@ -146,9 +147,10 @@ def load_steps(
             steps += [Step((u,), f, c, i == last) for i, (u, f, c) in enumerate(slices)]
             continue
         group += layer_units
-        if n * sum(u.page_bytes for u in group) >= group_bytes:
+        grouped += n * sum(u.page_bytes for u in layer_units)
+        if grouped >= group_bytes:
             steps += _group_steps(group, n)
-            group = []
+            group, grouped = [], 0
     return tuple(steps + _group_steps(group, n))
 
 
