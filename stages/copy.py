@@ -16,8 +16,7 @@ common cases make nothing per call but the call itself (see BENCHMARKS.md, issue
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -28,6 +27,7 @@ from pipeline.spec.model import Unit
 from pipeline.spec.plan import Direction
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
+from stages.copy_views import dmas, kernel_views, stacks_of, unit_by_unit
 
 
 class Copy:
@@ -44,8 +44,9 @@ class Copy:
         # by identity: an enum's hash is a Python call, and this runs on every step
         load = plan.direction is Direction.load
         if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
-            if len(units) == 1:  # every step of a load
-                _unit_runs(t, step, units[0], load=load)
+            if len(units) == 1 or unit_by_unit(t, step):  # nothing made per call
+                for unit in units:
+                    _unit_runs(t, step, unit, load=load)
             else:
                 (load_direct if load else backup_direct)(t, step)
         else:
@@ -55,7 +56,7 @@ class Copy:
 def backup_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
-    for host, device, dim, units in _kernel_views(t, step.units):
+    for host, device, dim, units in kernel_views(t, step.units):
         if host_first is None:
             host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
         else:  # the host pages are one run: the gather writes them in place, one kernel
@@ -67,7 +68,7 @@ def backup_kernel(t: Transfer, step: Step) -> None:
 def load_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
-    for host, device, dim, units in _kernel_views(t, step.units):
+    for host, device, dim, units in kernel_views(t, step.units):
         if host_first is None:
             device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
         else:  # the host pages are one run: the scatter reads them in place, one kernel
@@ -87,13 +88,13 @@ def _one_dma(t: Transfer, step: Step) -> bool:
 
 
 def backup_direct(t: Transfer, step: Step) -> None:
-    for dma in _dmas(t, step):
+    for dma in dmas(t, step):
         t.res.copy_pages(dma.host, dma.host_at, dma.device, dma.device_at, dma.blocks)
         _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
 
 
 def load_direct(t: Transfer, step: Step) -> None:
-    for dma in _dmas(t, step):
+    for dma in dmas(t, step):
         t.res.copy_pages(dma.device, dma.device_at, dma.host, dma.host_at, dma.blocks)
         _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
 
@@ -120,18 +121,16 @@ def _unit_runs(t: Transfer, step: Step, unit: Unit, *, load: bool) -> None:
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     """A chunked backup batch through a batch buffer: gathered on the gather stream in the
     layout the host takes in one call, then moved by one scatter kernel, or by one DMA per run
-    of host pages where the host keeps a page's units together (page_first_direct)."""
+    of host pages where the host keeps a page's units together (page_first_direct). What the
+    batches share (views, page-wise views) is derived once per backup (`BatchRing.views`)."""
     ring, plan = t.batches, t.plan
-    stacks = _stacks(t, step.units)
-    assert ring is not None and stacks is not None, "the plan gathers stacked batches only"
-    host, device = stacks
+    assert ring is not None, "the plan gathers stacked batches only"
     direct = plan.spec.io_backend is IoBackend.direct
-    if direct:  # page-major on both sides
-        host, device = host.transpose(0, 1), device.transpose(0, 1)
-        assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
+    key = id(step.units)  # by identity, as the pools' stacked views: hashing units costs
+    if key not in ring.views:
+        ring.views[key] = _batch_views(t, step.units, direct)
+    host, device, host_pages = ring.views[key]
     pages = 0 if direct else 1  # the page dimension of the views
-    shape = list(host.shape)
-    shape[pages] = step.count
     first = plan.device_run(step) if direct else None
     behind = t.device_ids is None and first is None  # the ids upload on `stream` next
     fill: Callable[[torch.Tensor], object]
@@ -141,17 +140,19 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
         host_ids, device_ids = t.step_ids(step)
         fill = functools.partial(_select_into, device, pages, device_ids)
     buffer = ring.next_buffer
+    shape = (*host.shape[:pages], step.count, *host.shape[pages + 1 :])
     batch = ring.gathered(fill, shape, device.dtype, stream, behind_stream=behind)
-    t.res.trace.op(
-        "batch_gather",
-        units=[u.ordinal for u in step.units],
-        first=step.first,
-        pages=step.count,
-        bytes=step.nbytes,
-        buffer=buffer,
-    )
+    trace = t.res.trace
+    if trace.keep_ops:
+        at = {"first": step.first, "pages": step.count, "buffer": buffer, "bytes": step.nbytes}
+        trace.op("batch_gather", units=[u.ordinal for u in step.units], **at)
+    else:
+        trace.count("batch_gather", "", step.nbytes)
     if direct:
-        host_pages, batch_pages = pages_view(host.flatten(1, 2)), pages_view(batch.flatten(1, 2))
+        batch_key = (buffer, step.count)
+        if batch_key not in ring.views:
+            ring.views[batch_key] = pages_view(batch.flatten(1, 2))
+        batch_pages = ring.views[batch_key]
         for run in plan.runs_in(step.first, step.count):
             t.res.copy_pages(
                 host_pages, run.host_page, batch_pages, run.first - step.first, run.pages
@@ -164,6 +165,21 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     ring.moved_out(stream)
 
 
+def _batch_views(
+    t: Transfer, units: tuple[Unit, ...], direct: bool
+) -> tuple[torch.Tensor, torch.Tensor, Pages | None]:
+    """(host, device, the host's page-wise view where direct) of a batch's stacked units:
+    [units, pages, ...] for kernels, page-major [pages, units, ...] for direct DMAs."""
+    stacks = stacks_of(t, units)
+    assert stacks is not None, "the plan gathers stacked batches only"
+    host, device = stacks
+    if not direct:
+        return host, device, None
+    host, device = host.transpose(0, 1), device.transpose(0, 1)
+    assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
+    return host, device, pages_view(host.flatten(1, 2))
+
+
 def _copy_from(source: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return batch.copy_(source)
 
@@ -172,91 +188,6 @@ def _select_into(
     source: torch.Tensor, dim: int, ids: torch.Tensor, batch: torch.Tensor
 ) -> torch.Tensor:
     return torch.index_select(source, dim, ids, out=batch)
-
-
-def _stacks(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(host, device) [units, pages, rows, words] views of several units, where both pools
-    stack them (a single unit is copied through its own views)."""
-    if len(units) < 2:
-        return None
-    host, device = t.res.host_view.stacked(units), t.res.device_pool.stacked(units)
-    return None if host is None or device is None else (host, device)
-
-
-def _kernel_views(
-    t: Transfer, units: tuple[Unit, ...]
-) -> list[tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]]:
-    """(host, device, page dimension, units) per kernel call: the stacked units in one call,
-    else one call per unit."""
-    if len(units) == 1:
-        ordinal = units[0].ordinal
-        return [(t.res.host_view.words[ordinal], t.res.device_pool.words[ordinal], 0, units)]
-    stacks = _stacks(t, units)
-    if stacks is not None:
-        return [(*stacks, 1, units)]
-    host, device = t.res.host_view.words, t.res.device_pool.words
-    return [(host[u.ordinal], device[u.ordinal], 0, (u,)) for u in units]
-
-
-class _Dma(NamedTuple):
-    """One DMA call (`blocks` pages from `host_at` / `device_at` of two page-wise views) and
-    what it moves (transfer pages from `first`, of `units`)."""
-
-    host: Pages
-    host_at: int
-    device: Pages
-    device_at: int
-    blocks: int
-    first: int
-    pages: int
-    units: tuple[Unit, ...]
-    where: dict[str, int]
-    """The run's first host and device page, for the trace."""
-
-
-def _dmas(t: Transfer, step: Step) -> Iterator[_Dma]:
-    """Per run of pages, where the pools stack the units: one strided DMA for every unit
-    where each unit's run is one block on both sides (a layer-first host), else the fewer of
-    one DMA per unit and one per page (that page of every unit as one strided copy)."""
-    units = step.units
-    stacks = _stacks(t, units)
-    host, device = t.res.host_view.pages, t.res.device_pool.pages
-    first_host, first_device = host[units[0].ordinal], device[units[0].ordinal]
-    runs_are_blocks = (  # a unit's pages are contiguous on both sides
-        stacks is not None
-        and first_host.pitch == first_host.width
-        and first_device.pitch == first_device.width
-    )
-    for run in t.plan.runs_in(step.first, step.count):
-        if runs_are_blocks:
-            assert stacks is not None
-            hosts = slice(run.host_page, run.host_page + run.pages)
-            devices = slice(run.device_page, run.device_page + run.pages)
-            # each unit's run as one "page" of the copy call
-            host_runs, device_runs = (
-                pages_view(stacks[0][:, hosts]),
-                pages_view(stacks[1][:, devices]),
-            )
-            at = {"host_page": run.host_page, "device_page": run.device_page}
-            yield _Dma(host_runs, 0, device_runs, 0, len(units), run.first, run.pages, units, at)
-            continue
-        if stacks is not None and run.pages < len(units):
-            for k in range(run.pages):  # page k of every unit in one call
-                hp, dp = run.host_page + k, run.device_page + k
-                at = {"host_page": hp, "device_page": dp}
-                pages = (
-                    pages_view(stacks[0][:, hp]),
-                    0,
-                    pages_view(stacks[1][:, dp]),
-                    0,
-                    len(units),
-                )
-                yield _Dma(*pages, run.first + k, 1, units, at)
-            continue
-        at = {"host_page": run.host_page, "device_page": run.device_page}
-        for u in units:
-            pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.pages)
-            yield _Dma(*pages, run.first, run.pages, (u,), at)
 
 
 def _page_bytes(step: Step, units: tuple[Unit, ...]) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,6 +23,8 @@ class BatchRing:
         self.gather = gather
         self.moved: list[Event] = []
         """Per batch, in order: its copy to the host is done."""
+        self.views: dict[object, Any] = {}
+        """What the copy stage derives once per backup for all its batches, by its own key."""
 
     @property
     def next_buffer(self) -> int:
@@ -30,7 +34,7 @@ class BatchRing:
     def gathered(
         self,
         fill: Callable[[torch.Tensor], object],
-        shape: list[int],
+        shape: Sequence[int],
         dtype: torch.dtype,
         stream: Stream,
         *,
@@ -41,7 +45,7 @@ class BatchRing:
         The first batch, or one whose page ids `stream` is still uploading (`behind_stream`),
         starts behind everything issued on `stream` so far (the forward's writes, the ids)."""
         k = len(self.moved)
-        nbytes = dtype.itemsize * int(torch.Size(shape).numel())
+        nbytes = dtype.itemsize * math.prod(shape)
         batch = self.buffers[k % 2, :nbytes].view(dtype).view(shape)
         if k == 0 or behind_stream:
             ready = stream.new_event()

@@ -225,14 +225,16 @@ class CudaStream:
         self.timeout_s = timeout_s
 
     def submit(self, work: Callable[[], Any]) -> None:
-        # not `with torch.cuda.stream(...)`: it looks the device up through Python helpers,
-        # a cost the issue path pays twice before a transfer's first copy
-        previous = torch.cuda.current_stream(self.stream.device_index)
-        torch.cuda.set_stream(self.stream)
+        # torch's own calls, not `with torch.cuda.stream(...)` nor `torch.cuda.current_stream`:
+        # those look the device up and make a Stream object through Python helpers, a cost
+        # a chunked backup pays on every batch (BENCHMARKS.md, issue time)
+        stream = self.stream
+        previous = torch._C._cuda_getCurrentStream(stream.device_index)  # (id, index, type)
+        torch._C._cuda_setStream(stream.stream_id, stream.device_index, stream.device_type)
         try:
             work()
         finally:
-            torch.cuda.set_stream(previous)
+            torch._C._cuda_setStream(*previous)
 
     def new_event(self) -> CudaEvent:
         return CudaEvent(self.timeout_s)

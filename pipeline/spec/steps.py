@@ -104,12 +104,16 @@ def backup_steps(
     where the host takes a batch in one call (`one_call_batches`)."""
     steps = []
     chunk_pages = chunk_pages if chunk_pages > 0 else num_pages
+    kinds = by_pool_kind(copied)
+    # one tuple per batch of units, shared by the chunks' steps: the issue path memoizes
+    # views of a step's units by the tuple's identity
+    batches: dict[tuple[int, int, int], tuple[Unit, ...]] = {}
     for first in range(0, num_pages, chunk_pages):
         count = min(chunk_pages, num_pages - first)
-        for units in by_pool_kind(copied):
+        for k, units in enumerate(kinds):
             per = max(1, batch_bytes // (count * units[0].page_bytes))
             for i in range(0, len(units), per):
-                batch = units[i : i + per]
+                batch = batches.setdefault((k, i, per), units[i : i + per])
                 nbytes = count * sum(u.page_bytes for u in batch)
                 gathered = one_call_batches and len(batch) > 1 and nbytes <= buffer_bytes
                 steps.append(Step(batch, first, count, True, gathered))

@@ -19,8 +19,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import pipeline
 from pipeline.engine import executor
 from pipeline.engine.streams import InlineStream
+from pipeline.spec.model import by_pool_kind
 from pipeline.spec.plan import Direction
 from pipeline.spec.slots import page_tokens
+from pipeline.spec.steps import backup_steps
 
 DIRECT = ["topology.io_backend=direct", "topology.mem_layout=page_first_direct"]
 KERNEL = ["topology.io_backend=kernel", "topology.mem_layout=layer_first"]
@@ -179,3 +181,27 @@ def test_a_grouped_load_issues_one_call_per_group_not_per_layer(io, placement) -
     moves = ("aten.copy_", "aten.index_select", "aten.index_copy_")
     assert [few_ops[op] for op in moves] == [many_ops[op] for op in moves]
     assert few_copies == many_copies == (4 if (io, placement) == ("direct", "contiguous") else 1)
+
+
+@pytest.mark.parametrize("batch_bytes", [1 << 30, 1])
+def test_a_chunked_backups_steps_share_their_units_tuple_across_chunks(batch_bytes) -> None:
+    """The issue path derives a batch's views once per backup, keyed by the identity of the
+    step's units: every chunk's step of one batch of units holds the same tuple."""
+    engine = pipeline.create_engine(
+        pipeline.compose(["model=tiny_mla", "model.num_layers=6", "topology=tp1"])
+    )
+    copied = engine.spec.units
+    engine.close()
+    steps = backup_steps(
+        copied,
+        10,
+        chunk_pages=3,
+        batch_bytes=batch_bytes,
+        buffer_bytes=1 << 30,
+        one_call_batches=True,
+    )
+    by_units: dict[tuple[int, ...], set[int]] = {}
+    for step in steps:
+        by_units.setdefault(tuple(u.ordinal for u in step.units), set()).add(id(step.units))
+    assert all(len(ids) == 1 for ids in by_units.values())
+    assert len(by_units) == (len(by_pool_kind(copied)) if batch_bytes > 1 else len(copied))

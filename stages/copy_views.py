@@ -1,0 +1,115 @@
+"""Which calls move a copy step: the stacked views of its units, one kernel call per set of
+views, one DMA per run (see `stages.copy`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+
+from pipeline.engine.memcpy import Pages, pages_view
+from pipeline.engine.transfer import Transfer
+from pipeline.spec.model import Unit
+from pipeline.spec.steps import Step
+
+
+def stacks_of(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host, device) [units, pages, rows, words] views of several units, where both pools
+    stack them (a single unit is copied through its own views)."""
+    if len(units) < 2:
+        return None
+    host, device = t.res.host_view.stacked(units), t.res.device_pool.stacked(units)
+    return None if host is None or device is None else (host, device)
+
+
+def kernel_views(
+    t: Transfer, units: tuple[Unit, ...]
+) -> list[tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]]:
+    """(host, device, page dimension, units) per kernel call: the stacked units in one call,
+    else one call per unit."""
+    if len(units) == 1:
+        ordinal = units[0].ordinal
+        return [(t.res.host_view.words[ordinal], t.res.device_pool.words[ordinal], 0, units)]
+    stacks = stacks_of(t, units)
+    if stacks is not None:
+        return [(*stacks, 1, units)]
+    host, device = t.res.host_view.words, t.res.device_pool.words
+    return [(host[u.ordinal], device[u.ordinal], 0, (u,)) for u in units]
+
+
+class Dma(NamedTuple):
+    """One DMA call (`blocks` pages from `host_at` / `device_at` of two page-wise views) and
+    what it moves (transfer pages from `first`, of `units`)."""
+
+    host: Pages
+    host_at: int
+    device: Pages
+    device_at: int
+    blocks: int
+    first: int
+    pages: int
+    units: tuple[Unit, ...]
+    where: dict[str, int]
+    """The run's first host and device page, for the trace."""
+
+
+def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
+    """Per run of pages, where the pools stack the units: one strided DMA for every unit
+    where each unit's run is one block on both sides (a layer-first host), else the fewer of
+    one DMA per unit and one per page (that page of every unit as one strided copy)."""
+    units = step.units
+    stacks = stacks_of(t, units)
+    host, device = t.res.host_view.pages, t.res.device_pool.pages
+    first_host, first_device = host[units[0].ordinal], device[units[0].ordinal]
+    runs_are_blocks = (  # a unit's pages are contiguous on both sides
+        stacks is not None
+        and first_host.pitch == first_host.width
+        and first_device.pitch == first_device.width
+    )
+    for run in t.plan.runs_in(step.first, step.count):
+        if runs_are_blocks:
+            assert stacks is not None
+            hosts = slice(run.host_page, run.host_page + run.pages)
+            devices = slice(run.device_page, run.device_page + run.pages)
+            # each unit's run as one "page" of the copy call
+            host_runs, device_runs = (
+                pages_view(stacks[0][:, hosts]),
+                pages_view(stacks[1][:, devices]),
+            )
+            at = {"host_page": run.host_page, "device_page": run.device_page}
+            yield Dma(host_runs, 0, device_runs, 0, len(units), run.first, run.pages, units, at)
+            continue
+        if stacks is not None and run.pages < len(units):
+            for k in range(run.pages):  # page k of every unit in one call
+                hp, dp = run.host_page + k, run.device_page + k
+                at = {"host_page": hp, "device_page": dp}
+                pages = (
+                    pages_view(stacks[0][:, hp]),
+                    0,
+                    pages_view(stacks[1][:, dp]),
+                    0,
+                    len(units),
+                )
+                yield Dma(*pages, run.first + k, 1, units, at)
+            continue
+        at = {"host_page": run.host_page, "device_page": run.device_page}
+        for u in units:
+            pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.pages)
+            yield Dma(*pages, run.first, run.pages, (u,), at)
+
+
+def unit_by_unit(t: Transfer, step: Step) -> bool:
+    """Where `dmas` would make one DMA per unit and run (the pools do not stack the units,
+    or a unit's run is strided on a side and every run is longer than the units): then
+    `_unit_runs`' loop, which makes nothing per call but the call."""
+    units = step.units
+    if stacks_of(t, units) is None:
+        return True
+    host, device = (
+        t.res.host_view.pages[units[0].ordinal],
+        t.res.device_pool.pages[units[0].ordinal],
+    )
+    if host.pitch == host.width and device.pitch == device.width:
+        return False  # one strided DMA per run covers every unit
+    return all(run.pages > len(units) for run in t.plan.runs_in(step.first, step.count))
