@@ -29,7 +29,8 @@ TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
 
 
 PIN_CHUNK_BYTES = 64 << 30
-"""Largest piece pinned at once: bigger pools are allocated pageable and registered in pieces."""
+"""Largest buffer torch pins itself (its pinned allocator may round a size up to a power of
+two): bigger pools are allocated pageable and registered with the driver whole."""
 
 
 def as_words(t: torch.Tensor) -> torch.Tensor:
@@ -256,18 +257,17 @@ def _unit_view(buf: torch.Tensor, layout: MemLayout, i: int) -> torch.Tensor:
 def host_buffer(
     shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool, chunk_bytes: int
 ) -> torch.Tensor:
-    """A host buffer, pinned when asked: directly up to `chunk_bytes`, else registered with
-    the CUDA driver piece by piece (the registration lives as long as the process)."""
+    """A host buffer, pinned when asked: by torch up to `chunk_bytes`, else allocated pageable
+    and registered with the CUDA driver in one piece (the registration lives as long as the
+    process). One piece: a copy spanning two registrations fails (cudaErrorInvalidValue),
+    and a run of pages may lie anywhere in the pool."""
     if not pin_memory or math.prod(shape) * dtype.itemsize <= chunk_bytes:
         return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
     buf = torch.empty(shape, dtype=dtype)
-    cudart = torch.cuda.cudart()
     portable_mapped = 0x01 | 0x02  # every device sees it, and at the same address (UVA)
-    for offset in range(0, buf.nbytes, chunk_bytes):
-        size = min(chunk_bytes, buf.nbytes - offset)
-        error = cudart.cudaHostRegister(buf.data_ptr() + offset, size, portable_mapped)
-        if int(error) != 0:
-            raise RuntimeError(f"cudaHostRegister of {size} B failed with CUDA error {error}")
+    error = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.nbytes, portable_mapped)
+    if int(error) != 0:
+        raise RuntimeError(f"cudaHostRegister of {buf.nbytes} B failed with CUDA error {error}")
     return buf
 
 

@@ -170,13 +170,21 @@ def test_evicted_graphs_are_captured_again(ranks: int, strategy: str) -> None:
         assert r["captures"] == 6 and r["kept"] == 1  # each transfer evicts the one before
 
 
-def test_a_pool_pinned_in_pieces_is_reachable_through_its_uva_alias() -> None:
+def test_a_registered_pool_is_reachable_by_uva_kernels_and_by_one_dma_over_it_all() -> None:
+    """A pool above the pinning limit is registered, in one piece: a DMA over all of it (it
+    would span two pieces, which fails, if it were registered piece by piece)."""
     host = host_buffer((40, 64, 576), torch.uint8, pin_memory=True, chunk_bytes=1 << 20)
-    assert host.is_pinned()  # registered in 2 MiB / 1 MiB = 2+ pieces
+    assert host.is_pinned()  # 1.4 MiB > 1 MiB: registered, not pinned by torch
     host.copy_(torch.randint(0, 256, host.shape, dtype=torch.uint8))
     pages = torch.tensor([39, 0, 17, 18, 5])
     got = uva_alias(host, torch.device("cuda", 0)).index_select(0, pages.cuda()).cpu()
     assert torch.equal(got, host.index_select(0, pages))
+    device = torch.empty(host.shape, dtype=host.dtype, device="cuda")
+    device.copy_(host, non_blocking=True)  # one cudaMemcpyAsync from the registered pool
+    back = torch.empty_like(host).pin_memory()
+    back.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, host)
 
 
 @pytest.mark.parametrize(
