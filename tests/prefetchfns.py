@@ -63,7 +63,7 @@ def _prefetched(engine: Engine, slow: bool, release: str) -> dict[str, Any]:
         threading.Timer(0.5, gate.set).start()
     if release == "ready":  # nobody is held back: every rank reads every page first
         gate.set()
-        _until_everyone_ready(prefetch.ready, PAGES)
+        _until_everyone_ready(prefetch, PAGES)
     target = [p + PAGES for p in source]
     poison(engine, target)
     loaded = engine.load_prefetched(prefetch, page_tokens(target, size))
@@ -91,12 +91,15 @@ def _prefetched(engine: Engine, slow: bool, release: str) -> dict[str, Any]:
     }
 
 
-def _until_everyone_ready(ready: Any, pages: int) -> None:
-    """Wait (bounded) until this rank read every page, then for every other rank to."""
+def _until_everyone_ready(prefetch: Any, pages: int) -> None:
+    """Wait (bounded) until this rank read every page, then for every other rank to. A rank
+    whose roles read nothing (single_source's non-readers) has nothing to wait for: it would
+    only run into the bound."""
     done = threading.Event()
     deadline = threading.Timer(WAIT_S, done.set)
     deadline.start()
-    while ready() < pages and not done.is_set():
+    reads = bool(prefetch.job.reads)
+    while reads and prefetch.ready() < pages and not done.is_set():
         done.wait(0.01)
     deadline.cancel()
     dist.barrier()
