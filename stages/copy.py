@@ -122,14 +122,14 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     """A chunked backup batch through a batch buffer: gathered on the gather stream in the
     layout the host takes in one call, then moved by one scatter kernel, or by one DMA per run
     of host pages where the host keeps a page's units together (page_first_direct). What the
-    batches share (views, page-wise views) is derived once per backup (`BatchRing.views`)."""
+    batches share (views, page-wise views) is derived once per backup (`BatchRing`'s memos)."""
     ring, plan = t.batches, t.plan
     assert ring is not None, "the plan gathers stacked batches only"
     direct = plan.spec.io_backend is IoBackend.direct
     key = id(step.units)  # by identity, as the pools' stacked views: hashing units costs
-    if key not in ring.views:
-        ring.views[key] = _batch_views(t, step.units, direct)
-    host, device, host_pages = ring.views[key]
+    if key not in ring.stacked:
+        ring.stacked[key] = _batch_views(t, step.units, direct)
+    host, device, host_pages = ring.stacked[key]
     pages = 0 if direct else 1  # the page dimension of the views
     first = plan.device_run(step) if direct else None
     behind = t.device_ids is None and first is None  # the ids upload on `stream` next
@@ -149,10 +149,11 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     else:
         trace.count("batch_gather", "", step.nbytes)
     if direct:
+        assert host_pages is not None, "a direct batch's host has a page-wise view"
         batch_key = (buffer, step.count)
-        if batch_key not in ring.views:
-            ring.views[batch_key] = pages_view(batch.flatten(1, 2))
-        batch_pages = ring.views[batch_key]
+        if batch_key not in ring.batch_pages:
+            ring.batch_pages[batch_key] = pages_view(batch.flatten(1, 2))
+        batch_pages = ring.batch_pages[batch_key]
         for run in plan.runs_in(step.first, step.count):
             t.res.copy_pages(
                 host_pages, run.host_page, batch_pages, run.first - step.first, run.pages

@@ -61,12 +61,7 @@ def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
     units = step.units
     stacks = stacks_of(t, units)
     host, device = t.res.host_view.pages, t.res.device_pool.pages
-    first_host, first_device = host[units[0].ordinal], device[units[0].ordinal]
-    runs_are_blocks = (  # a unit's pages are contiguous on both sides
-        stacks is not None
-        and first_host.pitch == first_host.width
-        and first_device.pitch == first_device.width
-    )
+    runs_are_blocks = stacks is not None and _runs_are_blocks(t, units)
     for run in t.plan.runs_in(step.first, step.count):
         if runs_are_blocks:
             assert stacks is not None
@@ -106,10 +101,14 @@ def unit_by_unit(t: Transfer, step: Step) -> bool:
     units = step.units
     if stacks_of(t, units) is None:
         return True
-    host, device = (
-        t.res.host_view.pages[units[0].ordinal],
-        t.res.device_pool.pages[units[0].ordinal],
-    )
-    if host.pitch == host.width and device.pitch == device.width:
+    if _runs_are_blocks(t, units):
         return False  # one strided DMA per run covers every unit
     return all(run.pages > len(units) for run in t.plan.runs_in(step.first, step.count))
+
+
+def _runs_are_blocks(t: Transfer, units: tuple[Unit, ...]) -> bool:
+    """A unit's pages are contiguous on both sides (a layer-first host), so each unit's run
+    is one block and one strided DMA moves the run of every stacked unit."""
+    host = t.res.host_view.pages[units[0].ordinal]
+    device = t.res.device_pool.pages[units[0].ordinal]
+    return host.pitch == host.width and device.pitch == device.width

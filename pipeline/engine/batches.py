@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
+from pipeline.engine.memcpy import Pages
 from pipeline.engine.streams import Event, Stream
 
 
@@ -23,8 +23,11 @@ class BatchRing:
         self.gather = gather
         self.moved: list[Event] = []
         """Per batch, in order: its copy to the host is done."""
-        self.views: dict[object, Any] = {}
-        """What the copy stage derives once per backup for all its batches, by its own key."""
+        self.stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Pages | None]] = {}
+        """By id of a step's units tuple (shared by the chunks' steps): the copy stage's
+        (host, device, host page-wise) views of them, derived once per backup."""
+        self.batch_pages: dict[tuple[int, int], Pages] = {}
+        """By (buffer, pages): a batch's page-wise view, for its DMAs."""
 
     @property
     def next_buffer(self) -> int:

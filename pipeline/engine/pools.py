@@ -28,7 +28,7 @@ TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
 )
 
 
-PIN_CHUNK_BYTES = 64 << 30
+PIN_LIMIT_BYTES = 64 << 30
 """Largest buffer torch pins itself (its pinned allocator may round a size up to a power of
 two): bigger pools are allocated pageable and registered with the driver whole."""
 
@@ -218,7 +218,7 @@ class HostPool:
         num_pages: int,
         layout: MemLayout,
         pin_memory: bool,
-        pin_chunk_bytes: int = PIN_CHUNK_BYTES,
+        pin_limit_bytes: int = PIN_LIMIT_BYTES,
     ) -> HostPool:
         storage = []
         for units in by_pool_kind(owned):
@@ -229,7 +229,7 @@ class HostPool:
                 MemLayout.page_first_direct: (pages, len(units), rows, elems),
             }[layout]
             dtype = unit_dtype(model, units[0])
-            storage.append(host_buffer(shape, dtype, pin_memory, pin_chunk_bytes))
+            storage.append(host_buffer(shape, dtype, pin_memory, pin_limit_bytes))
         return cls(storage, num_pages, layout, owned)
 
     def layer(self, unit: Unit) -> torch.Tensor:
@@ -255,13 +255,13 @@ def _unit_view(buf: torch.Tensor, layout: MemLayout, i: int) -> torch.Tensor:
 
 
 def host_buffer(
-    shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool, chunk_bytes: int
+    shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool, limit_bytes: int
 ) -> torch.Tensor:
-    """A host buffer, pinned when asked: by torch up to `chunk_bytes`, else allocated pageable
+    """A host buffer, pinned when asked: by torch up to `limit_bytes`, else allocated pageable
     and registered with the CUDA driver in one piece (the registration lives as long as the
     process). One piece: a copy spanning two registrations fails (cudaErrorInvalidValue),
     and a run of pages may lie anywhere in the pool."""
-    if not pin_memory or math.prod(shape) * dtype.itemsize <= chunk_bytes:
+    if not pin_memory or math.prod(shape) * dtype.itemsize <= limit_bytes:
         return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
     buf = torch.empty(shape, dtype=dtype)
     portable_mapped = 0x01 | 0x02  # every device sees it, and at the same address (UVA)

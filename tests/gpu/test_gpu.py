@@ -173,7 +173,7 @@ def test_evicted_graphs_are_captured_again(ranks: int, strategy: str) -> None:
 def test_a_registered_pool_is_reachable_by_uva_kernels_and_by_one_dma_over_it_all() -> None:
     """A pool above the pinning limit is registered, in one piece: a DMA over all of it (it
     would span two pieces, which fails, if it were registered piece by piece)."""
-    host = host_buffer((40, 64, 576), torch.uint8, pin_memory=True, chunk_bytes=1 << 20)
+    host = host_buffer((40, 64, 576), torch.uint8, pin_memory=True, limit_bytes=1 << 20)
     assert host.is_pinned()  # 1.4 MiB > 1 MiB: registered, not pinned by torch
     host.copy_(torch.randint(0, 256, host.shape, dtype=torch.uint8))
     pages = torch.tensor([39, 0, 17, 18, 5])
