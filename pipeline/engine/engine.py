@@ -19,6 +19,7 @@ from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.host_slots import HostSlots
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import objects_job, prefetch_job
+from pipeline.engine.l3_load import stream_from_l3, streamed_layers, windowed_from_l3
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.metrics import EngineMetrics, readings
 from pipeline.engine.pools import DevicePool, HostPool
@@ -147,20 +148,17 @@ class Engine:
         self, keys: list[str], host_indices: torch.Tensor, device_indices: torch.Tensor
     ) -> L3Load:
         """Read `keys`' pages from L3 into free host slots; load the leading pages every
-        reader found intact to device slots, window by window as read (a collective)."""
+        reader found intact to device slots (a collective): a group of layers at a time as
+        the forward waits for them where the load streams (`storage.stream_layers`), else
+        window by window as read."""
         tier, start = self._l3(), time.monotonic()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
-        per_page, loads = self.sizing.slots_per_page, []
-
-        def release(first: int, stop: int) -> None:
-            self.host_allocator.hold_data(job.host_pages[first:stop])
-            slots = slice(first * per_page, stop * per_page)
-            loads.append(self.load(host_indices[slots], device_indices[slots]))
-
-        job.window_pages, job.release = tier.window_pages, release
-        job = tier.fetch(self.strategy.l3.fetch, job)
+        if per_group := streamed_layers(self, tier):
+            loaded = stream_from_l3(self, tier, job, per_group, (host_indices, device_indices))
+        else:
+            loaded = windowed_from_l3(self, tier, job, (host_indices, device_indices))
         self.metrics.observe("fetch", time.monotonic() - start)
-        return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
+        return loaded
 
     def prefetch(self, keys: list[str], host_indices: torch.Tensor) -> Prefetch:
         """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
@@ -244,14 +242,13 @@ class Engine:
     ) -> Transfer:
         """Plan (indices checked before a byte moves) and set up one transfer on `stream`."""
         load = direction is Direction.load
-        every = self.strategy.config.verify_every
         plan = build_plan(  # raises on bad input: nothing counted, nothing issued
             direction,
             host_indices,
             device_indices,
             self.spec,
             graphed=graphs is not None,
-            verify=load and every > 0 and self._loads % every == 0,
+            verify=load and self.verifies_next_load(),
             known_steps=self._known_steps,
         )
         if load:
@@ -273,6 +270,11 @@ class Engine:
             batches=BatchRing(res.batch_buffers, res.gather_stream) if gathers else None,
             on_fail=self._failed,
         )
+
+    def verifies_next_load(self) -> bool:
+        """The next load checks its bytes across the replica group (`strategy.verify_every`)."""
+        every = self.strategy.config.verify_every
+        return every > 0 and self._loads % every == 0
 
     def _usable(self) -> None:
         if self._closed:

@@ -21,6 +21,7 @@ from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.strategy import Pipeline
 from pipeline.engine.streams import CudaStream, Event, Stream
 from pipeline.engine.transfer import Transfer, TransferStage
+from pipeline.spec.steps import Step
 
 
 @contextlib.contextmanager
@@ -56,24 +57,34 @@ def finish(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
     stream.submit(lambda: run_once(pipeline.finish, t, stream))
 
 
-def issue_copies(pipeline: Pipeline, t: Transfer, stream: Stream) -> None:
-    """Every step's `per_step` on `stream`, recording `t.copied` per layer (only where there is
-    an exchange to wait for it) and `t.all_copied` at the end."""
-    if pipeline.exchange:
+def issue_copies(
+    pipeline: Pipeline,
+    t: Transfer,
+    stream: Stream,
+    steps: Sequence[Step] | None = None,
+    *,
+    last: bool = True,
+) -> None:
+    """The `per_step` list of `steps` (default: every step) on `stream`, recording `t.copied`
+    per layer (only where there is an exchange to wait for it) and, with `last`,
+    `t.all_copied` at the end (a streamed load issues its steps a group at a time)."""
+    if pipeline.exchange and not t.copied:
         t.copied = t.plan.layout.layer_events(stream.new_event)
     copied = t.copied
     calls = [stage.on_step for stage in pipeline.per_step]
+    walk = t.plan.steps if steps is None else steps
 
     def work() -> None:
         with _timed(t, pipeline.per_step):
-            for step in t.plan.steps:
+            for step in walk:
                 if t.error is not None:
                     return
                 for call in calls:
                     call(t, step, stream)
                 if copied and step.last_in_layer and step.unit.layer in copied:
                     stream.record(copied[step.unit.layer])
-        stream.record(t.all_copied)
+        if last:
+            stream.record(t.all_copied)
 
     stream.submit(work)
 

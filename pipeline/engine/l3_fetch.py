@@ -11,12 +11,19 @@ from concurrent.futures import wait
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import ObjectsJob
+from pipeline.spec.model import Unit
+
+
+def read_units(tier: L3Tier, job: ObjectsJob) -> tuple[Unit, ...]:
+    """The units a fetch reads of each page: every unit after a fallback, else the job's
+    (a streamed load's group of layers) or this rank's."""
+    return tier.reads(True) if job.fallback else job.units or tier.reads(False)
 
 
 def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
     """Start reading every page of the job on the I/O threads, in page order (this
     rank's units; every unit into device pages after a fallback)."""
-    units = tier.reads(job.fallback)
+    units = read_units(tier, job)
     into = job.device_pages if job.fallback else job.host_pages
     assert into is not None, "a fetch names its device pages"
     if units:
@@ -31,7 +38,7 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
     end of their leading intact run (`stop` for a rank that reads nothing)."""
     if not job.reads:
         return stop
-    units = tier.reads(job.fallback)
+    units = read_units(tier, job)
     nbytes = sum(u.page_bytes for u in units)
     into = "pool" if tier.page_map(units, device=job.fallback).direct else "staging"
     for i in range(first, stop):

@@ -12,6 +12,7 @@ import torch
 
 from pipeline.engine.runtime import Runtime
 from pipeline.spec.l3 import check_keys
+from pipeline.spec.model import Unit
 from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
 from pipeline.spec.storage import StorageConfig
@@ -38,6 +39,9 @@ class ObjectsJob:
     fallback: those pages are already in place)."""
     reads: list[Future[bool]] = field(default_factory=list)
     """A fetch: this rank's reads in flight, by page."""
+    units: tuple[Unit, ...] = ()
+    """A fetch: the units it reads of each page (empty: every unit this rank reads); a
+    streamed load reads a group of layers at a time (`pipeline.engine.l3_load`)."""
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the logical plan: keys, host pages and device pages, in order."""
@@ -97,3 +101,17 @@ def window_pages(storage: StorageConfig, runtime: Runtime) -> int:
     if storage.load_chunk_pages is not None:
         return storage.load_chunk_pages
     return CUDA_WINDOW_PAGES if runtime.device.type == "cuda" else 0
+
+
+CUDA_STREAM_LAYERS = 4
+"""`storage.stream_layers` on cuda when not given: a read call per page per group costs the
+store more than the bytes beside it, and a group is what the forward waits for first."""
+
+
+def stream_layers(storage: StorageConfig, runtime: Runtime) -> int:
+    """`storage.stream_layers`, or its default for this rank's device (0 with direct_io,
+    whose reads take whole objects)."""
+    if storage.stream_layers is not None:
+        return storage.stream_layers
+    cuda = runtime.device.type == "cuda" and not storage.direct_io
+    return CUDA_STREAM_LAYERS if cuda else 0

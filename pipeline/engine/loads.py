@@ -54,7 +54,8 @@ class L3Load:
     """Pages loaded, from the front of the keys (the same on every rank of the group)."""
     fallback: bool
     """The ranks' plans differed: each read its objects straight into its device pages."""
-    handle: WindowedLoad | None
-    """The load of the hit pages from host to device, per layer, window by window as they
-    were read (None: nothing to load, or a fallback, whose device pages are already written
-    in the caller's stream order)."""
+    handle: Loading | None
+    """The load of the hit pages from host to device, per layer: window by window as they
+    were read (`WindowedLoad`), or streamed a group of layers at a time
+    (`pipeline.engine.l3_load`); None: nothing to load, or a fallback, whose device pages
+    are already written in the caller's stream order."""

@@ -123,6 +123,9 @@ class MooncakeStore:
         return found
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        part = self._part(size, ranges)
+        if part is not None:
+            return self._read_part(name, part, ranges, check)
         scatter = self._scatter(size, ranges)
         if scatter is None:
             return self._read_staged(name, size, ranges, check)
@@ -131,6 +134,46 @@ class MooncakeStore:
         except Exception:  # an unreachable master or peer: a miss
             return False
         return got == size and (check is None or all(check(i) for i in range(len(ranges))))
+
+    def _part(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
+        """(addresses, lengths, offsets in the object) of a read of part of an object (a
+        streamed load's group of layers) into registered buffers; None for a whole object
+        (one plain get moves it faster) or any buffer not registered."""
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        offsets: list[int] = []
+        for offset, buffers in ranges:
+            for view in buffers:
+                start = np.frombuffer(view, np.uint8).ctypes.data
+                i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
+                if i < 0 or start + view.nbytes > self._regions[i][1]:
+                    return None
+                ptrs.append(start)
+                sizes.append(view.nbytes)
+                offsets.append(offset)
+                offset += view.nbytes
+        return None if sum(sizes) >= size else (ptrs, sizes, offsets)
+
+    def _read_part(
+        self, name: str, part: tuple[list[int], ...], ranges: Sequence[Range], check: Check | None
+    ) -> bool:
+        """Ranges of one object, each straight into its buffer, in one ranged get (no get
+        session: a session is per key, and another thread may be reading the same object's
+        other layers)."""
+        ptrs, sizes, offsets = part
+        try:
+            got = self.client.get_into_ranges(
+                ptrs,
+                [[name]] * len(ptrs),
+                [[[0]]] * len(ptrs),
+                [[[o]] for o in offsets],
+                [[[n]] for n in sizes],
+            )
+        except Exception:  # an unreachable master or peer: a miss
+            return False
+        if [g[0][0] for g in got] != sizes:  # a negative count: absent, or shorter
+            return False
+        return check is None or all(check(i) for i in range(len(ranges)))
 
     def _read_staged(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None

@@ -1,0 +1,209 @@
+"""A load from L3 streamed a group of layers at a time (`storage.stream_layers`): it returns
+before the later groups are read, each group's reads take only its layers, a layer is usable
+once its wait returns, a group that goes missing fails the load, and the grid of group sizes x load groups x host layouts x stores is bit-exact."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import pipeline
+from pipeline.engine.engine import Engine
+from pipeline.engine.l3_load import StreamedLoad
+from pipeline.engine.loads import WindowedLoad
+from pipeline.engine.stores import FileStore
+from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
+from pipeline.jobs.l3_store import master_on_loopback
+from pipeline.spec.slots import page_tokens
+
+PAGES = 5
+
+
+@contextlib.contextmanager
+def engine_with(tmp_path: Path, *overrides: str, store: str = "file") -> Iterator[Engine]:
+    """A one-rank CPU engine of tiny_mla with `store` attached."""
+    with contextlib.ExitStack() as stack:
+        if store == "file":
+            where = [f"storage.path={tmp_path}"]
+        else:
+            master, metadata = stack.enter_context(master_on_loopback())
+            where = [f"storage.master={master}", f"storage.metadata_server={metadata}"]
+        base = ["model=tiny_mla", "topology=tp1", "topology.device=cpu", f"storage={store}"]
+        engine = pipeline.create_engine(pipeline.compose([*base, *where, *overrides]))
+        stack.callback(engine.close)
+        yield engine
+
+
+def stored_prefix(engine: Engine) -> tuple[list[str], dict[int, torch.Tensor]]:
+    """PAGES device pages backed up and written back: (their keys, their bytes by unit)."""
+    size, source = engine.sizing.slots_per_page, list(range(PAGES))
+    fill_random(engine, source, 11)
+    expected = snapshot(engine, source)
+    host = engine.host_allocator.alloc(PAGES)
+    engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
+    keys = engine.l3_keys(list(range(PAGES * size)))
+    engine.write_back(keys, page_tokens(host, size)).wait()
+    while engine.acks.pending:
+        engine.poll()
+    return keys, expected
+
+
+def load(engine: Engine, keys: list[str]) -> tuple[Any, list[int], list[int]]:
+    """A load from L3 of `keys` into poisoned device pages: (what came back, its target
+    pages, its fresh host pages)."""
+    size = engine.sizing.slots_per_page
+    fresh, target = engine.host_allocator.alloc(PAGES), list(range(PAGES, 2 * PAGES))
+    poison(engine, target)
+    loaded = engine.load_from_l3(keys, page_tokens(fresh, size), page_tokens(target, size))
+    return loaded, target, fresh
+
+
+def layer_intact(engine: Engine, layer: int, target: list[int], expected: dict) -> bool:
+    pool = engine.device_pool
+    units = [u for u in engine.model.units if u.layer == layer]
+    return all(
+        torch.equal(pool.layer(u).view(torch.uint8)[target], expected[u.ordinal]) for u in units
+    )
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_load_returns_before_the_later_groups_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The later groups' reads are held back until the forward has used layer 0: the load
+    still returns, layer 0 is whole after its wait, the last layer is not ready; then every
+    layer arrives, bit-exact, each read having taken only its group's bytes."""
+    one_step_per_layer = "strategy.load_group_bytes=0"  # else a load group waits for them all
+    with engine_with(
+        tmp_path, "storage.stream_layers=2", "storage.io_threads=2", one_step_per_layer
+    ) as engine:
+        keys, expected = stored_prefix(engine)
+        held, held_back, real_read = threading.Event(), [False], FileStore.read
+
+        def read(store: FileStore, name: str, size: int, ranges: Any, check: Any = None) -> bool:
+            if held_back[0]:
+                assert held.wait(60), "the test never let the later reads go"
+            return real_read(store, name, size, ranges, check)
+
+        monkeypatch.setattr(FileStore, "read", read)
+        with engine.trace.capture() as ops:
+            tier = engine.l3
+            assert tier is not None
+            real_fetch = tier.fetch
+
+            def fetch(stages: Any, job: Any) -> Any:
+                done = real_fetch(stages, job)
+                held_back[0] = True  # group 0 is agreed: hold every later read
+                return done
+
+            monkeypatch.setattr(tier, "fetch", fetch)
+            loaded, target, _ = load(engine, keys)
+            handle = loaded.handle
+            assert isinstance(handle, StreamedLoad) and loaded.hits == PAGES
+            handle.wait(0)
+            handle.load.stream.synchronize()
+            assert layer_intact(engine, 0, target, expected)
+            assert not handle.ready(handle.num_layers - 1)
+            held.set()
+            for layer in range(handle.num_layers):
+                handle.wait(layer)
+            handle.done().wait()
+        assert not first_mismatch(engine, target, expected)
+        reads = [fields for kind, fields in ops if kind == "l3_read"]
+        groups = -(-engine.model.num_layers // 2)
+        assert len(reads) == PAGES * groups
+        per_layer = sum(u.page_bytes for u in engine.model.units) // engine.model.num_layers
+        assert {r["bytes"] for r in reads} <= {per_layer, 2 * per_layer}
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_group_gone_after_the_hits_fails_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page 3's object is removed once the hits are agreed: the forward's waits raise by the
+    first layer of the group that missed it, naming the page and the layers, the ack fails,
+    the fresh host pages hold no data, and the engine loads again afterwards."""
+    with engine_with(tmp_path, "storage.stream_layers=2") as engine:
+        keys, expected = stored_prefix(engine)
+        tier = engine.l3
+        assert tier is not None
+        real_fetch = tier.fetch
+
+        def fetch(stages: Any, job: Any) -> Any:
+            done = real_fetch(stages, job)
+            (tmp_path / tier.name(keys[3])).unlink()
+            return done
+
+        monkeypatch.setattr(tier, "fetch", fetch)
+        loaded, _, fresh = load(engine, keys)
+        handle = loaded.handle
+        assert loaded.hits == PAGES and handle is not None
+        with pytest.raises(RuntimeError, match=r"layers 2-3 not loaded.*page 3") as failed:
+            for layer in range(3):
+                handle.wait(layer)
+        assert "load_from_l3" in str(failed.value)
+        with pytest.raises(RuntimeError, match="layers 2-3"):
+            handle.done().wait()
+        assert sorted(engine.host_allocator.without_data(np.array(fresh))) == sorted(fresh)
+        engine.host_allocator.free(fresh)
+        monkeypatch.undo()
+        with contextlib.suppress(RuntimeError):
+            while engine.acks.pending:
+                engine.poll()
+        size = engine.sizing.slots_per_page
+        more, target = engine.host_allocator.alloc(3), [0, 1, 2]
+        poison(engine, target)
+        again = engine.load_from_l3(keys[:3], page_tokens(more, size), page_tokens(target, size))
+        assert again.hits == 3 and again.handle is not None
+        again.handle.done().wait()
+        assert not first_mismatch(engine, target, {u: t[:3] for u, t in expected.items()})
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("store", ["file", "mooncake"])
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+@pytest.mark.parametrize("group_bytes", [0, 1 << 30])
+@pytest.mark.parametrize("per_group", [1, 2, 3, 5])
+def test_streamed_loads_are_bit_exact_across_the_grid(
+    tmp_path: Path, store: str, layout: str, group_bytes: int, per_group: int
+) -> None:
+    """Each layer whole right after its own wait (the forward's order), then every page."""
+    overrides = [
+        f"storage.stream_layers={per_group}",
+        f"topology.mem_layout={layout}",
+        f"strategy.load_group_bytes={group_bytes}",
+    ]
+    with engine_with(tmp_path, *overrides, store=store) as engine:
+        keys, expected = stored_prefix(engine)
+        loaded, target, _ = load(engine, keys)
+        handle = loaded.handle
+        assert isinstance(handle, StreamedLoad) and loaded.hits == PAGES
+        for layer in range(handle.num_layers):
+            handle.wait(layer)
+            engine.runtime.load_stream.synchronize()
+            assert layer_intact(engine, layer, target, expected), layer
+        handle.done().wait()
+        assert not first_mismatch(engine, target, expected)
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    "overrides",
+    [["storage.stream_layers=0"], [], ["storage.stream_layers=2", "strategy.verify_every=1"]],
+    ids=["off", "cpu_default", "verifying"],
+)
+def test_loads_that_must_not_stream_are_windowed(tmp_path: Path, overrides: list[str]) -> None:
+    """Off, the CPU default, and a load that verifies across ranks read whole objects."""
+    with engine_with(tmp_path, *overrides) as engine:
+        keys, expected = stored_prefix(engine)
+        loaded, target, _ = load(engine, keys)
+        assert isinstance(loaded.handle, WindowedLoad)
+        loaded.handle.done().wait()
+        assert not first_mismatch(engine, target, expected)
