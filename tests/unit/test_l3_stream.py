@@ -1,6 +1,7 @@
 """A load from L3 streamed a group of layers at a time (`storage.stream_layers`): it returns
 before the later groups are read, each group's reads take only its layers, a layer is usable
-once its wait returns, a group that goes missing fails the load, and the grid of group sizes x load groups x host layouts x stores is bit-exact."""
+once its wait returns, a group that goes missing fails the load, and the grid of group sizes
+x load groups x host layouts x stores is bit-exact."""
 
 from __future__ import annotations
 
