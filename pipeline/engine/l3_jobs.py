@@ -101,17 +101,3 @@ def window_pages(storage: StorageConfig, runtime: Runtime) -> int:
     if storage.load_chunk_pages is not None:
         return storage.load_chunk_pages
     return CUDA_WINDOW_PAGES if runtime.device.type == "cuda" else 0
-
-
-CUDA_STREAM_LAYERS = 4
-"""`storage.stream_layers` on cuda when not given: a read call per page per group costs the
-store more than the bytes beside it, and a group is what the forward waits for first."""
-
-
-def stream_layers(storage: StorageConfig, runtime: Runtime) -> int:
-    """`storage.stream_layers`, or its default for this rank's device (0 with direct_io,
-    whose reads take whole objects)."""
-    if storage.stream_layers is not None:
-        return storage.stream_layers
-    cuda = runtime.device.type == "cuda" and not storage.direct_io
-    return CUDA_STREAM_LAYERS if cuda else 0

@@ -25,7 +25,7 @@ from pipeline.engine.executor import LoadHandle, finish, issue_copies, prepare
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_fetch import drain, settle, start_reads
-from pipeline.engine.l3_jobs import ObjectsJob, stream_layers
+from pipeline.engine.l3_jobs import ObjectsJob
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Pipeline, Strategy
@@ -196,7 +196,7 @@ def streamed_layers(engine: Loader, tier: L3Tier) -> int:
     inside the forward's waits), nor with storage.stream_layers=0."""
     if engine.strategy.load.exchange or engine.verifies_next_load():
         return 0
-    return stream_layers(tier.storage, engine.runtime)
+    return tier.storage.stream_layers
 
 
 def stream_from_l3(

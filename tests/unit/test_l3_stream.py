@@ -198,10 +198,10 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
 @pytest.mark.parametrize(
     "overrides",
     [["storage.stream_layers=0"], [], ["storage.stream_layers=2", "strategy.verify_every=1"]],
-    ids=["off", "cpu_default", "verifying"],
+    ids=["off", "default", "verifying"],
 )
 def test_loads_that_must_not_stream_are_windowed(tmp_path: Path, overrides: list[str]) -> None:
-    """Off, the CPU default, and a load that verifies across ranks read whole objects."""
+    """Off (the default too) and a load that verifies across ranks read whole objects."""
     with engine_with(tmp_path, *overrides) as engine:
         keys, expected = stored_prefix(engine)
         loaded, target, _ = load(engine, keys)
