@@ -87,7 +87,8 @@ class StreamedLoad:
         self, tier: L3Tier, load: GroupedLoad, reads: list[ObjectsJob], group_of: list[int]
     ) -> None:
         """`group_of`: each model layer's read group."""
-        self.tier, self.load, self.reads = tier, load, reads
+        self.tier, self.load = tier, load
+        self.reads = reads
         """Per group, its reads (group 0's settled by the fetch: an empty job)."""
         self.steps: list[list[Step]] = [[] for _ in reads]
         """Per read group, the steps it completes (a load group's step goes with the read

@@ -86,6 +86,12 @@ class MooncakeStore:
             self.client.unregister_buffer(start)
             self._regions.remove((start, start + buf.nbytes))
 
+    def _address(self, view: memoryview) -> int | None:
+        """The address of `view` if it lies in one registered region, else None."""
+        start = np.frombuffer(view, np.uint8).ctypes.data
+        i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
+        return start if i >= 0 and start + view.nbytes <= self._regions[i][1] else None
+
     def _scatter(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], list[int]] | None:
         """(addresses, lengths) that cover the whole object in order: each range's buffers,
         the gaps between them into the discard region; None unless every buffer is
@@ -99,9 +105,8 @@ class MooncakeStore:
                 sizes.append(min(offset - at, most))
                 at += sizes[-1]
             for view in buffers:
-                start = np.frombuffer(view, np.uint8).ctypes.data
-                i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
-                if i < 0 or start + view.nbytes > self._regions[i][1]:
+                start = self._address(view)
+                if start is None:
                     return None
                 ptrs.append(start)
                 sizes.append(view.nbytes)
@@ -144,9 +149,8 @@ class MooncakeStore:
         offsets: list[int] = []
         for offset, buffers in ranges:
             for view in buffers:
-                start = np.frombuffer(view, np.uint8).ctypes.data
-                i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
-                if i < 0 or start + view.nbytes > self._regions[i][1]:
+                start = self._address(view)
+                if start is None:
                     return None
                 ptrs.append(start)
                 sizes.append(view.nbytes)
