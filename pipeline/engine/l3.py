@@ -152,11 +152,14 @@ class L3Tier:
             self._maps[key] = PageMap(self.object, units, self.placement(device=device))
         return self._maps[key]
 
-    def read(self, key: str, page: int, units: tuple[Unit, ...], *, device: bool) -> bool:
+    def read(
+        self, key: str, page: int, units: tuple[Unit, ...], *, device: bool, table: list[int]
+    ) -> bool:
         """Read `units` of one page's object into a host page (or a device page), each unit
-        checked as soon as it lands; False for a miss: absent, another length, a header or
-        a unit digest that does not match (the pages may then hold some of the object's
-        bytes, and must not be used)."""
+        checked as soon as it lands against the page's digest `table` (`read_checked`: read
+        from the header into an empty one); False for a miss: absent, another length, a
+        header or a unit digest that does not match (the pages may then hold some of the
+        object's bytes, and must not be used)."""
         obj, name, pages = self.object, self.name(key), self.page_map(units, device=device)
         with self.scratches.taken() as scratch:
             head = memoryview(scratch.head)[: obj.header_size(self.space, name, self.checks)]
@@ -166,8 +169,8 @@ class L3Tier:
             else:
                 views = pages.views(page) if pages.direct else scratch.views(units)
                 buffers, group_ok = unit_checks(pages, views, self.digest)
-            table = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
-            ranges, check, failed = read_checked(head, pages, table, buffers, group_ok)
+            header = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
+            ranges, check, failed = read_checked(head, pages, header, buffers, group_ok, table)
             if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
                 if failed:  # it was there, and did not check out
                     self.trace.op("l3_corrupt")

@@ -7,7 +7,8 @@ no thread writes into the fetch's pages after it.
 
 from __future__ import annotations
 
-from concurrent.futures import wait
+from collections.abc import Sequence
+from concurrent.futures import Future, wait
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import ObjectsJob
@@ -26,10 +27,11 @@ def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
     units = read_units(tier, job)
     into = job.device_pages if job.fallback else job.host_pages
     assert into is not None, "a fetch names its device pages"
+    tables = job.tables or [[] for _ in job.keys]
     if units:
         job.reads = [
-            tier.io.submit(tier.read, key, int(page), units, device=job.fallback)
-            for key, page in zip(job.keys, into, strict=True)
+            tier.io.submit(tier.read, key, int(page), units, device=job.fallback, table=table)
+            for key, page, table in zip(job.keys, into, tables, strict=True)
         ]
 
 
@@ -54,8 +56,49 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
 def drain(job: ObjectsJob) -> None:
     """Cancel the reads not started and wait for the running ones: no thread writes into
     the job's pages after the fetch."""
+    cancel_or_wait(job.reads)
+    job.reads = []
+
+
+def cancel_or_wait(reads: Sequence[Future[bool]] | Sequence[Future[int]]) -> None:
+    """Cancel the reads not started and wait for the running ones."""
     # a cancelled read never runs; waiting for it would wait until a busy I/O thread reached
     # it in the queue (a slow reader would hold a best_effort load for as long)
-    running = [future for future in job.reads if not future.cancel()]
-    wait(running)
-    job.reads = []
+    wait([future for future in reads if not future.cancel()])
+
+
+Run = tuple[int, int, "Future[int]"]
+"""A task reading a run [first, stop) of a job's pages in turn: (first, stop, how many of
+its pages were read intact, from the first: it stops at a miss)."""
+
+
+def start_runs(tier: L3Tier, job: ObjectsJob, per_run: int) -> list[Run]:
+    """Start reading the job's units of every page into its host pages, `per_run` pages per
+    I/O task in page order, each checked against the page's known digest table (a streamed
+    load's later group of layers: a task per page would turn Python's lock several times
+    more per page, and with the tasks' calls in the lock, several threads read slower than
+    one)."""
+    bounds = [(f, min(f + per_run, len(job.keys))) for f in range(0, len(job.keys), per_run)]
+    return [(f, s, tier.io.submit(_read_run, tier, job, f, s)) for f, s in bounds]
+
+
+def _read_run(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
+    keys, pages, tables = job.keys, job.host_pages, job.tables
+    for i in range(first, stop):
+        if not tier.read(keys[i], int(pages[i]), job.units, device=False, table=tables[i]):
+            return i - first
+    return stop - first
+
+
+def settle_runs(tier: L3Tier, job: ObjectsJob, runs: list[Run]) -> int:
+    """Wait for the runs' reads; the end of the job's leading intact pages (`settle`)."""
+    nbytes = sum(u.page_bytes for u in job.units)
+    into = "pool" if tier.page_map(job.units, device=False).direct else "staging"
+    for first, stop, run in runs:
+        found = first + run.result()
+        for _ in range(first, found):
+            tier.trace.op("l3_read", bytes=nbytes, into=into)
+        if found < stop:
+            tier.trace.op("l3_miss")
+            return found
+    return len(job.keys)

@@ -42,6 +42,9 @@ class ObjectsJob:
     units: tuple[Unit, ...] = ()
     """A fetch: the units it reads of each page (empty: every unit this rank reads); a
     streamed load reads a group of layers at a time (`pipeline.engine.l3_load`)."""
+    tables: list[list[int]] = field(default_factory=list)
+    """A streamed fetch: each page's digest table, filled by its first group's read and
+    checked against by the later groups' (empty: a table per read, not kept)."""
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the logical plan: keys, host pages and device pages, in order."""

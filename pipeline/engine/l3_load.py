@@ -24,7 +24,7 @@ from pipeline.engine.acks import AckLedger
 from pipeline.engine.executor import LoadHandle, finish, issue_copies, prepare
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_fetch import drain, settle, start_reads
+from pipeline.engine.l3_fetch import Run, cancel_or_wait, settle_runs, start_runs
 from pipeline.engine.l3_jobs import ObjectsJob
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.runtime import Runtime
@@ -84,12 +84,16 @@ class StreamedLoad:
     and of any later group whose reads are already in."""
 
     def __init__(
-        self, tier: L3Tier, load: GroupedLoad, reads: list[ObjectsJob], group_of: list[int]
+        self,
+        tier: L3Tier,
+        load: GroupedLoad,
+        reads: list[tuple[ObjectsJob, list[Run]]],
+        group_of: list[int],
     ) -> None:
-        """`group_of`: each model layer's read group."""
+        """`reads`: per group, its job and its runs of reads (group 0's settled by the fetch:
+        none); `group_of`: each model layer's read group."""
         self.tier, self.load = tier, load
         self.reads = reads
-        """Per group, its reads (group 0's settled by the fetch: an empty job)."""
         self.steps: list[list[Step]] = [[] for _ in reads]
         """Per read group, the steps it completes (a load group's step goes with the read
         group of its last layer)."""
@@ -122,22 +126,22 @@ class StreamedLoad:
     def _issue_through(self, group: int) -> None:
         """Issue the groups up to `group`, and the later ones whose reads are all in."""
         while self.issued < len(self.reads) and self.load.transfer.error is None:
-            k, job = self.issued, self.reads[self.issued]
-            if k > group and not all(read.done() for read in job.reads):
+            k, (job, runs) = self.issued, self.reads[self.issued]
+            if k > group and not all(run.done() for _, _, run in runs):
                 return
-            self._settled(k, job)
+            self._settled(k, job, runs)
             self.issued += 1
             self.load.issue(self.steps[k], last=self.issued == len(self.reads))
 
-    def _settled(self, k: int, job: ObjectsJob) -> None:
+    def _settled(self, k: int, job: ObjectsJob, runs: list[Run]) -> None:
         """Wait (at most runtime.timeout_s) for group `k`'s reads; fail the load on a miss."""
         timeout = self.load.timeout_s
-        _, late = concurrent.futures.wait(job.reads, timeout=timeout)
-        found = len(job.keys) if late else settle(self.tier, job, 0, len(job.keys))
+        _, late = concurrent.futures.wait([run for _, _, run in runs], timeout=timeout)
+        found = len(job.keys) if late else settle_runs(self.tier, job, runs)
         if not late and found == len(job.keys):
             return
-        for later in self.reads[k:]:
-            drain(later)  # nothing writes into the pages after the failure
+        for _, later in self.reads[k:]:  # nothing writes into the pages after the failure
+            cancel_or_wait([run for _, _, run in later])
         layers = sorted({u.layer for u in job.units})
         why = (
             f"its reads did not finish within runtime.timeout_s={timeout:g} s"
@@ -211,7 +215,7 @@ def stream_from_l3(
     stages), plan the load of the hit pages into `slots` (host, device), start the later
     groups' reads, issue the first group's copies and hand the forward the rest."""
     groups = layer_groups(tier.reads(False), engine.model.num_layers, per_group)
-    job.units = groups[0]
+    job.units, job.tables = groups[0], [[] for _ in job.keys]
     job = tier.fetch(engine.strategy.l3.fetch, job)
     if job.fallback or not job.hits:
         return L3Load(job.hits, job.fallback, None)
@@ -222,14 +226,18 @@ def stream_from_l3(
     run = engine.runtime
     parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
     load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
-    reads = [dataclasses.replace(job, keys=job.keys[:hits], reads=[], units=())]
+    reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
+    per_run = -(-hits // tier.storage.io_threads)  # a run per I/O thread and group
     for units in groups[1:]:
         later = dataclasses.replace(
-            job, keys=job.keys[:hits], host_pages=job.host_pages[:hits], reads=[], units=units
+            job,
+            keys=job.keys[:hits],
+            host_pages=job.host_pages[:hits],
+            reads=[],
+            units=units,
+            tables=job.tables[:hits],
         )
-        if units:
-            start_reads(tier, later)
-        reads.append(later)
+        reads.append((later, start_runs(tier, later, per_run) if units else []))
     group_of = [0] * engine.model.num_layers
     for g, units in enumerate(groups):
         for unit in units:

@@ -259,20 +259,24 @@ def read_checked(
     header: Callable[[], list[int] | None],
     buffers: list[list[memoryview]],
     group_ok: GroupCheck,
+    table: list[int],
 ) -> tuple[list[Range], Check, list[int]]:
     """The byte ranges of one page's read (the header with the first group, then one range
     per group's `buffers`), the check of each range as it lands (the header's own check and
     its digest table first, then `group_ok` of each group), and the ranges that landed and
-    failed their check, as they do (a corrupt object, not a missing one)."""
+    failed their check, as they do (a corrupt object, not a missing one). An empty `table`
+    is filled from the header; a known one (a streamed load's later group of layers, read
+    after its first) is checked against without reading the header again."""
     ranges: list[Range] = [
         (head.nbytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)
     ]
-    ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
-    table: list[int] = []
+    known = bool(table)
+    if not known:
+        ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read
     failed: list[int] = []
 
     def check(i: int) -> bool:
-        if not i:
+        if not i and not known:
             found = header()
             if found is None:
                 failed.append(i)

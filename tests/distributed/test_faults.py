@@ -248,7 +248,12 @@ def test_a_stopped_job_leaves_no_store_nor_rank_folder_behind(sig: int, tmp_path
     time.sleep(2)  # the ranks are running cycles against the store
     assert any(p.name.startswith("hicache-l3-") for p in tmp_path.iterdir())
     job.send_signal(sig)
-    job.communicate(timeout=60)
+    try:
+        job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # say where it hung: the job itself, or a process
+        ended = job.poll()  # that holds its stderr open
+        job.kill()
+        pytest.fail(f"no end of stderr 60 s after {signal.Signals(sig).name}; exit {ended}")
     pids = rank_pids(said)
     assert left_over(pids) == []
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("hicache-")] == []

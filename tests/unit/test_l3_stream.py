@@ -167,6 +167,51 @@ def test_a_group_gone_after_the_hits_fails_the_load(
         assert not first_mismatch(engine, target, {u: t[:3] for u, t in expected.items()})
 
 
+@pytest.mark.usefixtures("one_rank")
+def test_later_groups_read_no_header_and_check_against_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later group reads only its layers' bytes (never the header), in a run of pages per
+    I/O thread, checked against the digest table its page's first group read: page 3's
+    object replaced after the hits by page 2's (whose own header is whole) fails the load."""
+    with engine_with(tmp_path, "storage.stream_layers=2", "storage.io_threads=2") as engine:
+        keys, _ = stored_prefix(engine)
+        tier = engine.l3
+        assert tier is not None
+        real_fetch, real_read, real_submit = tier.fetch, FileStore.read, tier.io.submit
+        starts: list[int] = []
+        tasks = [0]
+
+        def read(store: FileStore, name: str, size: int, ranges: Any, check: Any = None) -> bool:
+            starts.append(ranges[0][0])
+            return real_read(store, name, size, ranges, check)
+
+        def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            tasks[0] += 1
+            return real_submit(fn, *args, **kwargs)
+
+        def fetch(stages: Any, job: Any) -> Any:
+            done = real_fetch(stages, job)
+            assert starts and set(starts) == {0}  # the first group: with the header
+            starts.clear()
+            (tmp_path / tier.name(keys[3])).write_bytes(
+                (tmp_path / tier.name(keys[2])).read_bytes()
+            )
+            monkeypatch.setattr(tier.io, "submit", submit)
+            return done
+
+        monkeypatch.setattr(FileStore, "read", read)
+        monkeypatch.setattr(tier, "fetch", fetch)
+        loaded, _, _ = load(engine, keys)
+        handle = loaded.handle
+        assert loaded.hits == PAGES and handle is not None
+        with pytest.raises(RuntimeError, match=r"layers 2-3 not loaded.*page 3"):
+            handle.done().wait()
+        groups = -(-engine.model.num_layers // 2)
+        assert tasks[0] == 2 * (groups - 1)  # pages 0-2 and 3-4, per later group
+        assert starts and min(starts) > 0
+
+
 GRID = [
     *(
         ("file", layout, group_bytes, per_group)

@@ -137,12 +137,17 @@ class FileStore:
 
     def _open(self, name: str, flags: int = READ_FLAGS) -> int:
         """A descriptor of the regular file `name`; OSError otherwise."""
+        return self._opened(name, flags)[0]
+
+    def _opened(self, name: str, flags: int) -> tuple[int, os.stat_result]:
+        """`_open`, and the file's status."""
         folders, leaf = self._split(name)
         fd = self.beneath.open([*folders, leaf], flags)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise OSError(f"{name} is not a regular file")
-        return fd
+        return fd, info
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
         folders, leaf = self._split(name)
@@ -183,14 +188,15 @@ class FileStore:
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         try:
-            fd = self._open(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
+            fd, info = self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
         except (OSError, ValueError):
             return False
         try:
-            info = os.fstat(fd)
             if info.st_size != size:
                 return False
-            used(fd, info.st_mtime_ns)
+            if ranges and ranges[0][0] == 0:  # a read of its later parts (a streamed load's
+                used(fd, info.st_mtime_ns)  # later layers) follows one of its start
+
             if self.direct is not None:
                 return self.direct.read(fd, size, ranges, check)
             for i, (offset, buffers) in enumerate(ranges):
