@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
+from typing import Any
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import ObjectsJob
@@ -60,7 +61,7 @@ def drain(job: ObjectsJob) -> None:
     job.reads = []
 
 
-def cancel_or_wait(reads: Sequence[Future[bool]] | Sequence[Future[int]]) -> None:
+def cancel_or_wait(reads: Sequence[Future[Any]]) -> None:
     """Cancel the reads not started and wait for the running ones."""
     # a cancelled read never runs; waiting for it would wait until a busy I/O thread reached
     # it in the queue (a slow reader would hold a best_effort load for as long)
