@@ -24,8 +24,9 @@ from pipeline.engine.acks import AckLedger
 from pipeline.engine.executor import LoadHandle, finish, issue_copies, prepare
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_fetch import Run, cancel_or_wait, settle_runs, start_runs
+from pipeline.engine.l3_fetch import cancel_or_wait
 from pipeline.engine.l3_jobs import ObjectsJob
+from pipeline.engine.l3_runs import Run, settle_runs, start_runs
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Pipeline, Strategy
@@ -227,7 +228,6 @@ def stream_from_l3(
     parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
     load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
     reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
-    per_run = -(-hits // tier.storage.io_threads)  # a run per I/O thread and group
     for units in groups[1:]:
         later = dataclasses.replace(
             job,
@@ -237,7 +237,7 @@ def stream_from_l3(
             units=units,
             tables=job.tables[:hits],
         )
-        reads.append((later, start_runs(tier, later, per_run) if units else []))
+        reads.append((later, start_runs(tier, later) if units else []))
     group_of = [0] * engine.model.num_layers
     for g, units in enumerate(groups):
         for unit in units:

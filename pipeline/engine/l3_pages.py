@@ -253,6 +253,11 @@ def span_checks(
     return [[span] if span.nbytes else [] for span in spans], ok
 
 
+def page_ranges(head_bytes: int, pages: PageMap, buffers: list[list[memoryview]]) -> list[Range]:
+    """Where each group's `buffers` lie in the object: after a header of `head_bytes`."""
+    return [(head_bytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)]
+
+
 def read_checked(
     head: memoryview,
     pages: PageMap,
@@ -267,9 +272,7 @@ def read_checked(
     failed their check, as they do (a corrupt object, not a missing one). An empty `table`
     is filled from the header; a known one (a streamed load's later group of layers, read
     after its first) is checked against without reading the header again."""
-    ranges: list[Range] = [
-        (head.nbytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)
-    ]
+    ranges = page_ranges(head.nbytes, pages, buffers)
     known = bool(table)
     if not known:
         ranges[0] = (0, [head, *ranges[0][1]])  # the header and the first units: one read

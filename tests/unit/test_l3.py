@@ -19,7 +19,7 @@ from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
 from pipeline.engine.l3_pages import PageMap, Placement
 from pipeline.engine.pools import HostPool
-from pipeline.engine.stores import FileStore, MooncakeStore, open_store
+from pipeline.engine.stores import FileStore, MooncakeStore, PartRead, open_store
 from pipeline.engine.stores.beneath import Beneath
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
@@ -376,6 +376,46 @@ def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
     assert SPACE.startswith("v2-") and current.startswith(SPACE + "/")
     first = SPACE.replace("v2-", "v1-", 1)
     assert all(not current.startswith(first) for first in (f"{first}/ab/{key}/all", f"{first}/"))
+
+
+@pytest.mark.parametrize("registered", [True, False])
+@pytest.mark.parametrize(
+    "kind", [StorageKind.file, pytest.param(StorageKind.mooncake, marks=pytest.mark.mooncake)]
+)
+def test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss(
+    kind: StorageKind, registered: bool
+) -> None:
+    """One call reads ranges of several objects in order (Mooncake: one ranged get where all
+    land in registered memory, else one read at a time); it counts the leading reads that
+    found their object and passed their checks, and stops at an absent one or a failed check."""
+    with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
+        store = open_store(storage, 1 << 20)
+        try:
+            for k in range(4):
+                store.put(f"ns/ab/k{k}", [memoryview(bytes([k * 10 + i]) * 4096) for i in range(8)])
+            pool = np.zeros(8 * 4096, dtype=np.uint8)
+            if registered:
+                store.register([pool.data])
+            views = [pool.data[i * 4096 : (i + 1) * 4096] for i in range(8)]
+            seen: list[tuple[int, int]] = []
+
+            def part(k: int, name: str = "", ok: bool = True) -> PartRead:
+                ranges = [
+                    (4096 * 3, views[2 * k : 2 * k + 1]),
+                    (4096 * 6, views[2 * k + 1 : 2 * k + 2]),
+                ]
+                return name or f"ns/ab/k{k}", 8 * 4096, ranges, lambda i: seen.append((k, i)) or ok
+
+            assert store.read_parts([part(k) for k in range(4)]) == 4
+            assert [int(pool[i * 4096]) for i in range(8)] == [3, 6, 13, 16, 23, 26, 33, 36]
+            assert seen == [(k, i) for k in range(4) for i in range(2)]
+            assert store.read_parts([part(0), part(1, "ns/ab/none"), part(2)]) == 1
+            assert store.read_parts([part(0), part(1), part(2, ok=False), part(3)]) == 2
+            assert store.read_parts([]) == 0
+            if registered:
+                store.unregister([pool.data])
+        finally:
+            store.close()
 
 
 @pytest.mark.mooncake

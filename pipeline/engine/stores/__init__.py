@@ -10,12 +10,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pipeline.engine.stores.files import DirectReads, FileStore
+from pipeline.engine.stores.direct import DirectReads
+from pipeline.engine.stores.files import FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
-from pipeline.engine.stores.parts import Check, Part, Range
+from pipeline.engine.stores.parts import Check, Part, PartRead, Range
 from pipeline.spec.storage import StorageConfig, StorageKind
 
-__all__ = ["Check", "FileStore", "MooncakeStore", "ObjectStore", "Part", "Range", "open_store"]
+__all__ = [
+    "Check",
+    "FileStore",
+    "MooncakeStore",
+    "ObjectStore",
+    "Part",
+    "PartRead",
+    "Range",
+    "open_store",
+]
 
 
 class ObjectStore(Protocol):
@@ -33,6 +43,11 @@ class ObjectStore(Protocol):
         """Fill each range's buffers with the blob's bytes from its offset on, in order,
         calling `check` after each; False unless a blob of exactly `size` bytes is there and
         every check passed (what the buffers then hold is undefined)."""
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        """Each read as `read` does it, in one call where the store can batch them (a
+        streamed load's group of layers of many pages); how many of them, from the first,
+        found their blob and passed every check (it stops at the first that did not)."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""

@@ -3,54 +3,31 @@
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
-import queue
 import secrets
 import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.capacity import COMPONENT, TEMPORARY, Bound
 from pipeline.engine.stores.counters import Counters
-from pipeline.engine.stores.parts import IOV_MAX, Check, Part, Range, advance, bytes_views, copy_out
+from pipeline.engine.stores.direct import DirectReads
+from pipeline.engine.stores.parts import (
+    IOV_MAX,
+    Check,
+    Part,
+    PartRead,
+    Range,
+    advance,
+    bytes_views,
+)
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-ALIGN = 4096
-"""O_DIRECT reads: buffer address and length in whole blocks of this size (pages)."""
-
-
-class DirectReads:
-    """Buffers for reads that bypass the page cache (O_DIRECT): page-aligned, one per read in
-    flight, each holding a whole object rounded up to `ALIGN`."""
-
-    def __init__(self, object_bytes: int, count: int) -> None:
-        self.nbytes = -(-object_bytes // ALIGN) * ALIGN
-        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        for _ in range(count):  # an anonymous mapping starts on a page
-            self._free.put(np.frombuffer(mmap.mmap(-1, self.nbytes), dtype=np.uint8))
-
-    def read(self, fd: int, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
-        """The whole object in one aligned read, then each range copied out and checked."""
-        staging = self._free.get()
-        try:
-            if size > self.nbytes:
-                return False
-            whole = -(-size // ALIGN) * ALIGN
-            if os.preadv(fd, [staging.data[:whole]], 0) != size:  # a short read ends at EOF
-                return False
-            return copy_out(staging, ranges, check)
-        finally:
-            self._free.put(staging)
 
 
 KEY_BYTES = (16, 64)
@@ -184,6 +161,11 @@ class FileStore:
     ) -> bool:
         found = self._read(name, size, ranges, check)
         self.counters.add(**{"hits" if found else "misses": 1})
+        return found
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        found = next((i for i, read in enumerate(reads) if not self._read(*read)), len(reads))
+        self.counters.add(hits=found, misses=int(found < len(reads)))
         return found
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:

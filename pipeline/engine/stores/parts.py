@@ -19,6 +19,10 @@ Check: TypeAlias = Callable[[int], bool]
 """Called with each range's index once its buffers are filled (while they are still in the
 CPU's cache); False ends the read as a miss."""
 
+PartRead: TypeAlias = tuple[str, int, Sequence[Range], Check]
+"""A read of some ranges of one object: (name, its size, the ranges, their check), as
+`ObjectStore.read` takes them."""
+
 
 def advance(views: list[memoryview], done: int) -> list[memoryview]:
     """`views` without their first `done` bytes."""

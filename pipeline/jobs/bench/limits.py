@@ -29,7 +29,7 @@ import torch
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.stores import FileStore, MooncakeStore
-from pipeline.engine.stores.files import ALIGN
+from pipeline.engine.stores.direct import ALIGN
 from pipeline.spec.l3 import digest
 
 
