@@ -61,6 +61,7 @@ def test_the_tests_that_start_a_master_or_a_client_are_marked() -> None:
     assert names == {
         "test_each_store_writes_parts_reads_ranges_and_removes",
         "test_mooncake_reads_land_in_registered_memory_without_a_copy_gaps_and_all",
+        "test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss",
         "test_the_master_a_job_starts_listens_on_loopback_only",
         "test_run_with_a_store_makes_it_and_puts_it_away",
         "test_a_master_killed_while_the_ranks_start_is_named",
