@@ -227,9 +227,8 @@ def stream_from_l3(
     run = engine.runtime
     parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
     load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
-    reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
-    for units in groups[1:]:
-        later = dataclasses.replace(
+    later = [
+        dataclasses.replace(
             job,
             keys=job.keys[:hits],
             host_pages=job.host_pages[:hits],
@@ -237,7 +236,11 @@ def stream_from_l3(
             units=units,
             tables=job.tables[:hits],
         )
-        reads.append((later, start_runs(tier, later) if units else []))
+        for units in groups[1:]
+    ]
+    runs = iter(start_runs(tier, [j for j in later if j.units]))
+    reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
+    reads += [(j, next(runs) if j.units else []) for j in later]
     group_of = [0] * engine.model.num_layers
     for g, units in enumerate(groups):
         for unit in units:

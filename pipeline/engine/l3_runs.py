@@ -2,10 +2,11 @@
 
 Each later group reads only its layers' bytes of every page, checked against the digest table
 that the page's first group read from its header (`ObjectsJob.tables`), so no header is read
-again. A group's pages are split into a run per I/O thread, and a run is one
-`ObjectStore.read_parts` call: a task and a store call per page would turn Python's lock
-several times a page, and with many threads each waiting for it in turn, more threads read
-a group slower than one (measured in BENCHMARKS.md).
+again. The pages are split into a run per I/O thread; one task per run reads its pages group after
+group, each group in one `PartsReader.read_parts` call, through one reader that may hold each
+object open from its first read to its last: a task, a store call and an open per page and
+group would turn Python's lock several times a page, and with many threads each waiting for it
+in turn, more threads read a group slower than one (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -15,23 +16,55 @@ from concurrent.futures import Future
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import ObjectsJob
 from pipeline.engine.l3_pages import PageMap, page_ranges, span_checks, unit_checks
-from pipeline.engine.stores import PartRead
+from pipeline.engine.stores import PartRead, PartsReader
 
 Run = tuple[int, int, "Future[int]"]
 """A task reading a run [first, stop) of a job's pages: (first, stop, how many of its pages
 were read intact, from the first: it stops at a miss)."""
 
 
-def start_runs(tier: L3Tier, job: ObjectsJob) -> list[Run]:
-    """Start reading the job's units of every page into its host pages, a run of pages per
-    I/O thread, in page order."""
-    count, per_run = len(job.keys), -(-len(job.keys) // tier.storage.io_threads)
+def start_runs(tier: L3Tier, jobs: list[ObjectsJob]) -> list[list[Run]]:
+    """Start reading the later groups `jobs` (the same pages each, in group order): a task
+    per run of pages, one per I/O thread, reads its pages group after group through one
+    `PartsReader` (which may keep each object open from its first read to the last) and
+    resolves each group's future of its run as it goes; a cancelled future stops its task."""
+    count = len(jobs[0].keys) if jobs else 0
+    per_run = max(1, -(-count // tier.storage.io_threads))
     bounds = [(f, min(f + per_run, count)) for f in range(0, count, per_run)]
-    return [(f, s, tier.io.submit(read_run, tier, job, f, s)) for f, s in bounds]
+    runs: list[list[Run]] = [[(f, s, Future()) for f, s in bounds] for _ in jobs]
+    for c, (first, stop) in enumerate(bounds):
+        tier.io.submit(_read_groups, tier, jobs, [group[c][2] for group in runs], first, stop)
+    return runs
 
 
-def read_run(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
-    """Pages [first, stop) of the job, in one store call where the pool takes the reads
+def _read_groups(
+    tier: L3Tier, jobs: list[ObjectsJob], futures: list[Future[int]], first: int, stop: int
+) -> None:
+    """One run's pages, group after group, until a group misses one or is cancelled; the
+    groups after that one resolve as having read nothing."""
+    reader = tier.store.parts_reader()
+    try:
+        groups = iter(zip(jobs, futures, strict=True))
+        for job, future in groups:
+            if not future.set_running_or_notify_cancel():
+                break  # the load failed: it cancels every group after the one that missed
+            try:
+                found = read_run(tier, reader, job, first, stop)
+            except BaseException as e:
+                future.set_exception(e)
+                break
+            future.set_result(found)
+            if found < stop - first:
+                break
+        for _, later in groups:  # the groups after a miss, a failure or a cancel
+            if later.set_running_or_notify_cancel():
+                later.set_result(0)
+    finally:
+        reader.close()
+
+
+def read_run(tier: L3Tier, reader: PartsReader, job: ObjectsJob, first: int, stop: int) -> int:
+    """Pages [first, stop) of the job, in one `reader` call where the pool takes the reads
     straight into its rows (else a page at a time, staged); how many were read intact."""
     pages = tier.page_map(job.units, device=False)
     keys, into, tables = job.keys[first:stop], job.host_pages[first:stop], job.tables[first:stop]
@@ -45,7 +78,7 @@ def read_run(tier: L3Tier, job: ObjectsJob, first: int, stop: int) -> int:
         part_read(tier, pages, key, int(page), table)
         for key, page, table in zip(keys, into, tables, strict=True)
     ]
-    found = tier.store.read_parts(reads)
+    found = reader.read_parts(reads)
     if found < len(reads) and tier.store.exists([reads[found][0]]) == [True]:
         tier.trace.op("l3_corrupt")  # there, and not what its first group's header said
     return found

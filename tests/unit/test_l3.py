@@ -385,9 +385,11 @@ def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
 def test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss(
     kind: StorageKind, registered: bool
 ) -> None:
-    """One call reads ranges of several objects in order (Mooncake: one ranged get where all
-    land in registered memory, else one read at a time); it counts the leading reads that
-    found their object and passed their checks, and stops at an absent one or a failed check."""
+    """A parts reader's call reads ranges of several objects in order (Mooncake: one ranged
+    get where all land in registered memory, else one read at a time); it counts the leading
+    reads that found their object and passed their checks, and stops at an absent one or a
+    failed check. The file store's reader reads an object replaced after its first read as
+    it was, until it is closed."""
     with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
         store = open_store(storage, 1 << 20)
         try:
@@ -406,12 +408,20 @@ def test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss(
                 ]
                 return name or f"ns/ab/k{k}", 8 * 4096, ranges, lambda i: seen.append((k, i)) or ok
 
-            assert store.read_parts([part(k) for k in range(4)]) == 4
+            reader = store.parts_reader()
+            assert reader.read_parts([part(k) for k in range(4)]) == 4
             assert [int(pool[i * 4096]) for i in range(8)] == [3, 6, 13, 16, 23, 26, 33, 36]
             assert seen == [(k, i) for k in range(4) for i in range(2)]
-            assert store.read_parts([part(0), part(1, "ns/ab/none"), part(2)]) == 1
-            assert store.read_parts([part(0), part(1), part(2, ok=False), part(3)]) == 2
-            assert store.read_parts([]) == 0
+            assert reader.read_parts([part(0), part(1, "ns/ab/none"), part(2)]) == 1
+            assert reader.read_parts([part(0), part(1), part(2, ok=False), part(3)]) == 2
+            assert reader.read_parts([]) == 0
+            if kind is StorageKind.file:
+                store.put("ns/ab/k0", [memoryview(bytes([99]) * 4096) for _ in range(8)])
+                assert reader.read_parts([part(0)]) == 1 and int(pool[0]) == 3  # as opened
+                reader.close()
+                reader = store.parts_reader()
+                assert reader.read_parts([part(0)]) == 1 and int(pool[0]) == 99
+            reader.close()
             if registered:
                 store.unregister([pool.data])
         finally:

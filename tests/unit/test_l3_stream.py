@@ -16,10 +16,12 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.engine import l3_runs
 from pipeline.engine.engine import Engine
 from pipeline.engine.l3_load import StreamedLoad
 from pipeline.engine.loads import WindowedLoad
 from pipeline.engine.stores import FileStore
+from pipeline.engine.stores.files import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
 from pipeline.spec.slots import page_tokens
@@ -86,14 +88,14 @@ def test_the_load_returns_before_the_later_groups_are_read(
         tmp_path, "storage.stream_layers=2", "storage.io_threads=2", one_step_per_layer
     ) as engine:
         keys, expected = stored_prefix(engine)
-        held, held_back, real_read = threading.Event(), [False], FileStore.read
+        held, held_back, real_read = threading.Event(), [False], l3_runs.read_run
 
-        def read(store: FileStore, name: str, size: int, ranges: Any, check: Any = None) -> bool:
+        def read(*args: Any) -> int:  # every later group's run of pages
             if held_back[0]:
                 assert held.wait(60), "the test never let the later reads go"
-            return real_read(store, name, size, ranges, check)
+            return real_read(*args)
 
-        monkeypatch.setattr(FileStore, "read", read)
+        monkeypatch.setattr(l3_runs, "read_run", read)
         with engine.trace.capture() as ops:
             tier = engine.l3
             assert tier is not None
@@ -171,20 +173,27 @@ def test_a_group_gone_after_the_hits_fails_the_load(
 def test_later_groups_read_no_header_and_check_against_the_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A later group reads only its layers' bytes (never the header), in a run of pages per
-    I/O thread, checked against the digest table its page's first group read: page 3's
-    object replaced after the hits by page 2's (whose own header is whole) fails the load."""
+    """A later group reads only its layers' bytes (never the header), a task per run of pages
+    and I/O thread reading every later group, checked against the digest table its page's
+    first group read: page 3's object replaced after the hits by page 2's (whose own header
+    is whole) fails the load."""
     with engine_with(tmp_path, "storage.stream_layers=2", "storage.io_threads=2") as engine:
         keys, _ = stored_prefix(engine)
         tier = engine.l3
         assert tier is not None
-        real_fetch, real_read, real_submit = tier.fetch, FileStore.read, tier.io.submit
+        real_fetch, real_read, real_parts = tier.fetch, FileStore.read, FileParts.read_parts
+        real_submit = tier.io.submit
         starts: list[int] = []
+        later: list[int] = []
         tasks = [0]
 
         def read(store: FileStore, name: str, size: int, ranges: Any, check: Any = None) -> bool:
             starts.append(ranges[0][0])
             return real_read(store, name, size, ranges, check)
+
+        def read_parts(reader: FileParts, reads: Any) -> int:
+            later.extend(ranges[0][0] for _, _, ranges, _ in reads)
+            return real_parts(reader, reads)
 
         def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
             tasks[0] += 1
@@ -192,8 +201,7 @@ def test_later_groups_read_no_header_and_check_against_the_first(
 
         def fetch(stages: Any, job: Any) -> Any:
             done = real_fetch(stages, job)
-            assert starts and set(starts) == {0}  # the first group: with the header
-            starts.clear()
+            assert len(starts) == PAGES  # the first group, with the header
             (tmp_path / tier.name(keys[3])).write_bytes(
                 (tmp_path / tier.name(keys[2])).read_bytes()
             )
@@ -201,15 +209,16 @@ def test_later_groups_read_no_header_and_check_against_the_first(
             return done
 
         monkeypatch.setattr(FileStore, "read", read)
+        monkeypatch.setattr(FileParts, "read_parts", read_parts)
         monkeypatch.setattr(tier, "fetch", fetch)
         loaded, _, _ = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
         with pytest.raises(RuntimeError, match=r"layers 2-3 not loaded.*page 3"):
             handle.done().wait()
-        groups = -(-engine.model.num_layers // 2)
-        assert tasks[0] == 2 * (groups - 1)  # pages 0-2 and 3-4, per later group
-        assert starts and min(starts) > 0
+        assert tasks[0] == 2  # pages 0-2 and 3-4, each task reading every later group
+        after = starts[PAGES:] + later  # staged reads go page by page, direct ones in runs
+        assert set(starts[:PAGES]) == {0} and after and min(after) > 0
 
 
 GRID = [

@@ -23,9 +23,22 @@ __all__ = [
     "ObjectStore",
     "Part",
     "PartRead",
+    "PartsReader",
     "Range",
     "open_store",
 ]
+
+
+class PartsReader(Protocol):
+    """Reads of parts of blobs (`ObjectStore.parts_reader`); it may hold what it read from
+    (open files) until `close`."""
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        """Each read as `ObjectStore.read` does it, in one call where the store can batch them;
+        how many of them, from the first, found their blob and passed every check (it stops
+        at the first that did not)."""
+
+    def close(self) -> None: ...
 
 
 class ObjectStore(Protocol):
@@ -44,10 +57,9 @@ class ObjectStore(Protocol):
         calling `check` after each; False unless a blob of exactly `size` bytes is there and
         every check passed (what the buffers then hold is undefined)."""
 
-    def read_parts(self, reads: Sequence[PartRead]) -> int:
-        """Each read as `read` does it, in one call where the store can batch them (a
-        streamed load's group of layers of many pages); how many of them, from the first,
-        found their blob and passed every check (it stops at the first that did not)."""
+    def parts_reader(self) -> PartsReader:
+        """A reader of parts of blobs, read several times each (a streamed load's later
+        groups of layers, one run of pages), until its `close`."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""

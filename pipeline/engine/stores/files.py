@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -163,10 +164,8 @@ class FileStore:
         self.counters.add(**{"hits" if found else "misses": 1})
         return found
 
-    def read_parts(self, reads: Sequence[PartRead]) -> int:
-        found = next((i for i, read in enumerate(reads) if not self._read(*read)), len(reads))
-        self.counters.add(hits=found, misses=int(found < len(reads)))
-        return found
+    def parts_reader(self) -> FileParts:
+        return FileParts(self)
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         try:
@@ -174,11 +173,19 @@ class FileStore:
         except (OSError, ValueError):
             return False
         try:
-            if info.st_size != size:
-                return False
             if ranges and ranges[0][0] == 0:  # a read of its later parts (a streamed load's
                 used(fd, info.st_mtime_ns)  # later layers) follows one of its start
+            return self._read_open(fd, info, size, ranges, check)
+        finally:
+            os.close(fd)
 
+    def _read_open(
+        self, fd: int, info: os.stat_result, size: int, ranges: Sequence[Range], check: Check | None
+    ) -> bool:
+        """`read` from the regular file open at `fd` (its status `info`)."""
+        try:
+            if info.st_size != size:
+                return False
             if self.direct is not None:
                 return self.direct.read(fd, size, ranges, check)
             for i, (offset, buffers) in enumerate(ranges):
@@ -194,8 +201,6 @@ class FileStore:
             return True
         except OSError:
             return False
-        finally:
-            os.close(fd)
 
     def get(self, name: str) -> bytes | None:
         try:
@@ -278,3 +283,38 @@ def _in_memory(path: Path) -> bool:
             if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
                 best, kind = point, fields[2]
     return kind in ("tmpfs", "ramfs")
+
+
+class FileParts:
+    """Reads of parts of a file store's objects, several each (a streamed load's later groups
+    of layers, one run of pages): each object is opened at its first read and held until
+    `close`, so a later read is one `preadv` and its check (an object replaced meanwhile is
+    read as it was when opened). Where this process may open no more files, a read opens its
+    object for itself."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+        self.held: dict[str, tuple[int, os.stat_result]] = {}
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        found = next((i for i, read in enumerate(reads) if not self._read(*read)), len(reads))
+        self.store.counters.add(hits=found, misses=int(found < len(reads)))
+        return found
+
+    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check) -> bool:
+        if name not in self.held:
+            flags = READ_FLAGS | (os.O_DIRECT if self.store.direct else 0)
+            try:
+                self.held[name] = self.store._opened(name, flags)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors
+                    return self.store._read(name, size, ranges, check)
+                return False
+            except ValueError:
+                return False
+        return self.store._read_open(*self.held[name], size, ranges, check)
+
+    def close(self) -> None:
+        for fd, _ in self.held.values():
+            os.close(fd)
+        self.held.clear()

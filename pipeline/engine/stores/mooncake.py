@@ -127,6 +127,9 @@ class MooncakeStore:
         self.counters.add(**{"hits" if found else "misses": 1})
         return found
 
+    def parts_reader(self) -> MooncakeParts:
+        return MooncakeParts(self)
+
     def read_parts(self, reads: Sequence[PartRead]) -> int:
         """Every read in one ranged get where all land in registered memory (one call into
         the client for many objects, instead of one per object, each a turn of Python's
@@ -248,3 +251,13 @@ class MooncakeStore:
             self.client.unregister_buffer(buf.ctypes.data)
         self.client.unregister_buffer(self._discard.ctypes.data)
         self.client.close()
+
+
+class MooncakeParts:
+    """Reads of parts of Mooncake objects (`MooncakeStore.read_parts`); nothing held."""
+
+    def __init__(self, store: MooncakeStore) -> None:
+        self.read_parts = store.read_parts
+
+    def close(self) -> None:
+        pass
