@@ -388,8 +388,9 @@ def test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss(
     """A parts reader's call reads ranges of several objects in order (Mooncake: one ranged
     get where all land in registered memory, else one read at a time); it counts the leading
     reads that found their object and passed their checks, and stops at an absent one or a
-    failed check. The file store's reader reads an object replaced after its first read as
-    it was, until it is closed."""
+    failed check. Two Mooncake readers of one object both read it (a get session is per
+    key); the file store's reader reads an object replaced after its first read as it was,
+    until it is closed."""
     with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
         store = open_store(storage, 1 << 20)
         try:
@@ -415,6 +416,11 @@ def test_read_parts_reads_ranges_of_many_objects_up_to_the_first_miss(
             assert reader.read_parts([part(0), part(1, "ns/ab/none"), part(2)]) == 1
             assert reader.read_parts([part(0), part(1), part(2, ok=False), part(3)]) == 2
             assert reader.read_parts([]) == 0
+            if kind is StorageKind.mooncake and registered:  # two readers of one object
+                other = store.parts_reader()
+                assert other.read_parts([part(1)]) == 1
+                other.close()  # may end the session of k1 for both
+                assert reader.read_parts([part(1), part(2)]) == 2
             if kind is StorageKind.file:
                 store.put("ns/ab/k0", [memoryview(bytes([99]) * 4096) for _ in range(8)])
                 assert reader.read_parts([part(0)]) == 1 and int(pool[0]) == 3  # as opened

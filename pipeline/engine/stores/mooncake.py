@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import queue
 from collections.abc import Sequence
 from typing import Any
@@ -254,10 +255,52 @@ class MooncakeStore:
 
 
 class MooncakeParts:
-    """Reads of parts of Mooncake objects (`MooncakeStore.read_parts`); nothing held."""
+    """Reads of parts of Mooncake objects through one get session: each object's replica is
+    looked up once, at its first read (`batch_get_session_start`), and every later ranged get
+    of it asks the master nothing (`batch_get_into_multi_buffer_ranges`); `close` ends the
+    session. A session is per key: where one cannot start or its get fails (another reader
+    of the same object ended it), that read is made without it (`MooncakeStore.read_parts`)."""
 
     def __init__(self, store: MooncakeStore) -> None:
-        self.read_parts = store.read_parts
+        self.store = store
+        self.client = store.client
+        self.open: set[str] = set()
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        parts = [self.store._part(size, ranges) for _, size, ranges, _ in reads]
+        if not reads or any(part is None for part in parts):
+            return self.store.read_parts(reads)
+        names = [name for name, _, _, _ in reads]
+        got = self._get(names, [p for p in parts if p is not None])
+        for i, (read, count, part) in enumerate(zip(reads, got, parts, strict=True)):
+            assert part is not None
+            if count == sum(part[1]):
+                ok = all(read[3](j) for j in range(len(read[2])))
+            else:  # not through the session: read (and checked) without it
+                ok = self.store._read(*read)
+            if not ok:
+                self.store.counters.add(hits=i, misses=1)
+                return i
+        self.store.counters.add(hits=len(reads))
+        return len(reads)
+
+    def _get(self, names: list[str], parts: list[tuple[list[int], ...]]) -> list[int]:
+        """Each read's bytes landed through the session (negative: not through it)."""
+        fresh = [name for name in names if name not in self.open]
+        try:
+            if fresh:
+                started = self.client.batch_get_session_start(fresh)
+                self.open.update(n for n, code in zip(fresh, started, strict=True) if code == 0)
+            return list(
+                self.client.batch_get_into_multi_buffer_ranges(
+                    names, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+                )
+            )
+        except Exception:  # an unreachable master or peer: each read tried without it
+            return [-1] * len(names)
 
     def close(self) -> None:
-        pass
+        if self.open:
+            with contextlib.suppress(Exception):
+                self.client.batch_get_session_end(sorted(self.open))
+            self.open.clear()
