@@ -41,7 +41,10 @@ def ttft_bench(tmp_path: Path, *overrides: str) -> dict:
     return json.loads(done.stdout)
 
 
-def check_rows(result: dict, stores: list[str], strategies: list[str]) -> None:
+def check_rows(
+    result: dict, stores: list[str], strategies: list[str], streams: tuple[str, ...] = ()
+) -> None:
+    """`streams`: the strategies whose loads from L3 stream (storage.stream_layers)."""
     rows = result["rows"]
     assert [(r["store"], r["strategy"], r["new_tokens"]) for r in rows] == [
         (store, strategy, new) for store in stores for strategy in strategies for new in (4, 16)
@@ -54,15 +57,23 @@ def check_rows(result: dict, stores: list[str], strategies: list[str]) -> None:
         assert r["hit_vs_recompute"] == pytest.approx(r["recompute_ms"] / r["overlapped_ms"])
         assert r["flops"] == r["issued_flops"] == forward_flops(TINY, 5, 64, r["new_tokens"])
         assert r["recompute_flops"] == forward_flops(TINY, 5, 0, 64 + r["new_tokens"])
-        # the cost model prices the load; the forward is the measured one
+        # the cost model prices the load; the forward is the measured one, overlapping the
+        # load where it uses each layer as it arrives, after it where it waits for all of L3
         assert r["load_estimate_ms"] > 0
-        assert r["estimate_ms"] == max(r["load_estimate_ms"], r["compute_ms"])
+        assert r["streamed"] == (r["store"] != "none" and r["strategy"] in streams)
+        if r["store"] == "none" or r["streamed"]:
+            assert r["estimate_ms"] == max(r["load_estimate_ms"], r["compute_ms"])
+        else:
+            assert r["estimate_ms"] == pytest.approx(r["load_estimate_ms"] + r["compute_ms"])
         assert r["x_estimate"] == pytest.approx(r["overlapped_ms"] / r["estimate_ms"])
 
 
 def test_ttft_bench_rows_for_host_hits_and_a_file_store(tmp_path: Path) -> None:
-    result = ttft_bench(tmp_path, "bench.stores=[none,file]")
-    check_rows(result, ["none", "file"], ["replicated", "single_source", "rotating"])
+    """The replicated rows stream their loads from the file store; single_source and
+    rotating, whose loads exchange layers, read whole objects."""
+    result = ttft_bench(tmp_path, "bench.stores=[none,file]", "storage.stream_layers=2")
+    strategies = ["replicated", "single_source", "rotating"]
+    check_rows(result, ["none", "file"], strategies, streams=("replicated",))
     out = tmp_path / "out"
     assert json.loads((out / "bench_ttft.json").read_text())["rows"] == result["rows"]
     text = (out / "bench_ttft.md").read_text()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pipeline.engine.engine import Engine
+from pipeline.engine.l3_load import StreamedLoad
 from pipeline.engine.loads import Loading
 from pipeline.jobs.bench.forward import PublishedConfig, SyntheticForward, forward_flops
 from pipeline.jobs.bench.rank import Timer
@@ -36,6 +37,8 @@ class Prefix:
         self.keys: list[str] = []
         self.fresh: list[int] = []
         self.hits = n
+        self.streamed = False
+        """The last load from L3 streamed its layers (`storage.stream_layers`)."""
         if engine.l3 is not None:  # write back, then forget the host copy: an L3 hit
             self.keys = engine.l3_keys(range(n * size))
             engine.write_back(self.keys, page_tokens(self.host, size)).wait()
@@ -53,6 +56,7 @@ class Prefix:
         engine.lookup(self.keys)
         loaded = engine.load_from_l3(self.keys, page_tokens(self.fresh, size), self.target_slots)
         self.hits = min(self.hits, loaded.hits)
+        self.streamed = isinstance(loaded.handle, StreamedLoad)
         if loaded.handle is None:
             raise RuntimeError(f"the prefix's load from L3 fell back ({loaded.hits} hits)")
         return loaded.handle
@@ -96,7 +100,12 @@ def measure_ttft_case(
         rows.append(_new_tokens(timer, prefix, config, new, recomputed))
         if timer.cuda:
             torch.cuda.empty_cache()
-    return {"rows": rows, "hits": prefix.hits, "pages": len(prefix.target)}
+    return {
+        "rows": rows,
+        "hits": prefix.hits,
+        "pages": len(prefix.target),
+        "streamed": prefix.streamed,
+    }
 
 
 def _new_tokens(
