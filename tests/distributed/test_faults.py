@@ -228,6 +228,12 @@ def test_a_soak_of_2000_rounds_on_4_ranks_stays_bit_exact_and_flat() -> None:
     assert all(r["rss_growth_mb"] < 5 for r in result["ranks"]), result["ranks"]
 
 
+def default_sigint() -> None:
+    """SIGINT as a terminal's job gets it: a suite started in the background of a script
+    (`cmd &`) ignores SIGINT, and so would the job, as POSIX asks of background jobs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_job_leaves_no_store_nor_rank_folder_behind(sig: int, tmp_path: Path) -> None:
     """SIGTERM (the default action skipped every cleanup: 2049 object files and the ranks'
@@ -238,6 +244,7 @@ def test_a_stopped_job_leaves_no_store_nor_rank_folder_behind(sig: int, tmp_path
         text=True,
         cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        preexec_fn=default_sigint,
     )
     assert job.stderr is not None
     said = ""

@@ -21,7 +21,7 @@ from pipeline.engine.engine import Engine
 from pipeline.engine.l3_load import StreamedLoad
 from pipeline.engine.loads import WindowedLoad
 from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.files import FileParts
+from pipeline.engine.stores.file_parts import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
 from pipeline.spec.slots import page_tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import stat
@@ -15,11 +14,11 @@ from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.capacity import COMPONENT, TEMPORARY, Bound
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.direct import DirectReads
+from pipeline.engine.stores.file_parts import FileParts
 from pipeline.engine.stores.parts import (
     IOV_MAX,
     Check,
     Part,
-    PartRead,
     Range,
     advance,
     bytes_views,
@@ -160,26 +159,30 @@ class FileStore:
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
     ) -> bool:
-        found = self._read(name, size, ranges, check)
+        found = self.read_once(name, size, ranges, check)
         self.counters.add(**{"hits" if found else "misses": 1})
         return found
 
     def parts_reader(self) -> FileParts:
         return FileParts(self)
 
-    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+    def open_read(self, name: str) -> tuple[int, os.stat_result]:
+        return self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
+
+    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        """`read`, not counted."""
         try:
-            fd, info = self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
+            fd, info = self.open_read(name)
         except (OSError, ValueError):
             return False
         try:
             if ranges and ranges[0][0] == 0:  # a read of its later parts (a streamed load's
                 used(fd, info.st_mtime_ns)  # later layers) follows one of its start
-            return self._read_open(fd, info, size, ranges, check)
+            return self.read_open(fd, info, size, ranges, check)
         finally:
             os.close(fd)
 
-    def _read_open(
+    def read_open(
         self, fd: int, info: os.stat_result, size: int, ranges: Sequence[Range], check: Check | None
     ) -> bool:
         """`read` from the regular file open at `fd` (its status `info`)."""
@@ -283,38 +286,3 @@ def _in_memory(path: Path) -> bool:
             if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
                 best, kind = point, fields[2]
     return kind in ("tmpfs", "ramfs")
-
-
-class FileParts:
-    """Reads of parts of a file store's objects, several each (a streamed load's later groups
-    of layers, one run of pages): each object is opened at its first read and held until
-    `close`, so a later read is one `preadv` and its check (an object replaced meanwhile is
-    read as it was when opened). Where this process may open no more files, a read opens its
-    object for itself."""
-
-    def __init__(self, store: FileStore) -> None:
-        self.store = store
-        self.held: dict[str, tuple[int, os.stat_result]] = {}
-
-    def read_parts(self, reads: Sequence[PartRead]) -> int:
-        found = next((i for i, read in enumerate(reads) if not self._read(*read)), len(reads))
-        self.store.counters.add(hits=found, misses=int(found < len(reads)))
-        return found
-
-    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check) -> bool:
-        if name not in self.held:
-            flags = READ_FLAGS | (os.O_DIRECT if self.store.direct else 0)
-            try:
-                self.held[name] = self.store._opened(name, flags)
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors
-                    return self.store._read(name, size, ranges, check)
-                return False
-            except ValueError:
-                return False
-        return self.store._read_open(*self.held[name], size, ranges, check)
-
-    def close(self) -> None:
-        for fd, _ in self.held.values():
-            os.close(fd)
-        self.held.clear()

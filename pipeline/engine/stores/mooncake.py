@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
 import queue
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.stores.counters import Counters
+from pipeline.engine.stores.mooncake_parts import MooncakeParts
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
 from pipeline.spec.storage import shown_url
 
@@ -124,7 +124,7 @@ class MooncakeStore:
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
     ) -> bool:
-        found = self._read(name, size, ranges, check)
+        found = self.read_once(name, size, ranges, check)
         self.counters.add(**{"hits" if found else "misses": 1})
         return found
 
@@ -135,9 +135,9 @@ class MooncakeStore:
         """Every read in one ranged get where all land in registered memory (one call into
         the client for many objects, instead of one per object, each a turn of Python's
         lock); else one at a time."""
-        parts = [self._part(size, ranges) for _, size, ranges, _ in reads]
+        parts = [self.part_of(size, ranges) for _, size, ranges, _ in reads]
         if any(part is None for part in parts):
-            found = next((i for i, r in enumerate(reads) if not self._read(*r)), len(reads))
+            found = next((i for i, r in enumerate(reads) if not self.read_once(*r)), len(reads))
         else:
             found = self._read_parts(reads, [p for p in parts if p is not None])
         self.counters.add(hits=found, misses=int(found < len(reads)))
@@ -161,8 +161,8 @@ class MooncakeStore:
                 return i
         return len(reads)
 
-    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
-        part = self._part(size, ranges)
+    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        part = self.part_of(size, ranges)
         if part is not None:
             return self._read_part(name, part, ranges, check)
         scatter = self._scatter(size, ranges)
@@ -174,7 +174,7 @@ class MooncakeStore:
             return False
         return got == size and (check is None or all(check(i) for i in range(len(ranges))))
 
-    def _part(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
+    def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
         """(addresses, lengths, offsets in the object) of a read of part of an object (a
         streamed load's group of layers) into registered buffers; None for a whole object
         (one plain get moves it faster) or any buffer not registered."""
@@ -252,55 +252,3 @@ class MooncakeStore:
             self.client.unregister_buffer(buf.ctypes.data)
         self.client.unregister_buffer(self._discard.ctypes.data)
         self.client.close()
-
-
-class MooncakeParts:
-    """Reads of parts of Mooncake objects through one get session: each object's replica is
-    looked up once, at its first read (`batch_get_session_start`), and every later ranged get
-    of it asks the master nothing (`batch_get_into_multi_buffer_ranges`); `close` ends the
-    session. A session is per key: where one cannot start or its get fails (another reader
-    of the same object ended it), that read is made without it (`MooncakeStore.read_parts`)."""
-
-    def __init__(self, store: MooncakeStore) -> None:
-        self.store = store
-        self.client = store.client
-        self.open: set[str] = set()
-
-    def read_parts(self, reads: Sequence[PartRead]) -> int:
-        parts = [self.store._part(size, ranges) for _, size, ranges, _ in reads]
-        if not reads or any(part is None for part in parts):
-            return self.store.read_parts(reads)
-        names = [name for name, _, _, _ in reads]
-        got = self._get(names, [p for p in parts if p is not None])
-        for i, (read, count, part) in enumerate(zip(reads, got, parts, strict=True)):
-            assert part is not None
-            if count == sum(part[1]):
-                ok = all(read[3](j) for j in range(len(read[2])))
-            else:  # not through the session: read (and checked) without it
-                ok = self.store._read(*read)
-            if not ok:
-                self.store.counters.add(hits=i, misses=1)
-                return i
-        self.store.counters.add(hits=len(reads))
-        return len(reads)
-
-    def _get(self, names: list[str], parts: list[tuple[list[int], ...]]) -> list[int]:
-        """Each read's bytes landed through the session (negative: not through it)."""
-        fresh = [name for name in names if name not in self.open]
-        try:
-            if fresh:
-                started = self.client.batch_get_session_start(fresh)
-                self.open.update(n for n, code in zip(fresh, started, strict=True) if code == 0)
-            return list(
-                self.client.batch_get_into_multi_buffer_ranges(
-                    names, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
-                )
-            )
-        except Exception:  # an unreachable master or peer: each read tried without it
-            return [-1] * len(names)
-
-    def close(self) -> None:
-        if self.open:
-            with contextlib.suppress(Exception):
-                self.client.batch_get_session_end(sorted(self.open))
-            self.open.clear()
