@@ -37,17 +37,14 @@ def explained(sources: ConfigSources, capsys: pytest.CaptureFixture, *overrides:
     return json.loads(out)
 
 
+@pytest.mark.parametrize("topology", options("topology"))
 def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    topology: str, sources: ConfigSources, capsys: pytest.CaptureFixture
 ) -> None:
+    """Each topology a case of its own, so that the test workers share them out."""
     strategies = options("strategy")
     dead_ends = []
-    cases = [
-        (t, s, store)
-        for t in options("topology")
-        for s in strategies
-        for store in options("storage")
-    ]
+    cases = [(topology, s, store) for s in strategies for store in options("storage")]
     for topology, strategy, store in cases:
         case = (f"topology={topology}", f"strategy={strategy}", f"storage={store}")
         verdict = explained(sources, capsys, *case)
@@ -72,10 +69,10 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
         else:
             assert effective in strategies and chain[-1]["active"], case
             assert [t["strategy"] for t in chain][-1] == effective, case
-    assert len(cases) == len(options("topology")) * 12
-    # storage=file on two nodes: replicated's readers never see another node's objects
-    assert ("topology=two_nodes_tp16", "strategy=replicated", "storage=file") in dead_ends
-    assert ("topology=two_nodes_tp16", "strategy=rotating", "storage=file") in dead_ends
+    assert len(cases) == 12
+    if topology == "two_nodes_tp16":  # storage=file: replicated's readers never see another
+        assert ("topology=two_nodes_tp16", "strategy=replicated", "storage=file") in dead_ends
+        assert ("topology=two_nodes_tp16", "strategy=rotating", "storage=file") in dead_ends
     assert all("storage=file" in case for case in dead_ends), dead_ends
 
 
