@@ -70,7 +70,8 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
             assert effective in strategies and chain[-1]["active"], case
             assert [t["strategy"] for t in chain][-1] == effective, case
     assert len(cases) == 12
-    if topology == "two_nodes_tp16":  # storage=file: replicated's readers never see another
+    # storage=file on two nodes: replicated's readers never see the other node's objects
+    if topology == "two_nodes_tp16":
         assert ("topology=two_nodes_tp16", "strategy=replicated", "storage=file") in dead_ends
         assert ("topology=two_nodes_tp16", "strategy=rotating", "storage=file") in dead_ends
     assert all("storage=file" in case for case in dead_ends), dead_ends
