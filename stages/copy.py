@@ -45,8 +45,7 @@ class Copy:
         load = plan.direction is Direction.load
         if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
             if len(units) == 1 or unit_by_unit(t, step):  # nothing made per call
-                for unit in units:
-                    _unit_runs(t, step, unit, load=load)
+                _unit_runs(t, step, load=load)
             else:
                 (load_direct if load else backup_direct)(t, step)
         else:
@@ -99,23 +98,27 @@ def load_direct(t: Transfer, step: Step) -> None:
         _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
 
 
-def _unit_runs(t: Transfer, step: Step, unit: Unit, *, load: bool) -> None:
-    """`load_direct` / `backup_direct` of one unit's step (every unchunked step) with nothing
-    made per copy call but its trace entry: the issue path's common case."""
+def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
+    """`load_direct` / `backup_direct` unit by unit (every unchunked step) with nothing made
+    per copy call, and the step's calls counted once where ops are not kept: the issue
+    path's common case."""
     res = t.res
-    copy, trace, direction = res.copy_pages, res.trace, "h2d" if load else "d2h"
-    host, device = res.host_view.pages[unit.ordinal], res.device_pool.pages[unit.ordinal]
-    page_bytes = unit.page_bytes
-    for first, host_page, device_page, count in t.plan.runs_in(step.first, step.count):
-        if load:
-            copy(device, device_page, host, host_page, count)
-        else:
-            copy(host, host_page, device, device_page, count)
-        if trace.keep_ops:
-            where = {"host_page": host_page, "device_page": device_page}
-            _traced(t, first, count, (unit,), page_bytes, **where)
-        else:
-            trace.count("copy", direction, count * page_bytes)
+    copy, trace = res.copy_pages, res.trace
+    hosts, devices = res.host_view.pages, res.device_pool.pages
+    runs = t.plan.runs_in(step.first, step.count)
+    for unit in step.units:
+        host, device = hosts[unit.ordinal], devices[unit.ordinal]
+        for first, host_page, device_page, count in runs:
+            if load:
+                copy(device, device_page, host, host_page, count)
+            else:
+                copy(host, host_page, device, device_page, count)
+            if trace.keep_ops:
+                where = {"host_page": host_page, "device_page": device_page}
+                _traced(t, first, count, (unit,), unit.page_bytes, **where)
+    if not trace.keep_ops:
+        direction = "h2d" if load else "d2h"
+        trace.count("copy", direction, step.nbytes, times=len(runs) * len(step.units))
 
 
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:

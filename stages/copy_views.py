@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from pipeline.engine.memcpy import Pages, pages_view
+from pipeline.engine.memcpy import Pages
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
 from pipeline.spec.steps import Step
@@ -57,35 +57,32 @@ class Dma(NamedTuple):
 def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
     """Per run of pages, where the pools stack the units: one strided DMA for every unit
     where each unit's run is one block on both sides (a layer-first host), else the fewer of
-    one DMA per unit and one per page (that page of every unit as one strided copy)."""
+    one DMA per unit and one per page (that page of every unit as one strided copy). The
+    stacks' calls are made from integers (`StackPages`), no tensor sliced per call."""
     units = step.units
-    stacks = stacks_of(t, units)
-    host, device = t.res.host_view.pages, t.res.device_pool.pages
-    runs_are_blocks = stacks is not None and _runs_are_blocks(t, units)
+    res = t.res
+    host_stack, device_stack = (
+        res.host_view.stacked.pages(units),
+        res.device_pool.stacked.pages(units),
+    )
+    stacked = len(units) > 1 and host_stack is not None and device_stack is not None
+    runs_are_blocks = stacked and _runs_are_blocks(t, units)
+    host, device = res.host_view.pages, res.device_pool.pages
     for run in t.plan.runs_in(step.first, step.count):
         if runs_are_blocks:
-            assert stacks is not None
-            hosts = slice(run.host_page, run.host_page + run.pages)
-            devices = slice(run.device_page, run.device_page + run.pages)
-            # each unit's run as one "page" of the copy call
-            host_runs, device_runs = (
-                pages_view(stacks[0][:, hosts]),
-                pages_view(stacks[1][:, devices]),
-            )
+            assert host_stack is not None and device_stack is not None
             at = {"host_page": run.host_page, "device_page": run.device_page}
+            # each unit's run as one "page" of the copy call
+            host_runs = host_stack.run(run.host_page, run.pages)
+            device_runs = device_stack.run(run.device_page, run.pages)
             yield Dma(host_runs, 0, device_runs, 0, len(units), run.first, run.pages, units, at)
             continue
-        if stacks is not None and run.pages < len(units):
+        if stacked and run.pages < len(units):
+            assert host_stack is not None and device_stack is not None
             for k in range(run.pages):  # page k of every unit in one call
                 hp, dp = run.host_page + k, run.device_page + k
                 at = {"host_page": hp, "device_page": dp}
-                pages = (
-                    pages_view(stacks[0][:, hp]),
-                    0,
-                    pages_view(stacks[1][:, dp]),
-                    0,
-                    len(units),
-                )
+                pages = (host_stack.page(hp), 0, device_stack.page(dp), 0, len(units))
                 yield Dma(*pages, run.first + k, 1, units, at)
             continue
         at = {"host_page": run.host_page, "device_page": run.device_page}

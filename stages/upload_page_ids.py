@@ -15,8 +15,11 @@ class UploadPageIds:
     copies index pages by these ids; direct copies take page numbers from the plan's runs and
     need the ids only for a staged exchange or a verify, which move them on first use
     (`Transfer.page_ids`), so a direct transfer of consecutive pages never waits for them.
+    Nor does a kernel transfer of consecutive pages outside a CUDA graph: it goes as the
+    direct backend's copy calls (`stages.copy`), which take no ids.
     """
 
     def on_transfer(self, t: Transfer, stream: Stream) -> None:
-        if t.plan.spec.io_backend is IoBackend.kernel:
+        plan = t.plan
+        if plan.spec.io_backend is IoBackend.kernel and (plan.graphed or not plan.consecutive):
             t.page_ids()

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.engine.pools import DevicePool, HostPool, stack_views
+from pipeline.engine.pools import DevicePool, HostPool
+from pipeline.engine.stacks import stack_views
 from pipeline.engine.stores.parts import Check, Range
 from pipeline.spec.l3 import CrcRuns, PageObject
 from pipeline.spec.model import Unit, by_pool_kind

@@ -20,7 +20,8 @@ class Pages(NamedTuple):
     """A [pages, rows, elems] view whose pages are each contiguous, with what a copy call needs
     of it as plain integers (read once: tensor accessors cost the issue path per call)."""
 
-    view: torch.Tensor
+    view: torch.Tensor | None
+    """The tensor, for the CPU copier (None on cuda, whose copier takes the integers alone)."""
     address: int
     pitch: int
     """Bytes from one page to the next."""
@@ -37,6 +38,48 @@ def pages_view(view: torch.Tensor) -> Pages:
     return Pages(view, view.data_ptr(), view.stride(0) * item, width, view[0:1].is_contiguous())
 
 
+class StackPages(NamedTuple):
+    """Units stacked [units, pages, rows, elems] in one buffer, as plain integers: a copy call
+    of a page (or of a run of pages, where each unit's pages lie end to end) of every unit is
+    made from them without slicing a tensor (`run`, `page`)."""
+
+    view: torch.Tensor
+    address: int
+    unit_pitch: int
+    page_pitch: int
+    page_width: int
+    page_block: bool
+    """A unit's page is one contiguous block (see `Pages.block`)."""
+    views: bool
+    """The copier takes views (CPU): `run` and `page` slice `view` for it."""
+
+    def run(self, page: int, pages: int) -> Pages:
+        """Each unit's `pages` pages from `page` as one block (a layer-first layout)."""
+        view = self.view[:, page : page + pages] if self.views else None
+        address = self.address + page * self.page_pitch
+        block = self.page_block and self.page_pitch == self.page_width
+        return Pages(view, address, self.unit_pitch, pages * self.page_width, block)
+
+    def page(self, page: int) -> Pages:
+        """Page `page` of every unit."""
+        view = self.view[:, page] if self.views else None
+        address = self.address + page * self.page_pitch
+        return Pages(view, address, self.unit_pitch, self.page_width, self.page_block)
+
+
+def stack_pages(view: torch.Tensor) -> StackPages:
+    item = view.element_size()
+    return StackPages(
+        view,
+        view.data_ptr(),
+        view.stride(0) * item,
+        view.stride(1) * item,
+        math.prod(view.shape[2:]) * item,
+        view[0, 0:1].is_contiguous(),
+        view.device.type == "cpu",
+    )
+
+
 CopyPages = Callable[[Pages, int, Pages, int, int], None]
 """copy(dst, dst_page, src, src_page, count): `count` pages between two page-wise views."""
 
@@ -45,6 +88,7 @@ CUDA_MEMCPY_DEFAULT = 4
 
 
 def copy_pages_cpu(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
+    assert dst.view is not None and src.view is not None, "CPU views carry their tensor"
     dst.view[dst_page : dst_page + count].copy_(src.view[src_page : src_page + count])
 
 
@@ -53,12 +97,6 @@ def loaded_cudart() -> ctypes.CDLL | None:
     with open("/proc/self/maps") as maps:
         paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
     return ctypes.CDLL(sorted(paths)[0]) if paths else None
-
-
-def copy_pages_per_page(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
-    """Fallback where no cudart can be loaded: one async copy per page."""
-    for i in range(count):
-        dst.view[dst_page + i].copy_(src.view[src_page + i], non_blocking=True)
 
 
 def _bound(fn: Any, *argtypes: Any) -> Any:
@@ -70,9 +108,12 @@ def _bound(fn: Any, *argtypes: Any) -> Any:
 
 def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
     """One cudaMemcpy2DAsync per strided run (cudaMemcpyAsync where both sides are one
-    block); the per-page fallback without a cudart."""
+    block), from the views' integers alone."""
     if cudart is None:
-        return copy_pages_per_page
+        raise RuntimeError(
+            "torch's CUDA runtime (libcudart.so) is not loaded in this process: the cuda copy "
+            "calls go through it (a torch build with CUDA loads it on first use)"
+        )
     # the raw handle of the current stream without torch.cuda.current_stream()'s Python
     # device lookups (tens of microseconds per call, on every copy of the issue path)
     current_stream = torch._C._cuda_getCurrentRawStream

@@ -15,6 +15,7 @@ from types import MappingProxyType
 import torch
 
 from pipeline.engine.memcpy import pages_view
+from pipeline.engine.stacks import StackedViews
 from pipeline.spec.model import KvDtype, ModelGeometry, Unit, by_pool_kind
 from pipeline.spec.topology import MemLayout
 
@@ -52,54 +53,6 @@ def unit_dtype(model: ModelGeometry, unit: Unit) -> torch.dtype:
 def unit_shape(model: ModelGeometry, unit: Unit, num_pages: int) -> tuple[int, int, int]:
     itemsize = unit_dtype(model, unit).itemsize
     return (num_pages, unit.rows_per_page, unit.row_bytes // itemsize)
-
-
-def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
-    """Evenly spaced, same-shaped views of one buffer as one [n, *shape] view, or None.
-
-    A pool keeps its units of one kind in one buffer, so the units a rank copies (all of
-    them, or every group_size-th) stack: one kernel or copy call then covers them all.
-    """
-    first = views[0]
-    step = views[1].storage_offset() - first.storage_offset() if len(views) > 1 else 0
-    for i, v in enumerate(views):
-        if (
-            v.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-            or v.shape != first.shape
-            or v.stride() != first.stride()
-            or v.storage_offset() != first.storage_offset() + i * step
-        ):
-            return None
-    if len(views) > 1 and step <= 0:
-        return None
-    return first.as_strided((len(views), *first.shape), (step, *first.stride()))
-
-
-class StackedViews:
-    """Per set of units, their words views stacked (`stack_views`), made once per set."""
-
-    KEPT = 4096
-    """Unit tuples remembered by identity (a step's, asked on every transfer) before the
-    memo starts over."""
-
-    def __init__(self, words: Mapping[int, torch.Tensor]) -> None:
-        self._words = words
-        self._stacks: dict[tuple[int, ...], torch.Tensor | None] = {}
-        self._seen: dict[int, tuple[tuple[Unit, ...], torch.Tensor | None]] = {}
-        """By id of a units tuple (kept alive here, so its id is not reused): its stack,
-        without hashing every unit of it on the issue path."""
-
-    def __call__(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
-        seen = self._seen.get(id(units))
-        if seen is not None and seen[0] is units:
-            return seen[1]
-        key = tuple(u.ordinal for u in units)
-        if key not in self._stacks:
-            self._stacks[key] = stack_views([self._words[o] for o in key])
-        if len(self._seen) >= self.KEPT:
-            self._seen.clear()
-        self._seen[id(units)] = (units, self._stacks[key])
-        return self._stacks[key]
 
 
 class DevicePool:

@@ -57,12 +57,19 @@ class Trace:
         self.count(kind, side_of(kind, fields), fields.get("bytes", 0), fields)
 
     def count(
-        self, kind: str, side: str, nbytes: int, fields: dict[str, Any] | None = None
+        self,
+        kind: str,
+        side: str,
+        nbytes: int,
+        fields: dict[str, Any] | None = None,
+        *,
+        times: int = 1,
     ) -> None:
         """`op` with its side and bytes given: a copy's direction and bytes alone is what the
-        issue path logs where ops are not kept (no keyword dict, no side lookup)."""
+        issue path logs where ops are not kept (no keyword dict, no side lookup); `times` ops
+        of `nbytes` in all at once, where ops are not kept (a step's copy calls)."""
         with self._lock:
-            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.counts[kind] = self.counts.get(kind, 0) + times
             self.bytes[kind, side] = self.bytes.get((kind, side), 0) + nbytes
             if self.keep_ops or self._captures:
                 fields = {"direction": side, "bytes": nbytes} if fields is None else fields

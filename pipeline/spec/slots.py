@@ -33,13 +33,14 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     # numpy, single-threaded: torch's intra-op thread pool costs more than the work for small
     # ops on a host shared by several ranks, and this runs on every transfer's issue path
     slots = indices.numpy()
-    # the range first, by comparisons alone: arithmetic on slots near 2**63 would wrap around
-    if slots.min() < 0 or slots.max() >= num_slots:
-        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
     starts = slots[::slots_per_page]
-    steps = slots[1:] - slots[:-1]
-    steps[slots_per_page - 1 :: slots_per_page] = 1  # a page may start anywhere after the last
-    if (starts % slots_per_page).any() or (steps != 1).any():
+    # the range on the page starts alone, by comparisons (arithmetic on slots near 2**63
+    # would wrap around): a start in range whose page then runs +1 each stays in range, since
+    # every pool holds whole pages; one pass over the slots checks that run
+    if starts.min() < 0 or starts.max() >= num_slots:
+        raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
+    rows = slots.reshape(-1, slots_per_page) - starts[:, None]
+    if (starts % slots_per_page).any() or (rows != np.arange(slots_per_page)).any():
         raise ValueError(
             f"{name} is not page-aligned: every {slots_per_page} consecutive slots must "
             f"be one whole page (start at a multiple of {slots_per_page}, then +1 each)"

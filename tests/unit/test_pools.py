@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from pipeline.engine.pools import DevicePool, HostPool, stack_views
+from pipeline.engine.pools import DevicePool, HostPool
+from pipeline.engine.stacks import stack_views
 from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.spec.ownership import Ownership, owner_map
 from pipeline.spec.sizing import host_capacity

@@ -1,0 +1,136 @@
+"""Where a transfer's issue time goes: cProfile of `backup()` / `load()` + `done()` per path.
+
+Run on a cuda machine from the repository root (one GPU, tp1):
+
+    python3 examples/profile_issue.py --tokens 16384 --out profile.txt
+
+For each path (direct / kernel, graphed or not, chunked or not, contiguous or fragmented
+pages) it prints the median issue time of many calls, then the functions that took the most
+of it under cProfile (own time), so a change can aim at the largest share first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import random
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import pipeline
+from pipeline.spec.slots import PageAllocator, page_tokens
+
+PATHS = [  # (io backend, host layout, chunk pages, graph cache, placement)
+    ("direct", "page_first_direct", 0, 0, "contiguous"),
+    ("direct", "page_first_direct", 16, 0, "contiguous"),
+    ("kernel", "layer_first", 0, 0, "contiguous"),
+    ("kernel", "layer_first", 0, 0, "fragmented"),
+    ("kernel", "layer_first", 16, 0, "fragmented"),
+    ("kernel", "layer_first", 0, 8, "contiguous"),
+]
+
+
+def engine_for(
+    io: str, layout: str, chunk: int, graphs: int, tokens: int, device: str, extra: list[str]
+) -> pipeline.Engine:
+    job = pipeline.compose(
+        [
+            "model=deepseek_v3",
+            "topology=tp1",
+            f"topology.device={device}",
+            f"topology.io_backend={io}",
+            f"topology.mem_layout={layout}",
+            f"strategy.chunk_pages={chunk}",
+            f"strategy.cuda_graph_cache={graphs}",
+            f"workload.num_tokens={tokens}",
+            f"workload.device_tokens={3 * tokens}",
+            *extra,
+        ]
+    )
+    return pipeline.create_engine(job)
+
+
+def issue_fns(engine: pipeline.Engine, placement: str, tokens: int):
+    size = engine.sizing.slots_per_page
+    pages = tokens // size
+    pick = None if placement == "contiguous" else random.Random(0)
+    device = PageAllocator(engine.sizing.device_pages)
+    source, target = device.alloc(pages, pick), device.alloc(pages, pick)
+    host = PageAllocator(engine.sizing.host.num_pages).alloc(pages, pick)
+    host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
+    forward = engine.runtime.forward_stream
+
+    def backup() -> None:
+        forward.wait_event(engine.backup(host_t, source_t))
+
+    def load() -> None:
+        handle = engine.load(host_t, target_t)
+        engine.begin_forward(forward)
+        forward.wait_event(handle.done(forward))
+
+    return {"backup": backup, "load": load}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    sync()
+    return statistics.median(times) * 1e3
+
+
+def profiled(fn, reps: int, top: int) -> str:
+    profile = cProfile.Profile()
+    for _ in range(reps):
+        sync()
+        profile.enable()
+        fn()
+        profile.disable()
+    sync()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text).strip_dirs().sort_stats("tottime")
+    stats.print_stats(top)
+    return text.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16384])
+    parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", default="profile.txt")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("overrides", nargs="*", help="more config overrides (key=value)")
+    args = parser.parse_args()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    rows, report = [], []
+    for tokens in args.tokens:
+        for io_backend, layout, chunk, graphs, placement in PATHS:
+            engine = engine_for(io_backend, layout, chunk, graphs, tokens, args.device, args.overrides)
+            for direction, fn in issue_fns(engine, placement, tokens).items():
+                name = f"{tokens} {direction} {io_backend} {placement} chunk={chunk} graphs={graphs}"
+                measure(fn, 10)  # warm: plans, graphs, views made once per shape
+                ms = measure(fn, args.reps)
+                rows.append(f"{name}: {ms:.3f} ms")
+                report.append(f"==== {name}: median {ms:.3f} ms\n{profiled(fn, 20, args.top)}")
+            engine.close()
+    with open(args.out, "w") as out:
+        out.write("\n".join(rows) + "\n\n" + "\n".join(report))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
