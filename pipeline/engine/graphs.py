@@ -114,7 +114,7 @@ class TransferGraphs:
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
             t.host_ids, t.device_ids = host_pages.clone(), device_pages.clone()
         layout = t.plan.layout
-        layer_events = layout.layer_events(lambda: CudaEvent(stream.timeout_s, external=True))
+        layer_events = layout.layer_events(lambda: stream.new_event(external=True))
         t.layer_events = dict(layer_events)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream.stream), t.res.trace.capture() as ops:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
+
+from pipeline.engine.cudart import bound
 
 
 class Pages(NamedTuple):
@@ -92,34 +94,15 @@ def copy_pages_cpu(dst: Pages, dst_page: int, src: Pages, src_page: int, count: 
     dst.view[dst_page : dst_page + count].copy_(src.view[src_page : src_page + count])
 
 
-def loaded_cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime library torch already loaded (same instance, same context), if any."""
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-    return ctypes.CDLL(sorted(paths)[0]) if paths else None
-
-
-def _bound(fn: Any, *argtypes: Any) -> Any:
-    """A cudart function with its argument types declared; it returns the cudaError_t."""
-    fn.restype = ctypes.c_int
-    fn.argtypes = list(argtypes)
-    return fn
-
-
-def cuda_copier(cudart: ctypes.CDLL | None, device_index: int) -> CopyPages:
+def cuda_copier(cudart: ctypes.CDLL, device_index: int) -> CopyPages:
     """One cudaMemcpy2DAsync per strided run (cudaMemcpyAsync where both sides are one
     block), from the views' integers alone."""
-    if cudart is None:
-        raise RuntimeError(
-            "torch's CUDA runtime (libcudart.so) is not loaded in this process: the cuda copy "
-            "calls go through it (a torch build with CUDA loads it on first use)"
-        )
     # the raw handle of the current stream without torch.cuda.current_stream()'s Python
     # device lookups (tens of microseconds per call, on every copy of the issue path)
     current_stream = torch._C._cuda_getCurrentRawStream
     ptr, size, kind = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int  # a stream is a ptr
-    memcpy = _bound(cudart.cudaMemcpyAsync, ptr, ptr, size, kind, ptr)
-    memcpy2d = _bound(cudart.cudaMemcpy2DAsync, ptr, size, ptr, size, size, size, kind, ptr)
+    memcpy = bound(cudart.cudaMemcpyAsync, ptr, ptr, size, kind, ptr)
+    memcpy2d = bound(cudart.cudaMemcpy2DAsync, ptr, size, ptr, size, size, size, kind, ptr)
 
     def copy(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
         # plain integers only: no sliced tensors, no accessors on the issue path

@@ -6,6 +6,7 @@ allocated, so the transfer group exists before host memory is pinned.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
@@ -13,7 +14,8 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from pipeline.engine.memcpy import CopyPages, copy_pages_cpu, cuda_copier, loaded_cudart
+from pipeline.engine.cudart import Cudart, cuda_runtime
+from pipeline.engine.memcpy import CopyPages, copy_pages_cpu, cuda_copier
 from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import DeviceKind, Topology
@@ -119,10 +121,9 @@ class Runtime:
         l3_group = dist.new_group(backend="gloo", timeout=timeout)
         made += [cpu_group, l3_group]
         dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
-        copy = (
-            cuda_copier(loaded_cudart(), device.index) if device.type == "cuda" else copy_pages_cpu
-        )
-        load, write, exchange, gather, forward = _streams(device, rank, timeout_s)
+        cudart = cuda_runtime(device)  # None on CPU
+        copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
+        load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
         return cls(
             *(rank, world_size, device, replica, transfer, cpu_group, l3_group),
             *(load, write, exchange, gather, forward),
@@ -157,20 +158,21 @@ class Runtime:
 
 
 def _streams(
-    device: torch.device, rank: int, timeout_s: float
+    device: torch.device, rank: int, timeout_s: float, cudart: ctypes.CDLL | None
 ) -> tuple[Stream, Stream, Stream, Stream, Stream]:
     """(load, write, exchange, gather, forward) streams: CUDA streams on cuda (the forward is
-    the current stream), worker threads on CPU (the forward is the caller's thread). Their
-    events wait at most `timeout_s`."""
-    if device.type != "cuda":
+    the current stream; their events are `cudart`'s), worker threads on CPU (the forward is
+    the caller's thread). Their events wait at most `timeout_s`."""
+    if cudart is None:
         names = ("load", "write", "exchange", "gather")
         workers = [WorkerStream(f"{name}-{rank}", timeout_s) for name in names]
         return workers[0], workers[1], workers[2], workers[3], InlineStream(timeout_s)
-    cuda = [CudaStream(torch.cuda.Stream(device), timeout_s) for _ in range(3)]
+    api = Cudart(cudart)
+    cuda = [CudaStream(torch.cuda.Stream(device), timeout_s, api) for _ in range(3)]
     # A batch gather runs beside the long, PCIe-bound move of the batch before: at the same
     # priority it starts only as that move ends, and the next move waits for it (see README,
     # Chunked backups)
     highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static
-    gather = CudaStream(torch.cuda.Stream(device, priority=highest), timeout_s)
-    forward = CudaStream(torch.cuda.current_stream(device), timeout_s)
+    gather = CudaStream(torch.cuda.Stream(device, priority=highest), timeout_s, api)
+    forward = CudaStream(torch.cuda.current_stream(device), timeout_s, api)
     return cuda[0], cuda[1], cuda[2], gather, forward

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from pipeline.engine.cudart import Cudart
+
 log = logging.getLogger("hicache-pipeline")
 
 
@@ -178,27 +180,34 @@ class CudaEvent:
     """A CUDA event made when first recorded: making one costs the host time, and a transfer
     holds one or two per layer, so made up front they would delay its first copy. Before its
     record it behaves as an unrecorded CUDA event: complete, and waits pass. A failed
-    transfer's events carry its error, which `wait` raises."""
+    transfer's events carry its error, which `wait` raises. Its calls are cudart's own
+    (`Cudart`), not torch's wrappers: the issue path records one or two per layer."""
 
-    __slots__ = ("error", "event", "external", "timeout_s")
+    __slots__ = ("api", "error", "external", "handle", "timeout_s")
 
-    def __init__(self, timeout_s: float, *, external: bool = False) -> None:
+    def __init__(self, api: Cudart, timeout_s: float, *, external: bool = False) -> None:
+        self.api = api
         self.timeout_s = timeout_s
         self.external = external
         """Recorded inside a CUDA graph, waited on outside it."""
-        self.event: torch.cuda.Event | None = None
+        self.handle = 0
+        """The cudaEvent_t, once recorded."""
         self.error: BaseException | None = None
 
-    def record(self, stream: torch.cuda.Stream) -> None:
-        if self.event is None:
-            self.event = torch.cuda.Event(external=self.external)
-        self.event.record(stream)
+    def __del__(self) -> None:
+        if self.handle:
+            self.api.destroy(self.handle)
+
+    def record(self, stream: int) -> None:
+        if not self.handle:
+            self.handle = self.api.new_event()
+        self.api.record(self.handle, stream, external=self.external)
 
     def wait(self) -> None:
         """Block until the event completes, at most the collective timeout (by polling: a
         CUDA event's own synchronize cannot be given one)."""
         deadline, pause = time.monotonic() + self.timeout_s, 50e-6
-        while self.event is not None and not self.event.query():
+        while not self.query():
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"a transfer did not complete within runtime.timeout_s={self.timeout_s:g} "
@@ -210,7 +219,7 @@ class CudaEvent:
             raise RuntimeError(f"transfer failed: {self.error}") from self.error
 
     def query(self) -> bool:
-        return self.event is None or self.event.query()
+        return not self.handle or self.api.query(self.handle)
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -220,9 +229,12 @@ class CudaEvent:
 class CudaStream:
     """A CUDA stream: `submit` issues the work on it from the calling thread."""
 
-    def __init__(self, stream: torch.cuda.Stream, timeout_s: float) -> None:
+    def __init__(self, stream: torch.cuda.Stream, timeout_s: float, api: Cudart) -> None:
         self.stream = stream
         self.timeout_s = timeout_s
+        self.api = api
+        self.handle: int = stream.cuda_stream
+        """The cudaStream_t, read once."""
 
     def submit(self, work: Callable[[], Any]) -> None:
         # torch's own calls, not `with torch.cuda.stream(...)` nor `torch.cuda.current_stream`:
@@ -236,15 +248,15 @@ class CudaStream:
         finally:
             torch._C._cuda_setStream(*previous)
 
-    def new_event(self) -> CudaEvent:
-        return CudaEvent(self.timeout_s)
+    def new_event(self, *, external: bool = False) -> CudaEvent:
+        return CudaEvent(self.api, self.timeout_s, external=external)
 
     def record(self, event: CudaEvent) -> None:
-        event.record(self.stream)
+        event.record(self.handle)
 
     def wait_event(self, event: CudaEvent) -> None:
-        if event.event is not None:
-            self.stream.wait_event(event.event)
+        if event.handle:
+            self.api.wait(self.handle, event.handle)
 
     def synchronize(self) -> None:
         """Block until the stream's work is done, at most the collective timeout."""
