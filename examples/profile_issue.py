@@ -119,9 +119,13 @@ def main() -> None:
     rows, report = [], []
     for tokens in args.tokens:
         for io_backend, layout, chunk, graphs, placement in PATHS:
-            engine = engine_for(io_backend, layout, chunk, graphs, tokens, args.device, args.overrides)
+            engine = engine_for(
+                io_backend, layout, chunk, graphs, tokens, args.device, args.overrides
+            )
             for direction, fn in issue_fns(engine, placement, tokens).items():
-                name = f"{tokens} {direction} {io_backend} {placement} chunk={chunk} graphs={graphs}"
+                name = (
+                    f"{tokens} {direction} {io_backend} {placement} chunk={chunk} graphs={graphs}"
+                )
                 measure(fn, 10)  # warm: plans, graphs, views made once per shape
                 ms = measure(fn, args.reps)
                 rows.append(f"{name}: {ms:.3f} ms")

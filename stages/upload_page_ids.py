@@ -15,11 +15,12 @@ class UploadPageIds:
     copies index pages by these ids; direct copies take page numbers from the plan's runs and
     need the ids only for a staged exchange or a verify, which move them on first use
     (`Transfer.page_ids`), so a direct transfer of consecutive pages never waits for them.
-    Nor does a kernel transfer of consecutive pages outside a CUDA graph: it goes as the
-    direct backend's copy calls (`stages.copy`), which take no ids.
+    Nor does a kernel transfer of consecutive pages: it goes as the direct backend's copy
+    calls (`stages.copy`), which take no ids; nor a graphed one, whose replay copies its ids
+    into the graph's own buffer (`pipeline.engine.graphs`).
     """
 
     def on_transfer(self, t: Transfer, stream: Stream) -> None:
         plan = t.plan
-        if plan.spec.io_backend is IoBackend.kernel and (plan.graphed or not plan.consecutive):
+        if plan.spec.io_backend is IoBackend.kernel and not (plan.graphed or plan.consecutive):
             t.page_ids()

@@ -1,8 +1,8 @@
 """The CUDA runtime calls the issue path makes, bound once through ctypes.
 
 Torch's wrappers around an event cost the host several times the call itself (BENCHMARKS.md,
-issue time), and a transfer records one or two per layer. This is the same libcudart torch loaded, so the
-same context, streams and graph captures.
+issue time), and a transfer records one or two per layer. This is the libcudart torch loaded:
+the same context, streams and graph captures.
 """
 
 from __future__ import annotations

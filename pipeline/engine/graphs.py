@@ -40,10 +40,8 @@ class CapturedTransfer:
     """One captured transfer shape: its graph and the buffers a replay refills."""
 
     graph: torch.cuda.CUDAGraph
-    host_pages: torch.Tensor
-    """Static buffer the graph reads host page ids from."""
-    device_pages: torch.Tensor
-    """Static buffer the graph reads device page ids from."""
+    page_ids: torch.Tensor
+    """Static buffer [2, pages] the graph reads the host (row 0) and device page ids from."""
     layer_events: dict[int, CudaEvent]
     """Recorded inside the graph (external nodes): per layer, usable after it."""
     ops: list[tuple[str, dict[str, Any]]]
@@ -80,7 +78,6 @@ class TransferGraphs:
         """Issue `body` (`pipeline`'s steps and exchanges, after `prepare` ran) on `stream` as
         a graph replay, capturing it first if this shape is new."""
         assert t.plan.graphed, "a graphed transfer is planned as one (no in-place exchange)"
-        host_pages, device_pages = t.page_ids()
         key = (pipeline, t.plan.direction, t.plan.num_pages)
         if exchange is not stream:
             stream.stream.wait_stream(exchange.stream)
@@ -97,9 +94,8 @@ class TransferGraphs:
             t.res.trace.replay(captured.ops, captured.tally)
 
         def replay() -> None:
-            if refill:  # this transfer's page ids into the graph's static buffers
-                captured.host_pages.copy_(host_pages, non_blocking=True)
-                captured.device_pages.copy_(device_pages, non_blocking=True)
+            if refill:  # this transfer's page ids into the graph's static buffer, one copy
+                captured.page_ids.copy_(t.page_id_rows(), non_blocking=True)
             captured.graph.replay()
 
         stream.submit(replay)  # the stream switch of the issue path (see `CudaStream.submit`)
@@ -110,9 +106,9 @@ class TransferGraphs:
         self, t: Transfer, stream: CudaStream, body: Callable[[Transfer], None]
     ) -> CapturedTransfer:
         """Capture `body` with static page ids and external layer events (runs nothing)."""
-        host_pages, device_pages = t.page_ids()
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
-            t.host_ids, t.device_ids = host_pages.clone(), device_pages.clone()
+            ids = t.page_id_rows().to(t.res.device, non_blocking=True)
+        t.host_ids, t.device_ids = ids[0], ids[1]
         layout = t.plan.layout
         layer_events = layout.layer_events(lambda: stream.new_event(external=True))
         t.layer_events = dict(layer_events)
@@ -130,8 +126,7 @@ class TransferGraphs:
         self.captures += 1
         return CapturedTransfer(
             graph,
-            t.host_ids,
-            t.device_ids,
+            ids,
             layer_events,
             ops,
             Tally.of(ops),

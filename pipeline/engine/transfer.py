@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from pipeline.engine.batches import BatchRing
@@ -218,11 +219,15 @@ class Transfer:
         """(host page ids, device page ids) on the pool's device, moved there on first use by
         one non-blocking copy on the current stream (the plan's ids are already local)."""
         if self.host_ids is None or self.device_ids is None:
-            plan = self.plan
-            pages = torch.stack([plan.host_pages, plan.device_pages])
-            on_device = pages.to(self.res.device, non_blocking=True)
+            on_device = self.page_id_rows().to(self.res.device, non_blocking=True)
             self.host_ids, self.device_ids = on_device[0], on_device[1]
         return self.host_ids, self.device_ids
+
+    def page_id_rows(self) -> torch.Tensor:
+        """The plan's [host pages, device pages] as one CPU tensor, for one upload (stacked by
+        numpy: torch.stack costs the issue path more)."""
+        plan = self.plan
+        return torch.from_numpy(np.stack([plan.host_pages.numpy(), plan.device_pages.numpy()]))
 
     def step_ids(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """The page ids of a step's slice (sliced once per slice: one serves every unit)."""

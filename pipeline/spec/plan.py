@@ -1,11 +1,9 @@
 """TransferPlan: the frozen spec of one transfer on one rank (pages, steps, who moves what).
 
 `build_plan` validates the caller's indices once (page-aligned, in range, equal lengths, no
-duplicates) and raises ValueError before any byte moves. Everything a stage needs to know
-about the transfer is decided here, once: the steps (chunked or not), which step goes through
-a batch buffer, which exchange can land in place. Stages consume the plan; they never re-derive
-it. Everything here runs on CPU: the plan is the host-side decision.
-"""
+duplicates) and raises ValueError before any byte moves. What a stage needs to know of the
+transfer is decided here, once, on the host: the steps (chunked or not), which go through a
+batch buffer, which exchange lands in place. Stages consume the plan, never re-derive it."""
 
 from __future__ import annotations
 
@@ -208,9 +206,8 @@ class TransferPlan:
         return run.device_page + step.first - run.first
 
     def in_place(self, step: Step) -> int | None:
-        """Where an exchanged step's broadcast lands in place: the first of this rank's
-        consecutive device pages of the step; None when it goes through the staging buffer
-        (pages apart, or a graph, which must not bake in page ids)."""
+        """Where an exchanged step's broadcast lands in place (its first device page), or None
+        through the staging buffer (pages apart, or a graph, which must not bake in ids)."""
         return None if self.graphed else self.device_run(step)
 
     def copies(self, unit: Unit) -> bool:
