@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -27,6 +27,7 @@ class BatchRing:
         """By id of a step's units tuple (shared by the chunks' steps): the copy stage's
         (host, device, host page-wise) views of them, derived once per backup."""
         self.batch_pages: dict[tuple[int, int], Pages] = {}
+        self._views: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor] = {}
         """By (buffer, pages): a batch's page-wise view, for its DMAs."""
 
     @property
@@ -34,22 +35,31 @@ class BatchRing:
         """The buffer the next batch gathers into (0 or 1)."""
         return len(self.moved) % 2
 
+    def next_batch(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The next batch's view of its buffer (made once per buffer and shape: the chunks
+        of a backup share one)."""
+        key = (self.next_buffer, shape, dtype)
+        batch = self._views.get(key)
+        if batch is None:
+            nbytes = dtype.itemsize * math.prod(shape)
+            batch = self.buffers[self.next_buffer, :nbytes].view(dtype).view(shape)
+            self._views[key] = batch
+        return batch
+
     def gathered(
         self,
         fill: Callable[[torch.Tensor], object],
-        shape: Sequence[int],
-        dtype: torch.dtype,
+        batch: torch.Tensor,
         stream: Stream,
         *,
         behind_stream: bool,
     ) -> torch.Tensor:
-        """The next batch: `fill(batch)` runs on the gather stream, and `stream` waits for it.
+        """The next batch (`next_batch`): `fill(batch)` runs on the gather stream, and
+        `stream` waits for it.
 
         The first batch, or one whose page ids `stream` is still uploading (`behind_stream`),
         starts behind everything issued on `stream` so far (the forward's writes, the ids)."""
         k = len(self.moved)
-        nbytes = dtype.itemsize * math.prod(shape)
-        batch = self.buffers[k % 2, :nbytes].view(dtype).view(shape)
         if k == 0 or behind_stream:
             ready = stream.new_event()
             stream.record(ready)
