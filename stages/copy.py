@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.engine.memcpy import Pages, pages_view
+from pipeline.engine.memcpy import Pages, StackPages, pages_view
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
 from pipeline.spec.plan import Direction
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
-from stages.copy_views import dmas, kernel_views, stacks_of, unit_by_unit
+from stages.copy_views import block_stacks, dmas, kernel_views, stacks_of, unit_by_unit
 
 
 class Copy:
@@ -44,7 +44,11 @@ class Copy:
         # by identity: an enum's hash is a Python call, and this runs on every step
         load = plan.direction is Direction.load
         if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
-            if len(units) == 1 or unit_by_unit(t, step):  # nothing made per call
+            if len(units) == 1:  # nothing made per call
+                _unit_runs(t, step, load=load)
+            elif (stacks := block_stacks(t, units)) is not None:  # one call per run, all units
+                _stack_runs(t, step, *stacks, load=load)
+            elif unit_by_unit(t, step):
                 _unit_runs(t, step, load=load)
             else:
                 (load_direct if load else backup_direct)(t, step)
@@ -119,6 +123,26 @@ def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
     if not trace.keep_ops:
         direction = "h2d" if load else "d2h"
         trace.count("copy", direction, step.nbytes, times=len(runs) * len(step.units))
+
+
+def _stack_runs(
+    t: Transfer, step: Step, host: StackPages, device: StackPages, *, load: bool
+) -> None:
+    """One strided DMA per run for every unit of the step (each unit's run one block on both
+    sides), made from integers, and counted once where ops are not kept."""
+    copy, trace, units = t.res.copy_pages, t.res.trace, len(step.units)
+    runs = t.plan.runs_in(step.first, step.count)
+    for first, host_page, device_page, count in runs:
+        host_run, device_run = host.run(host_page, count), device.run(device_page, count)
+        if load:
+            copy(device_run, 0, host_run, 0, units)
+        else:
+            copy(host_run, 0, device_run, 0, units)
+        if trace.keep_ops:
+            where = {"host_page": host_page, "device_page": device_page}
+            _traced(t, first, count, step.units, step.page_bytes, **where)
+    if not trace.keep_ops:
+        trace.count("copy", "h2d" if load else "d2h", step.nbytes, times=len(runs))
 
 
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:

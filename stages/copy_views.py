@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from pipeline.engine.memcpy import Pages
+from pipeline.engine.memcpy import Pages, StackPages
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
 from pipeline.spec.steps import Step
@@ -89,6 +89,15 @@ def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
         for u in units:
             pages = (host[u.ordinal], run.host_page, device[u.ordinal], run.device_page, run.pages)
             yield Dma(*pages, run.first, run.pages, (u,), at)
+
+
+def block_stacks(t: Transfer, units: tuple[Unit, ...]) -> tuple[StackPages, StackPages] | None:
+    """(host, device) stacks of several units whose runs are each one block on both sides
+    (a layer-first host): one strided DMA per run moves every unit (`_stack_runs`)."""
+    if len(units) < 2 or not _runs_are_blocks(t, units):
+        return None
+    host, device = t.res.host_view.stacked.pages(units), t.res.device_pool.stacked.pages(units)
+    return None if host is None or device is None else (host, device)
 
 
 def unit_by_unit(t: Transfer, step: Step) -> bool:

@@ -121,7 +121,7 @@ BUDGETS = {
     ("kernel", 0, "load", "scattered"): (14, 2, 1),
     ("kernel", 0, "load", "host_run"): (14, 1, 1),
     # a load is never chunked, and a fragmented direct one makes one copy call per run (4)
-    ("direct", 2, "load", "scattered"): (22, 4, 4),
+    ("direct", 2, "load", "scattered"): (15, 4, 4),
     ("kernel", 2, "load", "scattered"): (14, 2, 1),
     **{
         (io, chunk, "backup", placement): (1, 0, 0)
@@ -205,3 +205,22 @@ def test_a_chunked_backups_steps_share_their_units_tuple_across_chunks(batch_byt
         by_units.setdefault(tuple(u.ordinal for u in step.units), set()).add(id(step.units))
     assert all(len(ids) == 1 for ids in by_units.values())
     assert len(by_units) == (len(by_pool_kind(copied)) if batch_bytes > 1 else len(copied))
+
+
+BATCH_BUDGETS = {"direct": (30, 1, 1), "kernel": (26, 1, 1)}
+"""Per chunked backup batch: (Python calls, torch ops, copy calls), as issued today: its
+gather (one torch op), its copy call (one DMA per run, or the scatter kernel), two events and
+the gather stream's switch, each a handful of calls; nothing per page or per unit."""
+
+
+@pytest.mark.parametrize("io", list(BATCH_BUDGETS))
+def test_a_chunked_backup_issues_no_more_per_batch_than_its_budget(io) -> None:
+    args = (DIRECT if io == "direct" else KERNEL, Direction.backup, "contiguous")
+    (calls, ops, copies), (more_calls, more_ops, more_copies) = (
+        issued(12, args[0], chunk, *args[1:])
+        for chunk in (2, 1)  # 2 batches, then 4
+    )
+    torch_ops = sum(more_ops.values()) - sum(ops.values())
+    per_batch = ((more_calls - calls) / 2, torch_ops / 2, (more_copies - copies) / 2)
+    for what, got, most in zip(WHAT, per_batch, BATCH_BUDGETS[io], strict=True):
+        assert got <= most, f"{io}: {got:g} {what} per batch (budget {most})"
