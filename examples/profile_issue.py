@@ -113,12 +113,15 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default="profile.txt")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--only", default=None, help="profile only the paths naming this word")
     parser.add_argument("overrides", nargs="*", help="more config overrides (key=value)")
     args = parser.parse_args()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rows, report = [], []
     for tokens in args.tokens:
         for io_backend, layout, chunk, graphs, placement in PATHS:
+            if args.only is not None and args.only not in (io_backend, layout, placement):
+                continue
             engine = engine_for(
                 io_backend, layout, chunk, graphs, tokens, args.device, args.overrides
             )

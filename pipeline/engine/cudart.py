@@ -1,6 +1,6 @@
 """The CUDA runtime calls the issue path makes, bound once through ctypes.
 
-Torch's wrappers around an event cost the host several times the call itself (BENCHMARKS.md,
+Torch's wrappers around an event add a Python object and its calls to each (BENCHMARKS.md,
 issue time), and a transfer records one or two per layer. This is the libcudart torch loaded:
 the same context, streams and graph captures.
 """
@@ -58,6 +58,7 @@ class Cudart:
         self._query = bound(lib.cudaEventQuery, ptr)
         self._wait = bound(lib.cudaStreamWaitEvent, ptr, ptr, flags)
         self._destroy = bound(lib.cudaEventDestroy, ptr)
+        self._last_error = bound(lib.cudaGetLastError)
         self._error_string = lib.cudaGetErrorString
         self._error_string.restype = ctypes.c_char_p
         self._error_string.argtypes = [ctypes.c_int]
@@ -83,6 +84,9 @@ class Cudart:
     def query(self, event: int) -> bool:
         error = self._query(event)
         if error == CUDA_ERROR_NOT_READY:
+            # not an error, but the runtime keeps it as the last one: cleared (as torch does),
+            # or torch's next kernel launch check would raise it
+            self._last_error()
             return False
         self.check(error, "cudaEventQuery")
         return True

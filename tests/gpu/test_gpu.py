@@ -16,7 +16,9 @@ import torch
 from conftest import MOONCAKE, job_config
 
 from pipeline.config.job import Job
+from pipeline.engine.cudart import Cudart, cuda_runtime
 from pipeline.engine.pools import host_buffer, uva_alias
+from pipeline.engine.streams import CudaStream
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
 
@@ -231,3 +233,18 @@ def test_loads_back_from_l3_bit_exact_into_gpu_pages(ranks: int, kind: str) -> N
         reports = [found[r][i] for r in range(ranks)]
         assert all(r["verified"] for r in reports), (job.topology, reports[0]["mismatch"])
         assert all(r["l3_hit_pages"] > 0 for r in reports)
+
+
+def test_an_event_not_ready_leaves_no_error_for_the_next_kernel() -> None:
+    """cudaEventQuery's "not ready" is kept as the runtime's last error unless cleared: the
+    engine's events (`pipeline.engine.cudart`) clear it, or torch's next launch would raise."""
+    api = Cudart(cuda_runtime(torch.device("cuda")))
+    stream = CudaStream(torch.cuda.Stream(), 30.0, api)
+    event = stream.new_event()
+    with torch.cuda.stream(stream.stream):
+        torch.cuda._sleep(200_000_000)  # about a tenth of a second of GPU cycles
+    stream.record(event)
+    assert not event.query()  # still sleeping
+    torch.ones(4, device="cuda").sum().item()  # a launch and a sync: no error left to raise
+    event.wait()
+    assert event.query()
