@@ -55,10 +55,9 @@ class Dma(NamedTuple):
 
 
 def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
-    """Per run of pages, where the pools stack the units: one strided DMA for every unit
-    where each unit's run is one block on both sides (a layer-first host), else the fewer of
-    one DMA per unit and one per page (that page of every unit as one strided copy). The
-    stacks' calls are made from integers (`StackPages`), no tensor sliced per call."""
+    """Per run of pages of a step whose runs are not blocks on both sides (`block_stacks`
+    takes those): where the pools stack the units, the fewer of one DMA per unit and one per
+    page (that page of every unit as one strided copy, made from integers: `StackPages`)."""
     units = step.units
     res = t.res
     host_stack, device_stack = (
@@ -66,17 +65,8 @@ def dmas(t: Transfer, step: Step) -> Iterator[Dma]:
         res.device_pool.stacked.pages(units),
     )
     stacked = len(units) > 1 and host_stack is not None and device_stack is not None
-    runs_are_blocks = stacked and _runs_are_blocks(t, units)
     host, device = res.host_view.pages, res.device_pool.pages
     for run in t.plan.runs_in(step.first, step.count):
-        if runs_are_blocks:
-            assert host_stack is not None and device_stack is not None
-            at = {"host_page": run.host_page, "device_page": run.device_page}
-            # each unit's run as one "page" of the copy call
-            host_runs = host_stack.run(run.host_page, run.pages)
-            device_runs = device_stack.run(run.device_page, run.pages)
-            yield Dma(host_runs, 0, device_runs, 0, len(units), run.first, run.pages, units, at)
-            continue
         if stacked and run.pages < len(units):
             assert host_stack is not None and device_stack is not None
             for k in range(run.pages):  # page k of every unit in one call
@@ -101,15 +91,12 @@ def block_stacks(t: Transfer, units: tuple[Unit, ...]) -> tuple[StackPages, Stac
 
 
 def unit_by_unit(t: Transfer, step: Step) -> bool:
-    """Where `dmas` would make one DMA per unit and run (the pools do not stack the units,
-    or a unit's run is strided on a side and every run is longer than the units): then
-    `_unit_runs`' loop, which makes nothing per call but the call."""
-    units = step.units
-    if stacks_of(t, units) is None:
+    """Where `dmas` would make one DMA per unit and run (the pools do not stack the units, or
+    every run is longer than the units): then `_unit_runs`' loop, which makes nothing per
+    call but the call. Asked only of steps `block_stacks` does not take."""
+    if stacks_of(t, step.units) is None:
         return True
-    if _runs_are_blocks(t, units):
-        return False  # one strided DMA per run covers every unit
-    return all(run.pages > len(units) for run in t.plan.runs_in(step.first, step.count))
+    return all(run.pages > len(step.units) for run in t.plan.runs_in(step.first, step.count))
 
 
 def _runs_are_blocks(t: Transfer, units: tuple[Unit, ...]) -> bool:

@@ -27,8 +27,9 @@ class BatchRing:
         """By id of a step's units tuple (shared by the chunks' steps): the copy stage's
         (host, device, host page-wise) views of them, derived once per backup."""
         self.batch_pages: dict[tuple[int, int], Pages] = {}
-        self._views: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor] = {}
         """By (buffer, pages): a batch's page-wise view, for its DMAs."""
+        self._views: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor] = {}
+        """By (buffer, shape, dtype): a batch's view of its buffer (`next_batch`)."""
 
     @property
     def next_buffer(self) -> int:

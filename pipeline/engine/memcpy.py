@@ -23,7 +23,8 @@ class Pages(NamedTuple):
     of it as plain integers (read once: tensor accessors cost the issue path per call)."""
 
     view: torch.Tensor | None
-    """The tensor, for the CPU copier (None on cuda, whose copier takes the integers alone)."""
+    """The tensor, for the CPU copier; None where `StackPages` made it for cuda, whose
+    copier takes the integers alone."""
     address: int
     pitch: int
     """Bytes from one page to the next."""

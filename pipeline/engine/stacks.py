@@ -3,12 +3,15 @@ as the integers a copy call of all of them takes (made once per set of units).""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 
 from pipeline.engine.memcpy import StackPages, stack_pages
 from pipeline.spec.model import Unit
+
+T = TypeVar("T")
 
 
 def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
@@ -48,25 +51,33 @@ class StackedViews:
         self._pages: dict[int, tuple[tuple[Unit, ...], StackPages | None]] = {}
 
     def __call__(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
-        seen = self._seen.get(id(units))
-        if seen is not None and seen[0] is units:
-            return seen[1]
-        key = tuple(u.ordinal for u in units)
-        if key not in self._stacks:
-            self._stacks[key] = stack_views([self._words[o] for o in key])
-        if len(self._seen) >= self.KEPT:
-            self._seen.clear()
-        self._seen[id(units)] = (units, self._stacks[key])
-        return self._stacks[key]
+        return _remembered(self._seen, units, self._stack)
 
     def pages(self, units: tuple[Unit, ...]) -> StackPages | None:
         """The stack of `units` as copy calls take it (made once per units tuple)."""
-        seen = self._pages.get(id(units))
-        if seen is not None and seen[0] is units:
-            return seen[1]
+        return _remembered(self._pages, units, self._stack_pages)
+
+    def _stack(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
+        key = tuple(u.ordinal for u in units)
+        if key not in self._stacks:
+            self._stacks[key] = stack_views([self._words[o] for o in key])
+        return self._stacks[key]
+
+    def _stack_pages(self, units: tuple[Unit, ...]) -> StackPages | None:
         stack = self(units)
-        made = None if stack is None else stack_pages(stack)
-        if len(self._pages) >= self.KEPT:
-            self._pages.clear()
-        self._pages[id(units)] = (units, made)
-        return made
+        return None if stack is None else stack_pages(stack)
+
+
+def _remembered(
+    memo: dict[int, tuple[tuple[Unit, ...], T]], units: tuple[Unit, ...], make: Callable[..., T]
+) -> T:
+    """`make(units)`, remembered by the identity of the tuple (kept alive in `memo`, so its id
+    is not reused) for at most `StackedViews.KEPT` tuples before the memo starts over."""
+    seen = memo.get(id(units))
+    if seen is not None and seen[0] is units:
+        return seen[1]
+    made = make(units)
+    if len(memo) >= StackedViews.KEPT:
+        memo.clear()
+    memo[id(units)] = (units, made)
+    return made
