@@ -17,6 +17,8 @@ EVENT_DISABLE_TIMING = 2
 """cudaEventDisableTiming: as torch's default events (no timestamps to take)."""
 EVENT_RECORD_EXTERNAL = 1
 """cudaEventRecordExternal: inside a graph capture, an event node others may wait on."""
+SPARE_EVENTS = 4096
+"""Most released events kept for reuse (a transfer takes one or two per layer)."""
 
 
 def loaded_cudart() -> ctypes.CDLL | None:
@@ -49,7 +51,11 @@ def bound(fn: Any, *argtypes: Any) -> Any:
 
 
 class Cudart:
-    """Event calls of one process's CUDA runtime (events are plain integer handles)."""
+    """Event calls of one process's CUDA runtime (events are plain integer handles).
+
+    Events released by their owners are kept and handed out again: creating one costs the
+    host several times what recording it does, and every transfer takes one or two per layer.
+    """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, flags = ctypes.c_void_p, ctypes.c_uint
@@ -62,6 +68,8 @@ class Cudart:
         self._error_string = lib.cudaGetErrorString
         self._error_string.restype = ctypes.c_char_p
         self._error_string.argtypes = [ctypes.c_int]
+        self._spare: list[int] = []
+        """Released events no one holds, reused before new ones are made."""
 
     def check(self, error: int, call: str) -> None:
         if error:
@@ -69,6 +77,8 @@ class Cudart:
             raise RuntimeError(f"{call} failed with CUDA error {error}: {text}")
 
     def new_event(self) -> int:
+        if self._spare:  # a pending record on it is superseded by the next one (CUDA's rule)
+            return self._spare.pop()
         handle = ctypes.c_void_p()
         self.check(self._create(ctypes.byref(handle), EVENT_DISABLE_TIMING), "cudaEventCreate")
         assert handle.value is not None, "cudaEventCreate made no event"
@@ -91,6 +101,10 @@ class Cudart:
         self.check(error, "cudaEventQuery")
         return True
 
-    def destroy(self, event: int) -> None:
-        """Release an event (once it completes, if still pending); errors at exit are moot."""
-        self._destroy(event)
+    def release(self, event: int) -> None:
+        """An event its owner no longer holds: kept for reuse, or destroyed beyond the spares
+        (once it completes, if still pending; errors at exit are moot)."""
+        if len(self._spare) < SPARE_EVENTS:
+            self._spare.append(event)
+        else:
+            self._destroy(event)

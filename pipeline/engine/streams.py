@@ -196,7 +196,7 @@ class CudaEvent:
 
     def __del__(self) -> None:
         if self.handle:
-            self.api.destroy(self.handle)
+            self.api.release(self.handle)
 
     def record(self, stream: int) -> None:
         if not self.handle:
