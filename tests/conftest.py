@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -92,3 +93,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("mooncake") is not None:
         required = bool(item.config.getoption("--require-mooncake"))
         mooncake_gate(item.config.stash[MISSING_MOONCAKE], required=required)
+
+
+def all_pairs(grid: list[tuple]) -> list[tuple]:
+    """A subset of `grid` (a full product) in which every pair of values of any two factors
+    still occurs: greedily, the point covering the most pairs not yet covered first."""
+
+    def pairs(point: tuple) -> set:
+        return set(itertools.combinations(enumerate(point), 2))
+
+    uncovered, chosen = set().union(*map(pairs, grid)), []
+    while uncovered:
+        best = max(grid, key=lambda point: len(pairs(point) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
