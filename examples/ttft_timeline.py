@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def compute_alone() -> None:
         for layer in range(layers):
-            forward_stream.submit(lambda layer=layer: forward._layer(layer, loaded[layer], []))
+            forward_stream.submit(lambda layer=layer: forward.layer(layer, loaded[layer], []))
             clock.mark("computed", forward_stream)
 
     def overlapped() -> None:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
         for layer in range(layers):
             loading.wait(layer, forward_stream)
             clock.mark("begun", forward_stream)
-            forward_stream.submit(lambda layer=layer: forward._layer(layer, loaded[layer], []))
+            forward_stream.submit(lambda layer=layer: forward.layer(layer, loaded[layer], []))
             clock.mark("computed", forward_stream)
         forward_stream.wait_event(loading.done(forward_stream))
         clock.mark("done", forward_stream)

@@ -101,6 +101,11 @@ class Cudart:
         self.check(error, "cudaEventQuery")
         return True
 
+    def __del__(self) -> None:
+        # no event holds this runtime any longer (each keeps a reference): the spares go
+        for event in self._spare:
+            self._destroy(event)
+
     def release(self, event: int) -> None:
         """An event its owner no longer holds: kept for reuse, or destroyed beyond the spares
         (once it completes, if still pending; errors at exit are moot)."""

@@ -34,14 +34,16 @@ two factors does (all_pairs), which keeps the suite inside CI's time on 2 cores.
 
 def dedup_matrix(topology: str, tp: int) -> list[dict]:
     jobs = []
-    grid = itertools.product(
-        ("single_source", "rotating"),
-        ("tiny_mla", "tiny_dsa"),
-        ("contiguous", "fragmented"),
-        (0, 3),
-        IO_LAYOUTS,
+    grid = list(
+        itertools.product(
+            ("single_source", "rotating"),
+            ("tiny_mla", "tiny_dsa"),
+            ("contiguous", "fragmented"),
+            (0, 3),
+            IO_LAYOUTS,
+        )
     )
-    combos = list(grid) if (topology, tp) == FULL_GRID else all_pairs(list(grid))
+    combos = grid if (topology, tp) == FULL_GRID else all_pairs(grid)
     for i, (strategy, model, placement, chunk, (io, layout)) in enumerate(combos):
         jobs.append(
             job_config(

@@ -204,14 +204,17 @@ class SyntheticForward:
                 if order is not None:
                     order.append(("wait", layer))
             pages = None if loaded is None else loaded[layer]
-            forward.submit(functools.partial(self._layer, layer, pages, digests))
+            forward.submit(functools.partial(self.layer, layer, pages, digests))
             if order is not None:
                 order.append(("compute", layer))
         return digests
 
-    def _layer(
+    def layer(
         self, layer: int, pages: list[torch.Tensor] | None, digests: list[torch.Tensor]
     ) -> None:
+        """One layer's work on the current stream (`run` issues it on the forward stream,
+        after the layer's wait): the digest of its `pages`, appended to `digests`, then its
+        matmuls."""
         if pages is not None:
             sums = [p.view(torch.uint8).sum(dtype=torch.int64) for p in pages]
             digests.append(torch.stack(sums).sum())
