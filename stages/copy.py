@@ -16,11 +16,11 @@ common cases make nothing per call but the call itself (see BENCHMARKS.md, issue
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 
 from pipeline.engine.memcpy import Pages, StackPages, pages_view
+from pipeline.engine.page_kernel import MovePages, PageAt
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
 from pipeline.spec.model import Unit
@@ -59,24 +59,21 @@ class Copy:
 def backup_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
+    # the host pages are one run: the gather writes them in place (one torch kernel on CPU)
+    host_at = host_ids if host_first is None else host_first + step.first
+    move = t.res.move_pages
     for host, device, dim, units in kernel_views(t, step.units):
-        if host_first is None:
-            host.index_copy_(dim, host_ids, device.index_select(dim, device_ids))
-        else:  # the host pages are one run: the gather writes them in place, one kernel
-            out = host.narrow(dim, host_first + step.first, step.count)
-            torch.index_select(device, dim, device_ids, out=out)
+        move(host, host_at, device, device_ids, dim, step.count)
         _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 
 def load_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
+    host_at = host_ids if host_first is None else host_first + step.first
+    move = t.res.move_pages
     for host, device, dim, units in kernel_views(t, step.units):
-        if host_first is None:
-            device.index_copy_(dim, device_ids, host.index_select(dim, host_ids))
-        else:  # the host pages are one run: the scatter reads them in place, one kernel
-            source = host.narrow(dim, host_first + step.first, step.count)
-            device.index_copy_(dim, device_ids, source)
+        move(device, device_ids, host, host_at, dim, step.count)
         _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 
@@ -157,17 +154,13 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     if key not in ring.stacked:
         ring.stacked[key] = _batch_views(t, step.units, direct)
     host, device, host_pages = ring.stacked[key]
-    pages = 0 if direct else 1  # the page dimension of the views
     first = plan.device_run(step) if direct else None
     behind = t.device_ids is None and first is None  # the ids upload on `stream` next
-    fill: Callable[[torch.Tensor], object]
-    if first is not None:  # consecutive device pages: a strided copy, no ids needed
-        fill = functools.partial(_copy_from, device[first : first + step.count])
-    else:
-        host_ids, device_ids = t.step_ids(step)
-        fill = functools.partial(_select_into, device, pages, device_ids)
+    device_at = t.step_ids(step)[1] if first is None else first
+    fill = functools.partial(_gather, t.res.move_pages, device, device_at, step.count, direct)
     buffer = ring.next_buffer
-    shape = (*host.shape[:pages], step.count, *host.shape[pages + 1 :])
+    units, rest = host.shape[0], host.shape[2:]
+    shape = (step.count, units, *rest) if direct else (units, step.count, *rest)
     batch = ring.gathered(fill, ring.next_batch(shape, device.dtype), stream, behind_stream=behind)
     trace = t.res.trace
     if trace.keep_ops:
@@ -177,49 +170,63 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
         trace.count("batch_gather", "", step.nbytes)
     if direct:
         assert host_pages is not None, "a direct batch's host has a page-wise view"
-        batch_key = (buffer, step.count)
-        if batch_key not in ring.batch_pages:
-            ring.batch_pages[batch_key] = pages_view(batch.flatten(1, 2))
-        batch_pages = ring.batch_pages[batch_key]
-        runs = plan.runs_in(step.first, step.count)
-        for run in runs:
-            t.res.copy_pages(
-                host_pages, run.host_page, batch_pages, run.first - step.first, run.pages
-            )
-            if trace.keep_ops:
-                where = {"host_page": run.host_page}
-                _traced(t, run.first, run.pages, step.units, step.page_bytes, **where)
-        if not trace.keep_ops:  # the batch's copy calls counted at once
-            trace.count("copy", "d2h", step.nbytes, times=len(runs))
+        _batch_dmas(t, step, batch, buffer, host_pages)
     else:
-        host.index_copy_(pages, host_ids, batch)
+        host_first = plan.host_first
+        host_at = t.step_ids(step)[0] if host_first is None else host_first + step.first
+        t.res.move_pages(host, host_at, batch, 0, 1, step.count)
         _traced(t, step.first, step.count, step.units, step.page_bytes)
     ring.moved_out(stream)
+
+
+def _batch_dmas(
+    t: Transfer, step: Step, batch: torch.Tensor, buffer: int, host_pages: Pages
+) -> None:
+    """A direct batch [pages, units, ...] (in `buffer` of the ring) to the host: one DMA per
+    run of host pages."""
+    ring, trace = t.batches, t.res.trace
+    assert ring is not None, "the plan gathers stacked batches only"
+    batch_key = (buffer, step.count)
+    if batch_key not in ring.batch_pages:
+        ring.batch_pages[batch_key] = pages_view(batch.flatten(1, 2))
+    batch_pages = ring.batch_pages[batch_key]
+    runs = t.plan.runs_in(step.first, step.count)
+    for run in runs:
+        t.res.copy_pages(host_pages, run.host_page, batch_pages, run.first - step.first, run.pages)
+        if trace.keep_ops:
+            where = {"host_page": run.host_page}
+            _traced(t, run.first, run.pages, step.units, step.page_bytes, **where)
+    if not trace.keep_ops:  # the batch's copy calls counted at once
+        trace.count("copy", "d2h", step.nbytes, times=len(runs))
 
 
 def _batch_views(
     t: Transfer, units: tuple[Unit, ...], direct: bool
 ) -> tuple[torch.Tensor, torch.Tensor, Pages | None]:
-    """(host, device, the host's page-wise view where direct) of a batch's stacked units:
-    [units, pages, ...] for kernels, page-major [pages, units, ...] for direct DMAs."""
+    """(host, device, the host's page-wise view where direct) of a batch's stacked units,
+    each [units, pages, ...]; a direct batch is page-major [pages, units, ...], as a
+    page_first_direct host keeps a page, so it goes there in one DMA per run."""
     stacks = stacks_of(t, units)
     assert stacks is not None, "the plan gathers stacked batches only"
     host, device = stacks
     if not direct:
         return host, device, None
-    host, device = host.transpose(0, 1), device.transpose(0, 1)
-    assert host[0].is_contiguous(), "page_first_direct keeps a page's units together"
-    return host, device, pages_view(host.flatten(1, 2))
+    by_page = host.transpose(0, 1)
+    assert by_page[0].is_contiguous(), "page_first_direct keeps a page's units together"
+    return host, device, pages_view(by_page.flatten(1, 2))
 
 
-def _copy_from(source: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-    return batch.copy_(source)
-
-
-def _select_into(
-    source: torch.Tensor, dim: int, ids: torch.Tensor, batch: torch.Tensor
+def _gather(
+    move: MovePages,
+    device: torch.Tensor,
+    device_at: PageAt,
+    count: int,
+    by_page: bool,
+    batch: torch.Tensor,
 ) -> torch.Tensor:
-    return torch.index_select(source, dim, ids, out=batch)
+    """Fill a batch from the device's stacked units ([units, pages, ...] views both)."""
+    move(batch.transpose(0, 1) if by_page else batch, 0, device, device_at, 1, count)
+    return batch
 
 
 def _page_bytes(step: Step, units: tuple[Unit, ...]) -> int:

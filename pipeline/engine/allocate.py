@@ -58,6 +58,7 @@ def allocate(
         host_view=host_view,
         collectives=runtime.collectives,
         copy_pages=runtime.copy_pages,
+        move_pages=runtime.move_pages,
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
         batch_buffers=device_bytes(batch_buffer_bytes(config, model, owners, rank), 2),
         gather_stream=runtime.gather_stream,

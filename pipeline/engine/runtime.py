@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from pipeline.engine.cudart import Cudart, cuda_runtime
 from pipeline.engine.memcpy import CopyPages, copy_pages_cpu, cuda_copier
+from pipeline.engine.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import DeviceKind, Topology
@@ -87,6 +88,8 @@ class Runtime:
     timeout_s: float
     copy_pages: CopyPages
     """One copy call per run of pages (a strided DMA on cuda)."""
+    move_pages: MovePages
+    """Gathers and scatters pages by their ids (one kernel on cuda: `page_kernel`)."""
     groups: tuple[dist.ProcessGroup, ...] = ()
     """Every group `start` made, destroyed by `close` (each holds sockets and threads)."""
 
@@ -123,12 +126,14 @@ class Runtime:
         dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
+        move = move_pages_cpu if cudart is None else PageKernel(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
         return cls(
             *(rank, world_size, device, replica, transfer, cpu_group, l3_group),
             *(load, write, exchange, gather, forward),
             timeout_s=timeout_s,
             copy_pages=copy,
+            move_pages=move,
             groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),
         )
 

@@ -22,6 +22,7 @@ import torch
 
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import CopyPages
+from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
 from pipeline.spec.model import by_pool_kind
@@ -148,6 +149,8 @@ class Resources:
     """Of this rank's replica group (used only where the group has several ranks)."""
     copy_pages: CopyPages
     """Copies one run of pages between two page-wise views (see `pipeline.engine.memcpy`)."""
+    move_pages: MovePages
+    """Gathers and scatters pages by their ids (see `pipeline.engine.page_kernel`)."""
     staging: torch.Tensor
     """Flat byte buffer a load's exchanges gather into and broadcast from."""
     batch_buffers: torch.Tensor

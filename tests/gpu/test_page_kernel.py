@@ -1,0 +1,95 @@
+"""`PageKernel` (one NVRTC-compiled launch per page move) against torch's index ops: every
+side by ids or by first page, both page dimensions, rows spaced apart (a page_first host),
+widths of every alignment, pinned host memory through its UVA alias, inside a CUDA graph."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from pipeline.engine.cudart import cuda_runtime
+from pipeline.engine.page_kernel import PageKernel, move_pages_cpu
+from pipeline.engine.pools import uva_alias
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEVICE = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> PageKernel:
+    cudart = cuda_runtime(DEVICE)
+    assert cudart is not None
+    return PageKernel(cudart, DEVICE)
+
+
+def views(dim: int, words: int, dtype: torch.dtype, spaced: bool, host: bool):
+    """(dst on the device, src on the host or the device, src's CPU copy, the pinned buffer
+    src may alias), each [.., 12 pages, 3 rows, words]; `spaced`: the source's rows 2 rows
+    apart (an interleaved layout)."""
+    lead = (4,) if dim else ()
+    rows = 6 if spaced else 3
+    cpu = torch.randint(0, 100, (*lead, 12, rows, words), dtype=torch.int32).to(dtype)
+    pinned = cpu.pin_memory()  # held by the caller: the alias does not keep it alive
+    src = uva_alias(pinned, DEVICE) if host else cpu.to(DEVICE)
+    if spaced:
+        src, cpu = src[..., ::2, :], cpu[..., ::2, :]
+    dst = torch.zeros((*lead, 12, 3, words), dtype=dtype, device=DEVICE)
+    return dst, src, cpu, pinned
+
+
+@pytest.mark.parametrize(
+    ("dim", "ids", "dtype", "words", "spaced", "host"),
+    [
+        *itertools.product(
+            (0, 1),
+            ("both", "dst", "src", "none"),
+            (torch.int64,),
+            (8,),
+            (False, True),
+            (False, True),
+        ),
+        *[
+            (1, "both", dtype, words, False, True)
+            for dtype, words in ((torch.int32, 3), (torch.int16, 5), (torch.uint8, 7))
+        ],
+    ],
+)
+def test_moves_what_torch_moves(kernel, dim, ids, dtype, words, spaced, host) -> None:
+    dst, src, cpu, _pinned = views(dim, words, dtype, spaced, host)
+    dst_pages, src_pages = [9, 0, 4, 7], [2, 11, 5, 6]
+    if ids in ("src", "none"):
+        dst_pages = [3, 4, 5, 6]
+    if ids in ("dst", "none"):
+        src_pages = [8, 9, 10, 11]
+    as_at = {
+        "dst": torch.tensor(dst_pages, device=DEVICE) if ids in ("both", "dst") else dst_pages[0],
+        "src": torch.tensor(src_pages, device=DEVICE) if ids in ("both", "src") else src_pages[0],
+    }
+    want = torch.zeros(dst.shape, dtype=dtype)
+    cpu_at = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in as_at.items()}
+    move_pages_cpu(want, cpu_at["dst"], cpu, cpu_at["src"], dim, 4)
+    kernel(dst, as_at["dst"], src, as_at["src"], dim, 4)
+    torch.cuda.synchronize()
+    assert torch.equal(dst.cpu(), want)
+
+
+def test_a_captured_move_reads_the_ids_it_finds_at_replay(kernel) -> None:
+    dst, src, cpu, _pinned = views(1, 8, torch.int64, False, True)
+    ids = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    stream = torch.cuda.Stream(DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        kernel(dst, 0, src, ids, 1, 4)  # warm, outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            kernel(dst, 0, src, ids, 1, 4)
+    ids.copy_(torch.tensor([5, 1, 10, 3]))
+    dst.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dst.cpu()[:, :4], cpu[:, [5, 1, 10, 3]])
