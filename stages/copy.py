@@ -2,15 +2,16 @@
 
 One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
 on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
-gather/scatter per step (`index_select`/`index_copy_`), reaching pinned host memory through its
-UVA alias on cuda, and only one kernel where the host pages are one run (read or written in
-place); where the pages are consecutive on both sides (outside CUDA graphs) and each a block
-on the host, it makes the direct backend's DMAs instead. A backup's step covers the units of a
-pool kind; where both pools keep them evenly spaced in one buffer, one call covers them all
-(one strided DMA per run where a unit's pages are contiguous on both sides). A batch the plan
-marks `gathered` first gathers into a device batch buffer on the gather stream
-(`backup_batch`). Every call here is paid by the host on every layer of every transfer, so the
-common cases make nothing per call but the call itself (see BENCHMARKS.md, issue time).
+`move_pages` per step (one launch on cuda that gathers and scatters, reaching pinned host
+memory through its UVA alias; torch's index ops on CPU), reading or writing the host pages in
+place where they are one run; where the pages are consecutive on both sides (outside CUDA
+graphs) and each a block on the host, it makes the direct backend's DMAs instead. A backup's
+step covers the units of a pool kind; where both pools keep them evenly spaced in one buffer,
+one call covers them all (one strided DMA per run where a unit's pages are contiguous on both
+sides). A batch the plan marks `gathered` first gathers into a device batch buffer on the
+gather stream (`backup_batch`). Every call here is paid by the host on every layer of every
+transfer, so the common cases make nothing per call but the call itself (see BENCHMARKS.md,
+issue time).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Copy:
 def backup_kernel(t: Transfer, step: Step) -> None:
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
-    # the host pages are one run: the gather writes them in place (one torch kernel on CPU)
+    # the host pages are one run: the gather writes them in place (one torch kernel on CPU);
+    # inline here and in load_kernel and backup_batch: a helper is a Python call per step
     host_at = host_ids if host_first is None else host_first + step.first
     move = t.res.move_pages
     for host, device, dim, units in kernel_views(t, step.units):

@@ -3,8 +3,8 @@
 A kernel step used to be torch's `index_select` then `index_copy_`: two kernels and two trips
 through torch's dispatcher, each costing the host more than a whole launch here (BENCHMARKS.md,
 issue time), per layer group of every transfer. On cuda `PageKernel` gathers and scatters in one
-launch made from integers (`cudaLaunchKernel` through ctypes), compiled once per process by
-NVRTC. On CPU `move_pages_cpu` does the same with torch's index ops.
+launch made from integers (`cudaLaunchKernel` through ctypes), compiled by NVRTC once per
+engine (its `Runtime`). On CPU `move_pages_cpu` does the same with torch's index ops.
 
 A view is [pages, rows, words] (`dim` 0) or [units, pages, rows, words] (`dim` 1, units of
 one pool kind stacked in one buffer); the pages of `dst` and `src` hold the same bytes, laid

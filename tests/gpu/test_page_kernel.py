@@ -8,10 +8,13 @@ import itertools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import pipeline
 from pipeline.engine.cudart import cuda_runtime
 from pipeline.engine.page_kernel import PageKernel, move_pages_cpu
 from pipeline.engine.pools import uva_alias
+from pipeline.spec.slots import page_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -93,3 +96,54 @@ def test_a_captured_move_reads_the_ids_it_finds_at_replay(kernel) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(dst.cpu()[:, :4], cpu[:, [5, 1, 10, 3]])
+
+
+class IndexOps(TorchDispatchMode):
+    """Counts torch's gather/scatter ops a block issues (what `move_pages` replaces)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += str(func.overloadpacket) in ("aten.index_select", "aten.index_copy_")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exact(chunk) -> None:
+    """What the bench's fragmented kernel rows claim for the new side: every gather/scatter is
+    the page kernel's launch, none torch's, and the pages come back as they left."""
+    engine = pipeline.create_engine(
+        pipeline.compose(
+            [
+                "model=tiny_mla",
+                "topology=tp1",
+                "topology.device=cuda",
+                "topology.io_backend=kernel",
+                "topology.mem_layout=layer_first",
+                f"strategy.chunk_pages={chunk}",
+                "workload.num_tokens=256",
+            ]
+        )
+    )
+    size = engine.sizing.slots_per_page
+    host, source, target = ([0, 2, 4, 6], [9, 3, 7, 1], [2, 8, 4, 6])
+    host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
+    pool = engine.device_pool
+    for unit in engine.spec.units:
+        layer = pool.layer(unit).view(torch.uint8)
+        layer.copy_(torch.randint(0, 256, layer.shape, dtype=torch.uint8))
+    forward = engine.runtime.forward_stream
+    with IndexOps() as ops:
+        forward.wait_event(engine.backup(host_t, source_t))
+        handle = engine.load(host_t, target_t)
+        engine.begin_forward(forward)
+        forward.wait_event(handle.done(forward))
+    torch.cuda.synchronize()
+    assert ops.count == 0
+    for unit in engine.spec.units:
+        layer = pool.layer(unit).view(torch.uint8)  # bytes: random bf16 holds NaNs
+        assert torch.equal(layer[target].cpu(), layer[source].cpu()), unit
+    engine.close()
