@@ -8,10 +8,11 @@ place where they are one run; where the pages are consecutive on both sides (out
 graphs) and each a block on the host, it makes the direct backend's DMAs instead. A backup's
 step covers the units of a pool kind; where both pools keep them evenly spaced in one buffer,
 one call covers them all (one strided DMA per run where a unit's pages are contiguous on both
-sides). A batch the plan marks `gathered` first gathers into a device batch buffer on the
-gather stream (`backup_batch`). Every call here is paid by the host on every layer of every
-transfer, so the common cases make nothing per call but the call itself (see BENCHMARKS.md,
-issue time).
+sides). A chunked backup's batch the plan marks `gathered` (direct copies to a
+page_first_direct host) first gathers into a device batch buffer on the gather stream
+(`backup_batch`); a kernel moves a chunk's pages of every stacked unit in one launch. Every
+call here is paid by the host on every layer of every transfer, so the common cases make
+nothing per call but the call itself (see BENCHMARKS.md, issue time).
 """
 
 from __future__ import annotations
@@ -145,24 +146,22 @@ def _stack_runs(
 
 
 def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
-    """A chunked backup batch through a batch buffer: gathered on the gather stream in the
-    layout the host takes in one call, then moved by one scatter kernel, or by one DMA per run
-    of host pages where the host keeps a page's units together (page_first_direct). What the
-    batches share (views, page-wise views) is derived once per backup (`BatchRing`'s memos)."""
+    """A chunked backup batch to a page_first_direct host, through a batch buffer: gathered
+    page-major [pages, units, ...] on the gather stream (one `move_pages`), then one DMA per
+    run of host pages, as the host keeps a page's units together. What the batches share
+    (views, page-wise views) is derived once per backup (`BatchRing`'s memos)."""
     ring, plan = t.batches, t.plan
     assert ring is not None, "the plan gathers stacked batches only"
-    direct = plan.spec.io_backend is IoBackend.direct
     key = id(step.units)  # by identity, as the pools' stacked views: hashing units costs
     if key not in ring.stacked:
-        ring.stacked[key] = _batch_views(t, step.units, direct)
+        ring.stacked[key] = _batch_views(t, step.units)
     host, device, host_pages = ring.stacked[key]
-    first = plan.device_run(step) if direct else None
+    first = plan.device_run(step)
     behind = t.device_ids is None and first is None  # the ids upload on `stream` next
     device_at = t.step_ids(step)[1] if first is None else first
-    fill = functools.partial(_gather, t.res.move_pages, device, device_at, step.count, direct)
+    fill = functools.partial(_gather, t.res.move_pages, device, device_at, step.count)
     buffer = ring.next_buffer
-    units, rest = host.shape[0], host.shape[2:]
-    shape = (step.count, units, *rest) if direct else (units, step.count, *rest)
+    shape = (step.count, host.shape[0], *host.shape[2:])
     batch = ring.gathered(fill, ring.next_batch(shape, device.dtype), stream, behind_stream=behind)
     trace = t.res.trace
     if trace.keep_ops:
@@ -170,22 +169,15 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
         trace.op("batch_gather", units=[u.ordinal for u in step.units], **at)
     else:
         trace.count("batch_gather", "", step.nbytes)
-    if direct:
-        assert host_pages is not None, "a direct batch's host has a page-wise view"
-        _batch_dmas(t, step, batch, buffer, host_pages)
-    else:
-        host_first = plan.host_first
-        host_at = t.step_ids(step)[0] if host_first is None else host_first + step.first
-        t.res.move_pages(host, host_at, batch, 0, 1, step.count)
-        _traced(t, step.first, step.count, step.units, step.page_bytes)
+    _batch_dmas(t, step, batch, buffer, host_pages)
     ring.moved_out(stream)
 
 
 def _batch_dmas(
     t: Transfer, step: Step, batch: torch.Tensor, buffer: int, host_pages: Pages
 ) -> None:
-    """A direct batch [pages, units, ...] (in `buffer` of the ring) to the host: one DMA per
-    run of host pages."""
+    """A batch [pages, units, ...] (in `buffer` of the ring) to the host: one DMA per run of
+    host pages."""
     ring, trace = t.batches, t.res.trace
     assert ring is not None, "the plan gathers stacked batches only"
     batch_key = (buffer, step.count)
@@ -202,32 +194,23 @@ def _batch_dmas(
         trace.count("copy", "d2h", step.nbytes, times=len(runs))
 
 
-def _batch_views(
-    t: Transfer, units: tuple[Unit, ...], direct: bool
-) -> tuple[torch.Tensor, torch.Tensor, Pages | None]:
-    """(host, device, the host's page-wise view where direct) of a batch's stacked units,
-    each [units, pages, ...]; a direct batch is page-major [pages, units, ...], as a
-    page_first_direct host keeps a page, so it goes there in one DMA per run."""
+def _batch_views(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor, Pages]:
+    """(host, device, the host's page-wise view) of a batch's stacked units, host and device
+    [units, pages, ...]; the batch is page-major [pages, units, ...], as a page_first_direct
+    host keeps a page, so it goes there in one DMA per run."""
     stacks = stacks_of(t, units)
     assert stacks is not None, "the plan gathers stacked batches only"
     host, device = stacks
-    if not direct:
-        return host, device, None
     by_page = host.transpose(0, 1)
     assert by_page[0].is_contiguous(), "page_first_direct keeps a page's units together"
     return host, device, pages_view(by_page.flatten(1, 2))
 
 
 def _gather(
-    move: MovePages,
-    device: torch.Tensor,
-    device_at: PageAt,
-    count: int,
-    by_page: bool,
-    batch: torch.Tensor,
+    move: MovePages, device: torch.Tensor, device_at: PageAt, count: int, batch: torch.Tensor
 ) -> torch.Tensor:
-    """Fill a batch from the device's stacked units ([units, pages, ...] views both)."""
-    move(batch.transpose(0, 1) if by_page else batch, 0, device, device_at, 1, count)
+    """Fill a page-major batch from the device's stacked units ([units, pages, ...])."""
+    move(batch.transpose(0, 1), 0, device, device_at, 1, count)
     return batch
 
 

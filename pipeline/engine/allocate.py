@@ -60,7 +60,7 @@ def allocate(
         copy_pages=runtime.copy_pages,
         move_pages=runtime.move_pages,
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
-        batch_buffers=device_bytes(batch_buffer_bytes(config, model, owners, rank), 2),
+        batch_buffers=device_bytes(batch_buffer_bytes(config, topology, model, owners, rank), 2),
         gather_stream=runtime.gather_stream,
         trace=Trace(keep_ops=keep_trace),
         timings_s={},

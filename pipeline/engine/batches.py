@@ -23,7 +23,7 @@ class BatchRing:
         self.gather = gather
         self.moved: list[Event] = []
         """Per batch, in order: its copy to the host is done."""
-        self.stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Pages | None]] = {}
+        self.stacked: dict[int, tuple[torch.Tensor, torch.Tensor, Pages]] = {}
         """By id of a step's units tuple (shared by the chunks' steps): the copy stage's
         (host, device, host page-wise) views of them, derived once per backup."""
         self.batch_pages: dict[tuple[int, int], Pages] = {}

@@ -14,6 +14,7 @@ out as rows that may be spaced apart on either side (a page_first host interleav
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable
 
 import torch
@@ -130,6 +131,14 @@ class PageKernel:
         self._check(get(ctypes.byref(kernel), library, b"move_pages"), "cudaLibraryGetKernel")
         self._kernel = kernel.value
         self._block = Dim3(THREADS, 1, 1)
+        # one argument buffer and grid, filled per launch (building them cost the host more
+        # than the rest of a call): the launch reads them with the GIL released, so a lock
+        # keeps another thread's launch from refilling them meanwhile
+        self._lock = threading.Lock()
+        self._args = (ctypes.c_uint64 * ARGS)()
+        base = ctypes.addressof(self._args)
+        self._params = (ctypes.c_void_p * ARGS)(*range(base, base + 8 * ARGS, 8))
+        self._grid = Dim3(1, 1, 1)
 
     @staticmethod
     def _check(error: int, call: str) -> None:
@@ -152,12 +161,14 @@ class PageKernel:
             _side(src, src_at, dim),
         )
         assert (rows, row_bytes) == (src_rows, src_bytes), "both sides' pages hold the same rows"
-        args = (ctypes.c_uint64 * ARGS)(*to, *source, rows, row_bytes)
-        base = ctypes.addressof(args)
-        params = (ctypes.c_void_p * ARGS)(*range(base, base + 8 * ARGS, 8))
-        grid = Dim3(count, dst.shape[0] if dim else 1, 1)  # a block per (page, unit)
         stream = self._current_stream(self.device_index)
-        self._check(self._launch(self._kernel, grid, self._block, params, 0, stream), "launch")
+        with self._lock:
+            # ctypes takes ints here; its stubs want c_uint64s
+            self._args[:] = (*to, *source, rows, row_bytes)  # type: ignore[call-overload]
+            grid = self._grid
+            grid.x, grid.y = count, dst.shape[0] if dim else 1  # a block per (page, unit)
+            error = self._launch(self._kernel, grid, self._block, self._params, 0, stream)
+        self._check(error, "launch")
 
 
 def _side(view: torch.Tensor, at: PageAt, dim: int) -> tuple[int, ...]:

@@ -105,7 +105,7 @@ def rank_row(job: Job, rank: int) -> dict[str, Any]:
         row.update(l3_row(job, rank, owners, num_pages))
     row["host_capacity_tokens"] = sizing.host_slots
     row["host_pool_bytes"] = sizing.host.pool_bytes
-    row["device_staging_bytes"] = device_staging_bytes(strategy, model, owners, rank)
+    row["device_staging_bytes"] = device_staging_bytes(strategy, topology, model, owners, rank)
     return row
 
 

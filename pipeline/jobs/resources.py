@@ -42,7 +42,7 @@ def host_bytes(job: Job, rank: int) -> int:
     total = sizing.host.pool_bytes
     if pick_device(topology.device, 0).type == "cpu":
         total += sizing.device_pages * sum(u.page_bytes for u in model.units)
-        total += device_staging_bytes(config, model, owners, rank)
+        total += device_staging_bytes(config, topology, model, owners, rank)
     return total
 
 

@@ -18,7 +18,7 @@ import torch
 from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap, Role
 from pipeline.spec.runs import Run, breaks, clip, runs_of
-from pipeline.spec.sizing import Sizing, batch_buffer_bytes
+from pipeline.spec.sizing import Sizing, batch_buffer_bytes, gathers_batches
 from pipeline.spec.slots import pages_of
 from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
 from pipeline.spec.strategy import StrategyConfig
@@ -82,7 +82,7 @@ class PlanSpec:
             staging_bytes=strategy.staging_bytes,
             chunk_pages=strategy.chunk_pages,
             load_group_bytes=strategy.load_group_bytes,
-            batch_buffer_bytes=batch_buffer_bytes(strategy, model, owners, rank),
+            batch_buffer_bytes=batch_buffer_bytes(strategy, topology, model, owners, rank),
         )
 
     @property
@@ -109,11 +109,9 @@ class PlanSpec:
             exchanged = functools.partial(_exchanged, self.owners)
             sizes = {"staging_bytes": self.staging_bytes, "group_bytes": self.load_group_bytes}
             return StepLayout.of(load_steps(self.units, exchanged, num_pages, **sizes))
-        # a batch buffer holds what the host takes in one call: a scatter kernel, or a DMA per
-        # run of pages where the host keeps a page's units together
-        one_call = self.pools_stack and (
-            self.io_backend is IoBackend.kernel or self.mem_layout is MemLayout.page_first_direct
-        )
+        # a batch buffer holds what a page_first_direct host takes in one DMA per run of
+        # pages (it keeps a page's units together); a kernel moves a batch in one launch
+        one_call = self.pools_stack and gathers_batches(self.io_backend, self.mem_layout)
         copied = tuple(u for u in self.units if self.copies(u))
         steps = backup_steps(
             copied,

@@ -15,7 +15,7 @@ from pipeline.spec.checks import LARGEST_NUMBER, Problem
 from pipeline.spec.model import ModelGeometry, by_pool_kind
 from pipeline.spec.ownership import OwnerMap, owner_map
 from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import Topology
+from pipeline.spec.topology import IoBackend, MemLayout, Topology
 
 
 @dataclass(frozen=True)
@@ -169,21 +169,29 @@ def exchange_staging_bytes(strategy: StrategyConfig, model: ModelGeometry, owner
 
 
 def batch_buffer_bytes(
-    strategy: StrategyConfig, model: ModelGeometry, owners: OwnerMap, rank: int
+    strategy: StrategyConfig, topology: Topology, model: ModelGeometry, owners: OwnerMap, rank: int
 ) -> int:
     """Bytes of one of the two buffers a chunked backup gathers its batches into: one batch
-    of the widest pool kind this rank copies, at most `staging_bytes` (0 when not chunked)."""
-    if strategy.chunk_pages <= 0:
+    of the widest pool kind this rank copies, at most `staging_bytes`. Only `direct` copies
+    to a page_first_direct host gather (its DMAs need a page's units together); a kernel
+    moves a batch from the device pages to the host in one launch. 0 when not chunked."""
+    if strategy.chunk_pages <= 0 or not gathers_batches(topology.io_backend, topology.mem_layout):
         return 0
     kinds = by_pool_kind(owners.owned(rank, model.units))
     widest = max((sum(u.page_bytes for u in units) for units in kinds), default=0)
     return min(strategy.chunk_pages * widest, strategy.staging_bytes)
 
 
+def gathers_batches(io_backend: IoBackend, mem_layout: MemLayout) -> bool:
+    """Whether a chunked backup's batches go through the batch buffers: direct copies to a
+    page_first_direct host, which takes a batch gathered page-major in one DMA per run."""
+    return io_backend is IoBackend.direct and mem_layout is MemLayout.page_first_direct
+
+
 def device_staging_bytes(
-    strategy: StrategyConfig, model: ModelGeometry, owners: OwnerMap, rank: int
+    strategy: StrategyConfig, topology: Topology, model: ModelGeometry, owners: OwnerMap, rank: int
 ) -> int:
     """Device memory a rank's engine holds besides its pool: the exchange buffer and the two
     batch buffers."""
     exchange = exchange_staging_bytes(strategy, model, owners)
-    return exchange + 2 * batch_buffer_bytes(strategy, model, owners, rank)
+    return exchange + 2 * batch_buffer_bytes(strategy, topology, model, owners, rank)

@@ -127,10 +127,10 @@ def test_bad_transfer_input_raises_and_leaves_pools_unchanged() -> None:
 
 
 def test_chunked_backups_go_through_the_two_batch_buffers_in_turn() -> None:
-    """Each batch is gathered into batch buffer 0, 1, 0, ... and then moved in one call:
-    one scatter (kernel), or one DMA per run of host pages (direct, page_first_direct)."""
+    """Direct copies to a page_first_direct host: each batch is gathered into batch buffer
+    0, 1, 0, ... and then moved in one DMA per run of host pages. The kernel backend gathers
+    nothing: one launch per batch, device pages to host (the last case)."""
     cases = {
-        ("kernel", "layer_first", "fragmented"): 1,
         ("direct", "page_first_direct", "contiguous"): 1,
         ("direct", "page_first_direct", "fragmented"): None,  # one per run of host pages
     }
@@ -143,12 +143,17 @@ def test_chunked_backups_go_through_the_two_batch_buffers_in_turn() -> None:
             "strategy.chunk_pages=3",
             *SMALL,
         )
-        for io, layout, placement in cases
+        for io, layout, placement in [*cases, ("kernel", "layer_first", "fragmented")]
     ]
     ranks = launch(rankfns.run_jobs, jobs, 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     for rank in ranks:
-        for (case, copies_per_batch), report in zip(cases.items(), rank, strict=True):
+        *gathering, kernel = rank
+        assert kernel["verified"]
+        kernel_backup = [o for o in kernel["trace"] if o.get("direction") != "h2d"]
+        assert [o["op"] for o in kernel_backup] == ["copy"] * 3  # a launch per batch
+        assert [o["pages"] for o in kernel_backup] == [3, 3, 2]
+        for (case, copies_per_batch), report in zip(cases.items(), gathering, strict=True):
             assert report["verified"], case
             backup = [o for o in report["trace"] if o.get("direction") != "h2d"]
             gathers = [o for o in backup if o["op"] == "batch_gather"]

@@ -211,16 +211,19 @@ def test_chunked_steps_move_at_most_staging_bytes() -> None:
 
 def test_the_plan_marks_the_batches_that_go_through_a_batch_buffer() -> None:
     """A chunked step of several units that fits the batch buffer, where the host takes a
-    batch in one call (kernel, or direct with page_first_direct); nothing when unchunked."""
-    assert all(s.gathered for s in plan([0, 1, 2], chunk_pages=2).steps)
-    assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=0).steps)
-    small = plan([0, 1, 2], chunk_pages=2, batch_buffer_bytes=2 * 4 * PAGE_BYTES - 1)
+    gathered batch in one DMA per run (direct with page_first_direct); nothing when
+    unchunked, nothing for the kernel backend (one launch moves a batch from the device
+    pages to the host)."""
+    direct = {"io_backend": IoBackend.direct, "layout": MemLayout.page_first_direct}
+    assert all(s.gathered for s in plan([0, 1, 2], chunk_pages=2, **direct).steps)
+    assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=0, **direct).steps)
+    small = plan([0, 1, 2], chunk_pages=2, batch_buffer_bytes=2 * 4 * PAGE_BYTES - 1, **direct)
     assert [s.gathered for s in small.steps] == [False, True]  # 2 pages do not fit, 1 does
-    direct = {"io_backend": IoBackend.direct, "chunk_pages": 2}
-    assert not any(s.gathered for s in plan([0, 1, 2], **direct).steps)  # layer_first
-    layout = MemLayout.page_first_direct
-    assert all(s.gathered for s in plan([0, 1, 2], **direct, layout=layout).steps)
-    rotating = plan([0, 1, 2], ownership=Ownership.rotating, model=DSA, chunk_pages=2)
+    for layout in MemLayout:
+        assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=2, layout=layout).steps)
+    layer_first = {"io_backend": IoBackend.direct, "chunk_pages": 2}
+    assert not any(s.gathered for s in plan([0, 1, 2], **layer_first).steps)
+    rotating = plan([0, 1, 2], ownership=Ownership.rotating, model=DSA, chunk_pages=2, **direct)
     assert not any(s.gathered for s in rotating.steps)  # one unit per kind: nothing to gather
 
 

@@ -11,7 +11,8 @@ from pipeline.jobs.plan_report import plan_report, rank_row
 @pytest.mark.parametrize(
     ("io", "layout", "gathered"),
     [
-        ("kernel", "layer_first", True),
+        ("kernel", "layer_first", False),  # one launch per batch, device pages to host
+        ("kernel", "page_first", False),
         ("direct", "page_first_direct", True),
         ("direct", "layer_first", False),  # a layer's pages are contiguous on both sides
     ],
@@ -35,20 +36,28 @@ def test_a_chunked_backup_counts_one_gather_and_one_copy_per_batch(
         batches = 3  # 8 pages in batches of 3, 3 and 2, one pool kind (tiny_mla)
         if gathered:
             assert ops["batch_gather"] == ops["copy"] == batches
-        else:  # per batch, one strided copy of every layer's run of pages
+        else:  # per batch one kernel, or one strided copy of every layer's run of pages
             assert ops["batch_gather"] == 0
             assert ops["copy"] == batches
 
 
 def test_plan_reports_the_device_memory_of_the_staging_buffers() -> None:
-    """rotating at TP2: the 128 MiB exchange buffer, plus with chunk_pages=16 two batch
-    buffers of 16 pages of the layers the rank copies (31 or 30 of deepseek_v3's 61)."""
+    """rotating at TP2: the 128 MiB exchange buffer, plus with chunk_pages=16 and direct
+    copies to a page_first_direct host two batch buffers of 16 pages of the layers the rank
+    copies (31 or 30 of deepseek_v3's 61); the kernel backend gathers no batch, so none."""
     common = ("strategy=rotating", "topology=tp2", "model=deepseek_v3")
+    direct = ("topology.io_backend=direct", "topology.mem_layout=page_first_direct")
     page = 64 * 1152  # a layer's page: 64 tokens of 576 bf16
-    for chunk, batches in ((0, (0, 0)), (16, (16 * 31 * page, 16 * 30 * page))):
-        report = plan_report(job_config(*common, f"strategy.chunk_pages={chunk}"))
+    cases = [
+        ((), 0, (0, 0)),
+        ((), 16, (0, 0)),
+        (direct, 0, (0, 0)),
+        (direct, 16, (16 * 31 * page, 16 * 30 * page)),
+    ]
+    for io, chunk, batches in cases:
+        report = plan_report(job_config(*common, *io, f"strategy.chunk_pages={chunk}"))
         got = [r["device_staging_bytes"] for r in report["ranks"]]
-        assert got == [128 * 2**20 + 2 * b for b in batches]
+        assert got == [128 * 2**20 + 2 * b for b in batches], (io, chunk)
 
 
 @pytest.mark.parametrize("strategy", ["replicated", "single_source", "rotating"])
