@@ -36,11 +36,13 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     starts = slots[::slots_per_page]
     # the range on the page starts alone, by comparisons (arithmetic on slots near 2**63
     # would wrap around): a start in range whose page then runs +1 each stays in range, since
-    # every pool holds whole pages; one pass over the slots checks that run
+    # every pool holds whole pages
     if starts.min() < 0 or starts.max() >= num_slots:
         raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
-    rows = slots.reshape(-1, slots_per_page) - starts[:, None]
-    if (starts % slots_per_page).any() or (rows != np.arange(slots_per_page)).any():
+    # each page's slots are its start +0, +1, ...: one comparison of all the slots with what
+    # they must be (a temporary per step of the check cost more than the comparison)
+    whole = (starts[:, None] + np.arange(slots_per_page)).ravel()
+    if (starts % slots_per_page).any() or not np.array_equal(slots, whole):
         raise ValueError(
             f"{name} is not page-aligned: every {slots_per_page} consecutive slots must "
             f"be one whole page (start at a multiple of {slots_per_page}, then +1 each)"
