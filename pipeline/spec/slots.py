@@ -39,8 +39,8 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     # every pool holds whole pages
     if starts.min() < 0 or starts.max() >= num_slots:
         raise ValueError(f"{name} has slots outside 0..{num_slots - 1}")
-    # each page's slots are its start +0, +1, ...: one comparison of all the slots with what
-    # they must be (a temporary per step of the check cost more than the comparison)
+    # each page's slots are its start +0, +1, ...: the slots compared with what they must be,
+    # built from the starts in range (no arithmetic on the untrusted slots themselves)
     whole = (starts[:, None] + np.arange(slots_per_page)).ravel()
     if (starts % slots_per_page).any() or not np.array_equal(slots, whole):
         raise ValueError(
