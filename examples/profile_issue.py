@@ -6,7 +6,10 @@ Run on a cuda machine from the repository root (one GPU, tp1):
 
 For each path (direct / kernel, graphed or not, chunked or not, contiguous or fragmented
 pages) it prints the median issue time of many calls, then the functions that took the most
-of it under cProfile (own time), so a change can aim at the largest share first.
+of it under cProfile (own time), so a change can aim at the largest share first. cProfile
+overstates numpy and ctypes calls on some hosts, so each path's median is also split without
+the profiler: the plan (`Engine.transfer`), each stage list's own time (the engine's
+`timings_s`) and the rest (the API around them).
 """
 
 from __future__ import annotations
@@ -92,6 +95,40 @@ def measure(fn, reps: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def phases(engine: pipeline.Engine, fn, reps: int) -> str:
+    """Median us per call of the plan, each stage list and the rest, timed without cProfile
+    (the engine's `transfer` timed through a wrapper on this instance only)."""
+    plan_s: list[float] = []
+    transfer = engine.transfer
+
+    def timed_transfer(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return transfer(*args, **kwargs)
+        finally:
+            plan_s.append(time.perf_counter() - start)
+
+    engine.transfer = timed_transfer  # type: ignore[method-assign]
+    timings = engine.resources.timings_s
+    per: dict[str, list[float]] = {"plan": [], "rest": []}
+    for _ in range(reps):
+        sync()
+        before, planned = dict(timings), len(plan_s)
+        start = time.perf_counter()
+        fn()
+        total = time.perf_counter() - start
+        spent = {k: v - before.get(k, 0.0) for k, v in timings.items()}
+        plan = sum(plan_s[planned:])
+        for name, seconds in spent.items():
+            if seconds:
+                per.setdefault(name, []).append(seconds)
+        per["plan"].append(plan)
+        per["rest"].append(total - plan - sum(spent.values()))
+    sync()
+    engine.transfer = transfer  # type: ignore[method-assign]
+    return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in per.items())
+
+
 def profiled(fn, reps: int, top: int) -> str:
     profile = cProfile.Profile()
     for _ in range(reps):
@@ -131,7 +168,7 @@ def main() -> None:
                 )
                 measure(fn, 10)  # warm: plans, graphs, views made once per shape
                 ms = measure(fn, args.reps)
-                rows.append(f"{name}: {ms:.3f} ms")
+                rows.append(f"{name}: {ms:.3f} ms ({phases(engine, fn, args.reps)} us)")
                 report.append(f"==== {name}: median {ms:.3f} ms\n{profiled(fn, 20, args.top)}")
             engine.close()
     with open(args.out, "w") as out:

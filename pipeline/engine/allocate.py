@@ -59,6 +59,7 @@ def allocate(
         collectives=runtime.collectives,
         copy_pages=runtime.copy_pages,
         move_pages=runtime.move_pages,
+        upload=runtime.upload,
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
         batch_buffers=device_bytes(batch_buffer_bytes(config, topology, model, owners, rank), 2),
         gather_stream=runtime.gather_stream,

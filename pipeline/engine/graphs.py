@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from pipeline.engine.strategy import Pipeline
-from pipeline.engine.streams import CudaEvent, CudaStream
+from pipeline.engine.streams import CudaEvent, CudaStream, follow
 from pipeline.engine.transfer import Tally, Transfer
 from pipeline.spec.plan import Direction
 
@@ -48,8 +48,9 @@ class CapturedTransfer:
     """The trace ops the capture issued, logged again at every replay."""
     tally: Tally
     """Their counts and bytes, added in one step at every replay."""
-    replayed: torch.cuda.Event
-    """Recorded after the latest replay: the graph may be released once it completes."""
+    replayed: CudaEvent
+    """Recorded after the latest replay: the graph may be released once it completes (cudart's
+    own event: torch's costs the issue path more)."""
 
 
 class TransferGraphs:
@@ -80,7 +81,7 @@ class TransferGraphs:
         assert t.plan.graphed, "a graphed transfer is planned as one (no in-place exchange)"
         key = (pipeline, t.plan.direction, t.plan.num_pages)
         if exchange is not stream:
-            stream.stream.wait_stream(exchange.stream)
+            follow(stream, exchange)
         self._release_retired()
         captured = self._captured.get(key)
         refill = captured is not None
@@ -95,11 +96,11 @@ class TransferGraphs:
 
         def replay() -> None:
             if refill:  # this transfer's page ids into the graph's static buffer, one copy
-                captured.page_ids.copy_(t.page_id_rows(), non_blocking=True)
+                t.res.upload(t.page_id_rows(), captured.page_ids)
             captured.graph.replay()
 
         stream.submit(replay)  # the stream switch of the issue path (see `CudaStream.submit`)
-        captured.replayed.record(stream.stream)
+        stream.record(captured.replayed)
         t.layer_events.update(captured.layer_events)
 
     def _capture(
@@ -107,7 +108,7 @@ class TransferGraphs:
     ) -> CapturedTransfer:
         """Capture `body` with static page ids and external layer events (runs nothing)."""
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
-            ids = t.page_id_rows().to(t.res.device, non_blocking=True)
+            ids = t.res.upload(t.page_id_rows(), None)
         t.host_ids, t.device_ids = ids[0], ids[1]
         layout = t.plan.layout
         layer_events = layout.layer_events(lambda: stream.new_event(external=True))
@@ -130,7 +131,7 @@ class TransferGraphs:
             layer_events,
             ops,
             Tally.of(ops),
-            torch.cuda.Event(),
+            stream.new_event(),
         )
 
     def _release_retired(self) -> None:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from pipeline.engine.cudart import bound
@@ -93,6 +94,40 @@ CUDA_MEMCPY_DEFAULT = 4
 def copy_pages_cpu(dst: Pages, dst_page: int, src: Pages, src_page: int, count: int) -> None:
     assert dst.view is not None and src.view is not None, "CPU views carry their tensor"
     dst.view[dst_page : dst_page + count].copy_(src.view[src_page : src_page + count])
+
+
+Upload = Callable[[np.ndarray, torch.Tensor | None], torch.Tensor]
+"""upload(src, dst): a transfer's page ids (a host int64 array) into `dst`, a contiguous
+int64 tensor of src's size on the device (a new one where None), on the current stream;
+`src` may be freed once it returns. Returns `dst`."""
+
+
+def upload_cpu(src: np.ndarray, dst: torch.Tensor | None) -> torch.Tensor:
+    """On CPU the array's own memory serves (no copy), or is copied into `dst`."""
+    return torch.from_numpy(src) if dst is None else dst.copy_(torch.from_numpy(src))
+
+
+def cuda_uploader(cudart: ctypes.CDLL, device: torch.device) -> Upload:
+    """One cudaMemcpyAsync from pageable memory, which the runtime stages before it returns
+    (so `src` may go at once). torch's copy from a CPU tensor costs the issue path much more
+    once a transfer has flushed the host's caches (BENCHMARKS.md, issue time)."""
+    current_stream = torch._C._cuda_getCurrentRawStream
+    ptr, size, kind = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    memcpy = bound(cudart.cudaMemcpyAsync, ptr, ptr, size, kind, ptr)
+
+    def upload(src: np.ndarray, dst: torch.Tensor | None) -> torch.Tensor:
+        if dst is None:
+            dst = torch.empty(src.shape, dtype=torch.int64, device=device)
+        assert src.dtype == np.int64 and dst.dtype == torch.int64, "page ids are int64"
+        assert dst.is_contiguous() and src.flags.c_contiguous, "one block on both sides"
+        assert dst.numel() == src.size, "as many ids on both sides"
+        stream = current_stream(device.index)
+        error = memcpy(dst.data_ptr(), src.ctypes.data, src.nbytes, CUDA_MEMCPY_DEFAULT, stream)
+        if error:
+            raise RuntimeError(f"cudaMemcpyAsync (page ids) failed with CUDA error {error}")
+        return dst
+
+    return upload
 
 
 def cuda_copier(cudart: ctypes.CDLL, device_index: int) -> CopyPages:

@@ -15,7 +15,14 @@ import torch
 import torch.distributed as dist
 
 from pipeline.engine.cudart import Cudart, cuda_runtime
-from pipeline.engine.memcpy import CopyPages, copy_pages_cpu, cuda_copier
+from pipeline.engine.memcpy import (
+    CopyPages,
+    Upload,
+    copy_pages_cpu,
+    cuda_copier,
+    cuda_uploader,
+    upload_cpu,
+)
 from pipeline.engine.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.spec.model import ModelGeometry
@@ -90,6 +97,8 @@ class Runtime:
     """One copy call per run of pages (a strided DMA on cuda)."""
     move_pages: MovePages
     """Gathers and scatters pages by their ids (one kernel on cuda: `page_kernel`)."""
+    upload: Upload
+    """Puts a transfer's page ids on the device (one raw async copy on cuda)."""
     groups: tuple[dist.ProcessGroup, ...] = ()
     """Every group `start` made, destroyed by `close` (each holds sockets and threads)."""
 
@@ -127,6 +136,7 @@ class Runtime:
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
         move = move_pages_cpu if cudart is None else PageKernel(cudart, device)
+        upload = upload_cpu if cudart is None else cuda_uploader(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
         return cls(
             *(rank, world_size, device, replica, transfer, cpu_group, l3_group),
@@ -134,6 +144,7 @@ class Runtime:
             timeout_s=timeout_s,
             copy_pages=copy,
             move_pages=move,
+            upload=upload,
             groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),
         )
 

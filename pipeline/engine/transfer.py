@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pipeline.engine.batches import BatchRing
-from pipeline.engine.memcpy import CopyPages
+from pipeline.engine.memcpy import CopyPages, Upload
 from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
@@ -151,6 +151,8 @@ class Resources:
     """Copies one run of pages between two page-wise views (see `pipeline.engine.memcpy`)."""
     move_pages: MovePages
     """Gathers and scatters pages by their ids (see `pipeline.engine.page_kernel`)."""
+    upload: Upload
+    """Puts page ids on the device (see `pipeline.engine.memcpy`)."""
     staging: torch.Tensor
     """Flat byte buffer a load's exchanges gather into and broadcast from."""
     batch_buffers: torch.Tensor
@@ -222,15 +224,15 @@ class Transfer:
         """(host page ids, device page ids) on the pool's device, moved there on first use by
         one non-blocking copy on the current stream (the plan's ids are already local)."""
         if self.host_ids is None or self.device_ids is None:
-            on_device = self.page_id_rows().to(self.res.device, non_blocking=True)
+            on_device = self.res.upload(self.page_id_rows(), None)
             self.host_ids, self.device_ids = on_device[0], on_device[1]
         return self.host_ids, self.device_ids
 
-    def page_id_rows(self) -> torch.Tensor:
-        """The plan's [host pages, device pages] as one CPU tensor, for one upload (stacked by
+    def page_id_rows(self) -> np.ndarray:
+        """The plan's [host pages, device pages] in one array, for one upload (stacked by
         numpy: torch.stack costs the issue path more)."""
         plan = self.plan
-        return torch.from_numpy(np.stack([plan.host_pages.numpy(), plan.device_pages.numpy()]))
+        return np.stack([plan.host_pages.numpy(), plan.device_pages.numpy()])
 
     def step_ids(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """The page ids of a step's slice (sliced once per slice: one serves every unit)."""

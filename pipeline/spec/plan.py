@@ -19,7 +19,7 @@ from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap, Role
 from pipeline.spec.runs import Run, breaks, clip, runs_of
 from pipeline.spec.sizing import Sizing, batch_buffer_bytes, gathers_batches
-from pipeline.spec.slots import pages_of
+from pipeline.spec.slots import transfer_pages
 from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, MemLayout, Topology
@@ -267,15 +267,9 @@ def build_plan(
     """Validate logical indices and lay out the steps; raises ValueError on bad input.
 
     An engine passes `known_steps` to lay steps out once per page count."""
-    host_pages = pages_of("host_indices", host_indices, spec.slots_per_page, spec.host_slots)
-    device_pages = pages_of(
-        "device_indices", device_indices, spec.slots_per_page, spec.device_slots
+    host_pages, device_pages = transfer_pages(
+        host_indices, device_indices, spec.slots_per_page, spec.host_slots, spec.device_slots
     )
-    if len(host_indices) != len(device_indices):
-        raise ValueError(
-            f"host_indices has {len(host_indices)} slots and device_indices "
-            f"{len(device_indices)}: pass one device slot per host slot"
-        )
     num_pages = len(host_pages)
     layout = (
         spec.lay_out(direction, num_pages)

@@ -54,6 +54,55 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     return torch.from_numpy(pages)
 
 
+def transfer_pages(
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    slots_per_page: int,
+    host_slots: int,
+    device_slots: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides' page ids (`pages_of` each), checked together: the issue path pays each
+    numpy call at several times its hot cost after a transfer has flushed the host's caches
+    (BENCHMARKS.md, issue time), and this makes about half the calls of two `pages_of`.
+    Anything it does not accept goes to `pages_of` per side, whose errors name the side."""
+    n = _whole_pages(host_indices, slots_per_page)
+    if n and n == _whole_pages(device_indices, slots_per_page):
+        hosts = host_indices.numpy().reshape(n, slots_per_page)
+        devices = device_indices.numpy().reshape(n, slots_per_page)
+        pages = np.concatenate((hosts[:, 0], devices[:, 0])) // slots_per_page
+        # sorted as unsigned: a negative page sorts last, above every pool's size
+        ordered = np.sort(pages.view(np.uint64).reshape(2, n), axis=1)
+        host_top, device_top = ordered[:, -1].tolist()
+        ramp = np.arange(slots_per_page)
+        # a page's slots are exactly its first slot +0, +1, ...: alignment and order at once
+        if (
+            host_top < host_slots // slots_per_page
+            and device_top < device_slots // slots_per_page
+            and not (ordered[:, 1:] == ordered[:, :-1]).any()
+            and not (hosts != pages[:n, None] * slots_per_page + ramp).any()
+            and not (devices != pages[n:, None] * slots_per_page + ramp).any()
+        ):
+            return torch.from_numpy(pages[:n]), torch.from_numpy(pages[n:])
+    host = pages_of("host_indices", host_indices, slots_per_page, host_slots)
+    device = pages_of("device_indices", device_indices, slots_per_page, device_slots)
+    if len(host_indices) != len(device_indices):
+        raise ValueError(
+            f"host_indices has {len(host_indices)} slots and device_indices "
+            f"{len(device_indices)}: pass one device slot per host slot"
+        )
+    return host, device
+
+
+def _whole_pages(indices: torch.Tensor, slots_per_page: int) -> int:
+    """Pages of a CPU int64 vector of whole pages of slots; 0 for anything else."""
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        return 0
+    if indices.device.type != "cpu" or indices.dtype != torch.int64:
+        return 0
+    n = len(indices)
+    return 0 if n % slots_per_page else n // slots_per_page
+
+
 def page_tokens(pages: list[int], slots_per_page: int) -> torch.Tensor:
     """Token slots of whole pages, in page order (int64, CPU)."""
     p = torch.tensor(pages, dtype=torch.int64).unsqueeze(1)
@@ -113,6 +162,8 @@ class PageAllocator:
     def require_data(self, name: str, pages: np.ndarray) -> None:
         """ValueError naming `name` when some of `pages` hold no data (a load would read
         garbage)."""
+        if self._holds_data[pages].all():  # the issue path's case, in two numpy calls
+            return
         if empty := self.without_data(pages):
             raise ValueError(
                 f"{name} name pages that hold no data: {empty[:8]} (never backed up, or freed "

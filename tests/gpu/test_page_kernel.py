@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
 from pipeline.engine.cudart import cuda_runtime
+from pipeline.engine.memcpy import cuda_uploader
 from pipeline.engine.page_kernel import PageKernel, move_pages_cpu
 from pipeline.engine.pools import uva_alias
 from pipeline.spec.slots import page_tokens
@@ -147,3 +149,24 @@ def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exa
         layer = pool.layer(unit).view(torch.uint8)  # bytes: random bf16 holds NaNs
         assert torch.equal(layer[target].cpu(), layer[source].cpu()), unit
     engine.close()
+
+
+def test_page_ids_upload_from_memory_the_caller_may_reuse_at_once() -> None:
+    """`cuda_uploader`: the ids land bit-exact in a new tensor or a given one, and the source
+    array may be overwritten as soon as the call returns (the runtime staged it), even with
+    the stream still busy."""
+    cudart = cuda_runtime(DEVICE)
+    assert cudart is not None
+    upload = cuda_uploader(cudart, DEVICE)
+    stream = torch.cuda.Stream(DEVICE)
+    busy = torch.empty(1 << 28, dtype=torch.uint8, device=DEVICE)
+    rows = np.stack([np.arange(300, dtype=np.int64), np.arange(300, dtype=np.int64)[::-1] * 7])
+    want = torch.from_numpy(rows.copy())
+    given = torch.zeros(rows.shape, dtype=torch.int64, device=DEVICE)
+    with torch.cuda.stream(stream):
+        busy.random_()  # the copies queue behind it
+        made = upload(rows, None)
+        assert upload(rows, given) is given
+        rows[:] = -1  # reused at once
+    stream.synchronize()
+    assert torch.equal(made.cpu(), want) and torch.equal(given.cpu(), want)

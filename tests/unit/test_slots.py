@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
-from pipeline.spec.slots import page_tokens, pages_of
+from pipeline.spec import slots
+from pipeline.spec.slots import page_tokens, pages_of, transfer_pages
 
 
 def rows(slots: torch.Tensor, dcp: int, rank: int) -> torch.Tensor:
@@ -39,3 +42,75 @@ def test_explicit_rows_for_dcp_2() -> None:
     assert rows(slots, 2, 0).tolist() == [4, 5, 6, 7]
     assert rows(slots, 2, 1).tolist() == [4, 5, 6, 7]
     assert slots[0::2].tolist() == [8, 10, 12, 14]
+
+
+def _mutations(slots: torch.Tensor, per_page: int) -> list[torch.Tensor]:
+    """`slots` and ways a caller gets it wrong: one slot off, two swapped (inside a page and
+    across pages), a page twice, out of range (negative, past the pool, near 2**63), shifted
+    off alignment, cut short, widened, another dtype, 2-D."""
+    n = len(slots)
+    out = [slots.clone() for _ in range(6)]
+    out[0][n // 2] += 1
+    out[1][[0, 1]] = out[1][[1, 0]]
+    out[2][[0, n - 1]] = out[2][[n - 1, 0]]
+    out[3][-per_page:] = slots[:per_page]
+    out[4][:per_page] -= 10**6 * per_page
+    out[5][-per_page:] += 2**62
+    return [
+        slots,
+        *out,
+        slots + 1,
+        slots[:-1],
+        torch.cat([slots, slots[:per_page] + 10**4 * per_page]),
+        slots.to(torch.int32),
+        slots.reshape(1, -1),
+        slots[:0],
+    ]
+
+
+def _outcome(check, *args):
+    try:
+        return [p.tolist() for p in check(*args)]
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("per_page", [1, 4, 8])
+@pytest.mark.parametrize("seed", range(3))
+def test_transfer_pages_takes_and_refuses_what_pages_of_does_on_each_side(per_page, seed) -> None:
+    """The issue path checks both sides at once (`transfer_pages`); every pair of a grid of
+    well-formed and malformed slots gets the pages, or the error, that two `pages_of` and
+    the length check give, in that order."""
+    rng = random.Random(seed)
+    host = page_tokens(rng.sample(range(64), 6), per_page)
+    device = page_tokens(rng.sample(range(96), 6), per_page)
+    host_slots, device_slots = 64 * per_page, 96 * per_page
+
+    def per_side(h, d):
+        pages = (
+            pages_of("host_indices", h, per_page, host_slots),
+            pages_of("device_indices", d, per_page, device_slots),
+        )
+        if len(h) != len(d):
+            raise ValueError(
+                f"host_indices has {len(h)} slots and device_indices "
+                f"{len(d)}: pass one device slot per host slot"
+            )
+        return pages
+
+    for h in _mutations(host, per_page):
+        for d in _mutations(device, per_page):
+            args = (h, d, per_page, host_slots, device_slots)
+            assert _outcome(transfer_pages, *args) == _outcome(per_side, h, d)
+
+
+def test_well_formed_slots_are_checked_without_the_per_side_path(monkeypatch) -> None:
+    """What the issue-time saving rests on: well-formed slots never reach `pages_of`."""
+
+    def refuse(*args):
+        raise AssertionError("pages_of called for well-formed slots")
+
+    monkeypatch.setattr(slots, "pages_of", refuse)
+    host, device = page_tokens([3, 0, 7], 8), page_tokens([1, 9, 2], 8)
+    pages = transfer_pages(host, device, 8, 8 * 8, 16 * 8)
+    assert [p.tolist() for p in pages] == [[3, 0, 7], [1, 9, 2]]

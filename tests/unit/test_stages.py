@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.engine.batches import BatchRing
-from pipeline.engine.memcpy import copy_pages_cpu
+from pipeline.engine.memcpy import copy_pages_cpu, upload_cpu
 from pipeline.engine.page_kernel import move_pages_cpu
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import InlineStream
@@ -114,6 +114,7 @@ def transfer(
         collectives=collectives or FakeCollectives(rank),
         copy_pages=copy_pages_cpu,
         move_pages=move_pages_cpu,
+        upload=upload_cpu,
         staging=torch.empty(staging_bytes, dtype=torch.uint8),
         batch_buffers=torch.empty((2, spec.batch_buffer_bytes), dtype=torch.uint8),
         gather_stream=stream,
