@@ -98,6 +98,9 @@ THREADS = 256
 ARGS = 14
 """The kernel's parameters, each 8 bytes (pointers and long longs)."""
 
+LAYOUTS_KEPT = 4096
+"""Views whose parameters `PageKernel` remembers before it starts over."""
+
 
 class Dim3(ctypes.Structure):
     """CUDA's dim3, passed by value to cudaLaunchKernel."""
@@ -139,6 +142,20 @@ class PageKernel:
         base = ctypes.addressof(self._args)
         self._params = (ctypes.c_void_p * ARGS)(*range(base, base + 8 * ARGS, 8))
         self._grid = Dim3(1, 1, 1)
+        self._layouts: dict[tuple[int, int], tuple[torch.Tensor, tuple[int, ...]]] = {}
+        """By (id of a view, page dimension): the view (kept alive, so its id is not reused)
+        and its parameters but the page ids (`_side`): the pools' and batches' views recur
+        on every step, and reading a tensor's strides costs the issue path per launch."""
+
+    def _layout(self, view: torch.Tensor, dim: int) -> tuple[int, ...]:
+        """`_side(view, dim)`, made once per view."""
+        key = (id(view), dim)
+        seen = self._layouts.get(key)
+        if seen is None or seen[0] is not view:
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                self._layouts.clear()
+            seen = self._layouts[key] = (view, _side(view, dim))
+        return seen[1]
 
     @staticmethod
     def _check(error: int, call: str) -> None:
@@ -156,11 +173,10 @@ class PageKernel:
     ) -> None:
         if count == 0:
             return
-        (rows, row_bytes, *to), (src_rows, src_bytes, *source) = (
-            _side(dst, dst_at, dim),
-            _side(src, src_at, dim),
-        )
+        rows, row_bytes, *to = self._layout(dst, dim)
+        src_rows, src_bytes, *source = self._layout(src, dim)
         assert (rows, row_bytes) == (src_rows, src_bytes), "both sides' pages hold the same rows"
+        to[1:3], source[1:3] = _at(dst_at), _at(src_at)  # fresh lists: the starred names
         stream = self._current_stream(self.device_index)
         with self._lock:
             # ctypes takes ints here; its stubs want c_uint64s
@@ -171,19 +187,22 @@ class PageKernel:
         self._check(error, "launch")
 
 
-def _side(view: torch.Tensor, at: PageAt, dim: int) -> tuple[int, ...]:
+def _side(view: torch.Tensor, dim: int) -> tuple[int, ...]:
     """(rows of a page, bytes of a row, then the kernel's six parameters of this side:
-    address, ids address or 0, first page, unit pitch, page pitch, row pitch; pitches in
-    bytes)."""
+    address, ids address (0 here), first page (0 here), unit pitch, page pitch, row pitch;
+    pitches in bytes)."""
     item = view.element_size()
     strides = view.stride()
     (rows, words), (row_stride, word_stride) = view.shape[dim + 1 :], strides[dim + 1 :]
     assert word_stride == 1, "a page is [rows, words] of contiguous rows"
-    if isinstance(at, int):
-        ids, first = 0, at
-    else:
-        assert at.dtype == torch.int64 and at.is_cuda, "page ids are int64 on the device"
-        ids, first = at.data_ptr(), 0
     unit = strides[0] * item if dim else 0
     address = view.data_ptr()
-    return rows, words * item, address, ids, first, unit, strides[dim] * item, row_stride * item
+    return rows, words * item, address, 0, 0, unit, strides[dim] * item, row_stride * item
+
+
+def _at(at: PageAt) -> tuple[int, int]:
+    """(ids address, first page) of one side: its page ids, or its first page."""
+    if isinstance(at, int):
+        return 0, at
+    assert at.dtype == torch.int64 and at.is_cuda, "page ids are int64 on the device"
+    return at.data_ptr(), 0

@@ -34,16 +34,28 @@ def start(work: bytes, rank: int, parent: int, beats: Any, results: Any) -> None
 
 
 def die_with(parent: int) -> None:
-    """The kernel kills this process when its parent dies (Linux); elsewhere `beat` notices."""
+    """The kernel kills this process when the process that forked it dies (Linux): the
+    forkserver, which ends as soon as `parent` (the process that asked for the ranks) does;
+    `beat` watches `parent` itself too."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the signal was armed
+    if not alive(parent):  # the parent died before the signal was armed
         os._exit(1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def beat(beats: Any, rank: int, parent: int) -> None:
     while True:
         beats[rank] = time.monotonic()
-        if os.getppid() != parent:
+        if not alive(parent):
             os._exit(1)
         time.sleep(HEARTBEAT_S)

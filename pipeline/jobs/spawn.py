@@ -135,7 +135,10 @@ def spawn(
     fn: RankFn, payload: Any, world_size: int, backend: str, timeout_s: float, job_s: float
 ) -> list[Any]:
     """`fn` on `world_size` local ranks; every result in rank order, or RankFailure."""
-    ctx = mp.get_context("spawn")
+    # forked by the forkserver, which imports torch and the rank's code once per process: a
+    # spawned rank imported them itself, seconds of CPU per rank on a busy machine
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     results, beats = ctx.Queue(), ctx.Array("d", world_size, lock=False)
     # the ranks meet through a file, not a port another job could take between pick and bind
     folder, parent = made_folder("hicache-ranks-"), os.getpid()

@@ -170,3 +170,20 @@ def test_page_ids_upload_from_memory_the_caller_may_reuse_at_once() -> None:
         rows[:] = -1  # reused at once
     stream.synchronize()
     assert torch.equal(made.cpu(), want) and torch.equal(given.cpu(), want)
+
+
+def test_a_view_moved_again_takes_the_new_calls_pages(kernel) -> None:
+    """The kernel remembers each view's layout (its strides, read once), never its pages:
+    the same two views moved again by other ids, or from other first pages, land where
+    the new call says."""
+    dst, src, cpu, _pinned = views(1, 8, torch.int64, False, True)
+    want = torch.zeros(dst.shape, dtype=torch.int64)
+    calls = (([9, 0, 4, 7], 2), ([1, 2, 3, 5], [11, 6, 5, 0]), ([8, 10, 11, 6], 7))
+    for dst_pages, src_at in calls:
+        dst_ids = torch.tensor(dst_pages, device=DEVICE)
+        at = src_at if isinstance(src_at, int) else torch.tensor(src_at, device=DEVICE)
+        cpu_at = src_at if isinstance(src_at, int) else torch.tensor(src_at)
+        move_pages_cpu(want, torch.tensor(dst_pages), cpu, cpu_at, 1, 4)
+        kernel(dst, dst_ids, src, at, 1, 4)
+        torch.cuda.synchronize()
+        assert torch.equal(dst.cpu(), want), (dst_pages, src_at)

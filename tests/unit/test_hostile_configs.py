@@ -190,9 +190,33 @@ FILE_ATTACKS = {
 }
 
 
-@pytest.mark.parametrize("command", COMMANDS_TRIED)
-@pytest.mark.parametrize("attack", list(FILE_ATTACKS))
+FILE_CASES = [
+    (attack, command)
+    for i, attack in enumerate(FILE_ATTACKS)
+    for command in ("run", COMMANDS_TRIED[i % 3])
+]
+"""Each attack under `run` (the door to the ranks) and under one of validate, explain and
+plan in turn (every command reads a config folder through the same reader); the rest of the
+grid runs with -m slow (validate checks every shipped option too: seconds a case)."""
+
+
+@pytest.mark.parametrize(("attack", "command"), FILE_CASES)
 def test_config_files_are_read_as_plain_checked_data(attack, command, world, capsys, caplog):
+    check_file_attack(attack, command, world, capsys, caplog)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("attack", "command"),
+    [(a, c) for a in FILE_ATTACKS for c in COMMANDS_TRIED if (a, c) not in FILE_CASES],
+)
+def test_config_files_are_read_as_plain_checked_data_by_every_command(
+    attack, command, world, capsys, caplog
+):
+    check_file_attack(attack, command, world, capsys, caplog)
+
+
+def check_file_attack(attack, command, world, capsys, caplog) -> None:
     name, text, expected = FILE_ATTACKS[attack]
     fields = {"payload": payload(world), **{k: str(v) for k, v in world.items()}}
     args = write(world, name, text.format(**fields))
