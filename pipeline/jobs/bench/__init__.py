@@ -149,11 +149,12 @@ def _row(direction: str, per_rank: list[dict], unique: int, floor_s: float) -> d
 def run_bench(session: Session) -> dict[str, Any]:
     """Every case on every rank; the summary, also written to `bench.out_dir`."""
     base = session.job()
+    # the outputs first: checking them is instant, composing every case takes seconds
+    outputs = ["bench.json", "bench.md", "bench.png"]
+    check_outputs("bench.out_dir", Path(base.bench.out_dir), outputs)
     device = pick_device(base.topology.device, 0)
     runnable, skipped = cases(session, base.bench, device.type == "cuda")
     check_fit(runnable)
-    outputs = ["bench.json", "bench.md", "bench.png"]
-    check_outputs("bench.out_dir", Path(base.bench.out_dir), outputs)
     ranks = launch_cases(bench_rank, base, runnable)
     if ranks is None:
         return {}

@@ -91,9 +91,10 @@ def store_caches(bench: BenchConfig) -> list[tuple[StorageKind, PageCache, bool]
 def run_l3_bench(session: Session) -> dict[str, Any]:
     """Every case on every rank, the stores made for the run; the summary, also written to
     `bench.out_dir`."""
-    base, cases = session.job(), l3_cases(session)
-    check_fit(cases)
+    base = session.job()
     check_outputs("bench.out_dir", Path(base.bench.out_dir), ["bench_l3.json", "bench_l3.md"])
+    cases = l3_cases(session)  # composed after the instant checks: it takes seconds
+    check_fit(cases)
     with contextlib.ExitStack() as stack:
         made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in kinds(cases)}
         cases, notes = with_direct_io(cases, made)

@@ -67,10 +67,10 @@ def run_ttft_bench(session: Session) -> dict[str, Any]:
     `bench.out_dir` ({} on a torchrun rank other than 0)."""
     base = session.job()
     published_config(base.model)  # refuse a model of unknown compute before anything runs
-    cases, skipped = ttft_cases(session)
-    check_fit(cases)
     out = Path(base.bench.out_dir)
     check_outputs("bench.out_dir", out, OUTPUTS)
+    cases, skipped = ttft_cases(session)  # composed after the instant checks: seconds
+    check_fit(cases)
     with contextlib.ExitStack() as stack:
         l3 = [(kind, job) for kind, job in kinds(cases) if kind != StorageKind.none.value]
         made = {kind: stack.enter_context(concrete(job.storage)) for kind, job in l3}
