@@ -1,11 +1,11 @@
-"""The first code a spawned rank runs: die with the parent and beat, before anything heavy.
+"""The first code a rank runs: die with the parent and beat, before anything else.
 
-A rank's work (`pipeline.jobs.spawn.rank_entry`, torch, the payload) takes seconds to import
-on a busy machine. It travels pickled, as bytes, and is unpickled only after the parent-death
-signal is armed and the heartbeat runs: a parent killed during those seconds takes its
-ranks with it at once, and a rank stopped during them is seen as stalled (its heartbeat stops)
-instead of leaving its peers to time out in the rendezvous. This module imports nothing of
-the project's and nothing heavy.
+Ranks are forked by the launching process's forkserver, which has imported torch and the
+rank's code (`pipeline.jobs.spawn`) already. The rank's work still travels pickled, as bytes,
+and is unpickled only after the parent-death signal is armed and the heartbeat runs: a parent
+killed meanwhile takes its ranks with it at once, and a rank stopped meanwhile is seen as
+stalled (its heartbeat stops) instead of leaving its peers to time out in the rendezvous.
+This module imports nothing of the project's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Local ranks, one process each, watched until every one has reported or one has failed.
 
-Every rank dies with the parent (a parent-death signal, and a heartbeat thread that also
-watches the parent), beats a heartbeat into shared memory, and reports its result or its
-traceback on a queue. The parent notices a rank that exits without a report (its exit code or
-signal) and one whose heartbeat stops (a stopped or hung process), gives the others a short
-grace to report, then stops them all (SIGTERM, then SIGKILL), and names the rank that failed
-first and how. A rank that died or stalled is blamed before peers that only reported the
-broken collective it left behind.
+Ranks are forked by a forkserver (one per launching process, which imports torch and this
+module once). Every rank dies with the parent (a parent-death signal on the forkserver, which
+ends with the parent, and a heartbeat thread that watches the parent), beats a heartbeat into
+shared memory, and reports its result or its traceback on a queue. The parent notices a rank
+that exits without a report (its exit code or signal) and one whose heartbeat stops (a
+stopped or hung process), gives the others a short grace to report, then stops them all
+(SIGTERM, then SIGKILL), and names the rank that failed first and how. A rank that died or
+stalled is blamed before peers that only reported the broken collective it left behind.
 """
 
 from __future__ import annotations
