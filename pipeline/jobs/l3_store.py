@@ -8,6 +8,7 @@ an unreachable one is a clear error naming `storage.master`, not a hang in every
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -19,9 +20,11 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from pipeline.engine.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
@@ -35,6 +38,8 @@ DIRECT_BLOCK = 4096
 """Bytes of the O_DIRECT probe: one page, aligned as such reads must be."""
 MASTER_START_S = 20.0
 MASTER_ATTEMPTS = 3
+MASTER_LINES_KEPT = 20
+"""Lines of the master's stderr kept for an error that says why it did not start."""
 """How long a master gets to listen."""
 
 log = logging.getLogger("hicache-pipeline")
@@ -162,14 +167,11 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
     (Mooncake's P2PHANDSHAKE). Ports are picked free, then bound by the master: if another
     process took one in between, the master exits and a new one starts on other ports."""
     for attempt in range(MASTER_ATTEMPTS):
-        process, rpc = _start_master()
+        process, rpc, said = _start_master()
         if process.poll() is None:
             break
         if attempt == MASTER_ATTEMPTS - 1:
-            raise RuntimeError(
-                f"the Mooncake master did not start (exit code {process.poll()}): "
-                "is libibverbs1 installed?"
-            )
+            raise RuntimeError(_why_not_started(process, said))
     try:
         log.info("mooncake_master (pid %d) on 127.0.0.1:%d for this job", process.pid, rpc)
         yield f"127.0.0.1:{rpc}", P2P_METADATA
@@ -182,8 +184,9 @@ def master_on_loopback() -> Iterator[tuple[str, str]]:
             process.wait()
 
 
-def _start_master() -> tuple[subprocess.Popen, int]:
-    """A master on fresh ports, once it answers (or once it has exited)."""
+def _start_master() -> tuple[subprocess.Popen, int, StderrTail]:
+    """A master on fresh ports, once it answers (or once it has exited), and the tail of what
+    it says on stderr."""
     rpc, metrics = free_port(), free_port()
     process = subprocess.Popen(
         [
@@ -194,16 +197,47 @@ def _start_master() -> tuple[subprocess.Popen, int]:
             "--metrics_host=127.0.0.1",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         preexec_fn=functools.partial(die_with, os.getpid()),  # in the master, before exec
     )
+    said = StderrTail(process)
     deadline = time.monotonic() + MASTER_START_S
     while not answers(f"127.0.0.1:{rpc}", 0.2):
         if process.poll() is not None:
-            return process, rpc
+            break
         if time.monotonic() > deadline:
             process.kill()
             process.wait()
-            return process, rpc
+            break
         time.sleep(0.1)
-    return process, rpc
+    return process, rpc, said
+
+
+class StderrTail:
+    """The last lines a process wrote to its stderr pipe, drained by a thread for as long as
+    it runs (a full pipe would block it)."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        assert process.stderr is not None, "started with stderr=PIPE"
+        self.lines: collections.deque[str] = collections.deque(maxlen=MASTER_LINES_KEPT)
+        self._reader = threading.Thread(
+            target=self._drain, args=(process.stderr,), name="mooncake-master-stderr", daemon=True
+        )
+        self._reader.start()
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        with stream:
+            for line in stream:
+                self.lines.append(line.decode(errors="replace").rstrip())
+
+    def text(self) -> str:
+        """What it said last (once it has exited: everything up to its exit)."""
+        self._reader.join(1.0)
+        return " | ".join(line for line in self.lines if line) or "nothing"
+
+
+def _why_not_started(process: subprocess.Popen, said: StderrTail) -> str:
+    code = process.poll()
+    # 127: the loader could not start it, as when a library it links is missing
+    hint = " (a library it needs is missing: is libibverbs1 installed?)" if code == 127 else ""
+    return f"the Mooncake master did not start (exit code {code}{hint}); it said: {said.text()}"

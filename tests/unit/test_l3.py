@@ -21,6 +21,7 @@ from pipeline.engine.l3_pages import PageMap, Placement
 from pipeline.engine.pools import HostPool
 from pipeline.engine.stores import FileStore, MooncakeStore, PartRead, open_store
 from pipeline.engine.stores.beneath import Beneath
+from pipeline.jobs import l3_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
 from pipeline.spec.checks import ConfigError
@@ -588,3 +589,21 @@ def test_a_page_is_read_as_one_span_only_where_its_units_lie_end_to_end(
         start = np.frombuffer(span, np.uint8).ctypes.data
         assert start == np.frombuffer(views[0], np.uint8).ctypes.data
         assert span.nbytes == sum(v.nbytes for v in views) == obj.page_bytes
+
+
+@pytest.mark.parametrize(("code", "hint"), [(3, False), (127, True)])
+def test_a_master_that_exits_at_once_is_named_with_what_it_said(
+    code: int, hint: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error says the master's exit code and the last lines of its stderr; the libibverbs1
+    hint only where the loader could not start it (127)."""
+    fake = tmp_path / "mooncake_master"
+    said = "echo 'starting' >&2\necho 'bind failed: port taken' >&2"
+    fake.write_text(f"#!/bin/sh\n{said}\nexit {code}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(l3_store, "master_binary", lambda: str(fake))
+    with pytest.raises(RuntimeError) as failed, master_on_loopback():
+        pass
+    message = str(failed.value)
+    assert f"exit code {code}" in message and "starting | bind failed: port taken" in message
+    assert ("libibverbs1" in message) is hint
