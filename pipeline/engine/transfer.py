@@ -229,10 +229,8 @@ class Transfer:
         return self.host_ids, self.device_ids
 
     def page_id_rows(self) -> np.ndarray:
-        """The plan's [host pages, device pages] in one array, for one upload (stacked by
-        numpy: torch.stack costs the issue path more)."""
-        plan = self.plan
-        return np.stack([plan.host_pages.numpy(), plan.device_pages.numpy()])
+        """The plan's [host pages, device pages], for one upload."""
+        return self.plan.page_rows.numpy()
 
     def step_ids(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """The page ids of a step's slice (sliced once per slice: one serves every unit)."""

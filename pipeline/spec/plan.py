@@ -19,7 +19,7 @@ from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap, Role
 from pipeline.spec.runs import Run, breaks, clip, runs_of
 from pipeline.spec.sizing import Sizing, batch_buffer_bytes, gathers_batches
-from pipeline.spec.slots import transfer_pages
+from pipeline.spec.slots import page_rows
 from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
 from pipeline.spec.strategy import StrategyConfig
 from pipeline.spec.topology import IoBackend, MemLayout, Topology
@@ -138,10 +138,9 @@ class TransferPlan:
     """Logical host slots, as the caller passed them (CPU int64)."""
     device_indices: torch.Tensor
     """Logical device slots, as the caller passed them (CPU int64)."""
-    host_pages: torch.Tensor
-    """Local host page of each transfer page (CPU int64)."""
-    device_pages: torch.Tensor
-    """Local device page of each transfer page (CPU int64)."""
+    page_rows: torch.Tensor
+    """[host pages, device pages]: the local host and device page of each transfer page (CPU
+    int64, one array for one upload of the ids)."""
     layout: StepLayout
     graphed: bool = False
     """Issued as a CUDA graph replay: no step may depend on page ids (no in-place exchange)."""
@@ -159,8 +158,18 @@ class TransferPlan:
         return self.layout.by_layer[layer]
 
     @functools.cached_property
+    def host_pages(self) -> torch.Tensor:
+        """Local host page of each transfer page (CPU int64)."""
+        return self.page_rows[0]
+
+    @functools.cached_property
+    def device_pages(self) -> torch.Tensor:
+        """Local device page of each transfer page (CPU int64)."""
+        return self.page_rows[1]
+
+    @functools.cached_property
     def num_pages(self) -> int:
-        return len(self.host_pages)
+        return self.page_rows.shape[1]
 
     @property
     def num_tokens(self) -> int:
@@ -267,10 +276,10 @@ def build_plan(
     """Validate logical indices and lay out the steps; raises ValueError on bad input.
 
     An engine passes `known_steps` to lay steps out once per page count."""
-    host_pages, device_pages = transfer_pages(
+    rows = page_rows(
         host_indices, device_indices, spec.slots_per_page, spec.host_slots, spec.device_slots
     )
-    num_pages = len(host_pages)
+    num_pages = rows.shape[1]
     layout = (
         spec.lay_out(direction, num_pages)
         if known_steps is None
@@ -281,8 +290,7 @@ def build_plan(
         spec,
         host_indices,
         device_indices,
-        host_pages,
-        device_pages,
+        rows,
         layout,
         graphed=graphed,
         verify=verify,

@@ -54,17 +54,19 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     return torch.from_numpy(pages)
 
 
-def transfer_pages(
+def page_rows(
     host_indices: torch.Tensor,
     device_indices: torch.Tensor,
     slots_per_page: int,
     host_slots: int,
     device_slots: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both sides' page ids (`pages_of` each), checked together: the issue path pays each
-    numpy call at several times its hot cost after a transfer has flushed the host's caches
-    (BENCHMARKS.md, issue time), and this makes about half the calls of two `pages_of`.
-    Anything it does not accept goes to `pages_of` per side, whose errors name the side."""
+) -> torch.Tensor:
+    """[host pages, device pages] of a transfer's slots (`pages_of` each, CPU int64, one
+    array: a kernel's page ids go to the device in one copy), checked together: the issue
+    path pays each numpy call at several times its hot cost after a transfer has flushed the
+    host's caches (BENCHMARKS.md, issue time), and this makes about half the calls of two
+    `pages_of`. Anything it does not accept goes to `pages_of` per side, whose errors name
+    the side."""
     n = _whole_pages(host_indices, slots_per_page)
     if n and n == _whole_pages(device_indices, slots_per_page):
         hosts = host_indices.numpy().reshape(n, slots_per_page)
@@ -82,7 +84,7 @@ def transfer_pages(
             and not (hosts != pages[:n, None] * slots_per_page + ramp).any()
             and not (devices != pages[n:, None] * slots_per_page + ramp).any()
         ):
-            return torch.from_numpy(pages[:n]), torch.from_numpy(pages[n:])
+            return torch.from_numpy(pages.reshape(2, n))
     host = pages_of("host_indices", host_indices, slots_per_page, host_slots)
     device = pages_of("device_indices", device_indices, slots_per_page, device_slots)
     if len(host_indices) != len(device_indices):
@@ -90,7 +92,7 @@ def transfer_pages(
             f"host_indices has {len(host_indices)} slots and device_indices "
             f"{len(device_indices)}: pass one device slot per host slot"
         )
-    return host, device
+    return torch.stack((host, device))
 
 
 def _whole_pages(indices: torch.Tensor, slots_per_page: int) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.spec import slots
-from pipeline.spec.slots import page_tokens, pages_of, transfer_pages
+from pipeline.spec.slots import page_rows, page_tokens, pages_of
 
 
 def rows(slots: torch.Tensor, dcp: int, rank: int) -> torch.Tensor:
@@ -70,15 +70,15 @@ def _mutations(slots: torch.Tensor, per_page: int) -> list[torch.Tensor]:
 
 def _outcome(check, *args):
     try:
-        return [p.tolist() for p in check(*args)]
+        return check(*args).tolist()
     except ValueError as e:
         return str(e)
 
 
 @pytest.mark.parametrize("per_page", [1, 4, 8])
 @pytest.mark.parametrize("seed", range(3))
-def test_transfer_pages_takes_and_refuses_what_pages_of_does_on_each_side(per_page, seed) -> None:
-    """The issue path checks both sides at once (`transfer_pages`); every pair of a grid of
+def test_page_rows_takes_and_refuses_what_pages_of_does_on_each_side(per_page, seed) -> None:
+    """The issue path checks both sides at once (`page_rows`); every pair of a grid of
     well-formed and malformed slots gets the pages, or the error, that two `pages_of` and
     the length check give, in that order."""
     rng = random.Random(seed)
@@ -96,12 +96,12 @@ def test_transfer_pages_takes_and_refuses_what_pages_of_does_on_each_side(per_pa
                 f"host_indices has {len(h)} slots and device_indices "
                 f"{len(d)}: pass one device slot per host slot"
             )
-        return pages
+        return torch.stack(pages)
 
     for h in _mutations(host, per_page):
         for d in _mutations(device, per_page):
             args = (h, d, per_page, host_slots, device_slots)
-            assert _outcome(transfer_pages, *args) == _outcome(per_side, h, d)
+            assert _outcome(page_rows, *args) == _outcome(per_side, h, d)
 
 
 def test_well_formed_slots_are_checked_without_the_per_side_path(monkeypatch) -> None:
@@ -112,5 +112,5 @@ def test_well_formed_slots_are_checked_without_the_per_side_path(monkeypatch) ->
 
     monkeypatch.setattr(slots, "pages_of", refuse)
     host, device = page_tokens([3, 0, 7], 8), page_tokens([1, 9, 2], 8)
-    pages = transfer_pages(host, device, 8, 8 * 8, 16 * 8)
+    pages = page_rows(host, device, 8, 8 * 8, 16 * 8)
     assert [p.tolist() for p in pages] == [[3, 0, 7], [1, 9, 2]]
