@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.engine.cudart import bound
+from pipeline.engine.stacks import remembered
 
 PageAt = torch.Tensor | int
 """Where a step's pages are on one side: their page ids (an int64 tensor on the view's
@@ -98,9 +99,6 @@ THREADS = 256
 ARGS = 14
 """The kernel's parameters, each 8 bytes (pointers and long longs)."""
 
-LAYOUTS_KEPT = 4096
-"""Views whose parameters `PageKernel` remembers before it starts over."""
-
 
 class Dim3(ctypes.Structure):
     """CUDA's dim3, passed by value to cudaLaunchKernel."""
@@ -142,20 +140,10 @@ class PageKernel:
         base = ctypes.addressof(self._args)
         self._params = (ctypes.c_void_p * ARGS)(*range(base, base + 8 * ARGS, 8))
         self._grid = Dim3(1, 1, 1)
-        self._layouts: dict[tuple[int, int], tuple[torch.Tensor, tuple[int, ...]]] = {}
-        """By (id of a view, page dimension): the view (kept alive, so its id is not reused)
-        and its parameters but the page ids (`_side`): the pools' and batches' views recur
-        on every step, and reading a tensor's strides costs the issue path per launch."""
-
-    def _layout(self, view: torch.Tensor, dim: int) -> tuple[int, ...]:
-        """`_side(view, dim)`, made once per view."""
-        key = (id(view), dim)
-        seen = self._layouts.get(key)
-        if seen is None or seen[0] is not view:
-            if len(self._layouts) >= LAYOUTS_KEPT:
-                self._layouts.clear()
-            seen = self._layouts[key] = (view, _side(view, dim))
-        return seen[1]
+        self._layouts: dict[int, tuple[torch.Tensor, tuple[int, ...]]] = {}
+        """By view (`remembered`): its parameters but the page ids (`_side`). The pools' and
+        batches' views recur on every step, and reading a tensor's strides costs the issue
+        path per launch."""
 
     @staticmethod
     def _check(error: int, call: str) -> None:
@@ -173,8 +161,9 @@ class PageKernel:
     ) -> None:
         if count == 0:
             return
-        rows, row_bytes, *to = self._layout(dst, dim)
-        src_rows, src_bytes, *source = self._layout(src, dim)
+        assert dst.dim() == src.dim() == dim + 3, "a view's rank says its page dimension"
+        rows, row_bytes, *to = remembered(self._layouts, dst, _side)
+        src_rows, src_bytes, *source = remembered(self._layouts, src, _side)
         assert (rows, row_bytes) == (src_rows, src_bytes), "both sides' pages hold the same rows"
         to[1:3], source[1:3] = _at(dst_at), _at(src_at)  # fresh lists: the starred names
         stream = self._current_stream(self.device_index)
@@ -187,10 +176,12 @@ class PageKernel:
         self._check(error, "launch")
 
 
-def _side(view: torch.Tensor, dim: int) -> tuple[int, ...]:
+def _side(view: torch.Tensor) -> tuple[int, ...]:
     """(rows of a page, bytes of a row, then the kernel's six parameters of this side:
     address, ids address (0 here), first page (0 here), unit pitch, page pitch, row pitch;
-    pitches in bytes)."""
+    pitches in bytes). A view's page dimension follows from its rank: [pages, rows, words]
+    (0) or [units, pages, rows, words] (1)."""
+    dim = view.dim() - 3
     item = view.element_size()
     strides = view.stride()
     (rows, words), (row_stride, word_stride) = view.shape[dim + 1 :], strides[dim + 1 :]

@@ -11,7 +11,11 @@ import torch
 from pipeline.engine.memcpy import StackPages, stack_pages
 from pipeline.spec.model import Unit
 
+K = TypeVar("K")
 T = TypeVar("T")
+
+KEPT = 4096
+"""Keys a `remembered` memo holds (each asked on every transfer) before it starts over."""
 
 
 def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
@@ -38,10 +42,6 @@ def stack_views(views: list[torch.Tensor]) -> torch.Tensor | None:
 class StackedViews:
     """Per set of units, their words views stacked (`stack_views`), made once per set."""
 
-    KEPT = 4096
-    """Unit tuples remembered by identity (a step's, asked on every transfer) before the
-    memo starts over."""
-
     def __init__(self, words: Mapping[int, torch.Tensor]) -> None:
         self._words = words
         self._stacks: dict[tuple[int, ...], torch.Tensor | None] = {}
@@ -51,11 +51,11 @@ class StackedViews:
         self._pages: dict[int, tuple[tuple[Unit, ...], StackPages | None]] = {}
 
     def __call__(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
-        return _remembered(self._seen, units, self._stack)
+        return remembered(self._seen, units, self._stack)
 
     def pages(self, units: tuple[Unit, ...]) -> StackPages | None:
         """The stack of `units` as copy calls take it (made once per units tuple)."""
-        return _remembered(self._pages, units, self._stack_pages)
+        return remembered(self._pages, units, self._stack_pages)
 
     def _stack(self, units: tuple[Unit, ...]) -> torch.Tensor | None:
         key = tuple(u.ordinal for u in units)
@@ -68,16 +68,15 @@ class StackedViews:
         return None if stack is None else stack_pages(stack)
 
 
-def _remembered(
-    memo: dict[int, tuple[tuple[Unit, ...], T]], units: tuple[Unit, ...], make: Callable[..., T]
-) -> T:
-    """`make(units)`, remembered by the identity of the tuple (kept alive in `memo`, so its id
-    is not reused) for at most `StackedViews.KEPT` tuples before the memo starts over."""
-    seen = memo.get(id(units))
-    if seen is not None and seen[0] is units:
+def remembered(memo: dict[int, tuple[K, T]], key: K, make: Callable[[K], T]) -> T:
+    """`make(key)`, remembered by the identity of `key` (kept alive in `memo`, so its id is
+    not reused: a step's units tuple, a pool's view) for at most `KEPT` keys before the memo
+    starts over. Identity, not equality: hashing a key costs the issue path per call."""
+    seen = memo.get(id(key))
+    if seen is not None and seen[0] is key:
         return seen[1]
-    made = make(units)
-    if len(memo) >= StackedViews.KEPT:
+    made = make(key)
+    if len(memo) >= KEPT:
         memo.clear()
-    memo[id(units)] = (units, made)
+    memo[id(key)] = (key, made)
     return made

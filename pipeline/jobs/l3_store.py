@@ -37,10 +37,11 @@ from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
 DIRECT_BLOCK = 4096
 """Bytes of the O_DIRECT probe: one page, aligned as such reads must be."""
 MASTER_START_S = 20.0
+"""How long a master gets to listen."""
 MASTER_ATTEMPTS = 3
+"""Masters started on fresh ports before giving up (another process may take a port)."""
 MASTER_LINES_KEPT = 20
 """Lines of the master's stderr kept for an error that says why it did not start."""
-"""How long a master gets to listen."""
 
 log = logging.getLogger("hicache-pipeline")
 

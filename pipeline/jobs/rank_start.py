@@ -34,9 +34,9 @@ def start(work: bytes, rank: int, parent: int, beats: Any, results: Any) -> None
 
 
 def die_with(parent: int) -> None:
-    """The kernel kills this process when the process that forked it dies (Linux): the
-    forkserver, which ends as soon as `parent` (the process that asked for the ranks) does;
-    `beat` watches `parent` itself too."""
+    """The kernel kills this process when the process that forked it dies (Linux): a rank's
+    forkserver, which ends as soon as `parent` (the process that asked for the ranks) does,
+    or `parent` itself (a Mooncake master it starts); a rank's `beat` watches `parent` too."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if not alive(parent):  # the parent died before the signal was armed
@@ -44,12 +44,13 @@ def die_with(parent: int) -> None:
 
 
 def alive(pid: int) -> bool:
+    """Does process `pid` exist (another user's included)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process: alive
-        return True
+    except PermissionError:  # another user's: it exists
+        pass
     return True
 
 

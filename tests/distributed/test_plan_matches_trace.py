@@ -75,16 +75,8 @@ def test_plan_is_what_each_rank_issues(topology: str, strategy: str, storage: st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("topology", "strategy", "storage"), REST)
-def test_plan_is_what_each_rank_issues_with_the_other_store(
-    topology: str, strategy: str, storage: str
-) -> None:
-    check_plan_against_run(topology, strategy, storage)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("topology", "strategy", "storage"), WIDE_CASES)
-def test_plan_is_what_each_rank_issues_on_eight_ranks(
+@pytest.mark.parametrize(("topology", "strategy", "storage"), REST + WIDE_CASES)
+def test_plan_is_what_each_rank_issues_on_the_rest_of_the_grid(
     topology: str, strategy: str, storage: str
 ) -> None:
     check_plan_against_run(topology, strategy, storage)

@@ -56,6 +56,7 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
         if topology in FULL or (i + options("topology").index(topology)) % len(stores) == j
     ]
     assert {strategy for _, strategy, _ in cases} == set(options("strategy"))
+    assert len(cases) == (12 if topology in FULL else 4)
     check_verdicts(topology, cases, sources, capsys)
 
 
@@ -65,6 +66,7 @@ def test_every_strategy_and_store_of_the_other_topologies_gets_a_json_verdict(
     topology: str, sources: ConfigSources, capsys: pytest.CaptureFixture
 ) -> None:
     cases = [(topology, s, store) for s in options("strategy") for store in options("storage")]
+    assert len(cases) == 12
     check_verdicts(topology, cases, sources, capsys)
 
 
