@@ -100,7 +100,7 @@ class Engine:
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
-        self.host_allocator.hold_data(t.plan.host_pages.numpy())
+        self.host_allocator.hold_data(t.plan.host_pages)
         issue_transfer(self.strategy.backup, t, stream, stream, graphs)
         self.acks.submit("backup", t.done)
         self._last_backup = t.done
@@ -252,7 +252,7 @@ class Engine:
             known_steps=self._known_steps,
         )
         if load:
-            self.host_allocator.require_data("host_indices", plan.host_pages.numpy())
+            self.host_allocator.require_data("host_indices", plan.host_pages)
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)
@@ -288,7 +288,7 @@ class Engine:
         shared state is unknown, and the engine refuses every later call."""
         plan = t.plan
         if plan.direction is Direction.backup:
-            self.host_allocator.hold_data(plan.host_pages.numpy(), held=False)
+            self.host_allocator.hold_data(plan.host_pages, held=False)
         collective = plan.verify or any(plan.exchanged(u) for u in plan.spec.units)
         if collective or plan.graphed:
             where = "its collectives on the transfer group" if collective else "its CUDA graph"

@@ -75,7 +75,7 @@ class GroupedLoad:
         """Fail the load: its waits raise `error`, its host pages hold no data."""
         t = self.transfer
         t.fail(error)
-        self.host_allocator.hold_data(t.plan.host_pages.numpy(), held=False)
+        self.host_allocator.hold_data(t.plan.host_pages, held=False)
         self.acks.submit("load", t.done)
 
 

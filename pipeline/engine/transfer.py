@@ -230,7 +230,7 @@ class Transfer:
 
     def page_id_rows(self) -> np.ndarray:
         """The plan's [host pages, device pages], for one upload."""
-        return self.plan.page_rows.numpy()
+        return self.plan.page_rows
 
     def step_ids(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """The page ids of a step's slice (sliced once per slice: one serves every unit)."""

@@ -138,9 +138,10 @@ class TransferPlan:
     """Logical host slots, as the caller passed them (CPU int64)."""
     device_indices: torch.Tensor
     """Logical device slots, as the caller passed them (CPU int64)."""
-    page_rows: torch.Tensor
-    """[host pages, device pages]: the local host and device page of each transfer page (CPU
-    int64, one array for one upload of the ids)."""
+    page_rows: np.ndarray
+    """[host pages, device pages]: the local host and device page of each transfer page
+    (int64, one array for one upload of the ids; numpy, as everything that reads it on the
+    issue path takes it)."""
     layout: StepLayout
     graphed: bool = False
     """Issued as a CUDA graph replay: no step may depend on page ids (no in-place exchange)."""
@@ -158,13 +159,13 @@ class TransferPlan:
         return self.layout.by_layer[layer]
 
     @functools.cached_property
-    def host_pages(self) -> torch.Tensor:
-        """Local host page of each transfer page (CPU int64)."""
+    def host_pages(self) -> np.ndarray:
+        """Local host page of each transfer page (int64)."""
         return self.page_rows[0]
 
     @functools.cached_property
-    def device_pages(self) -> torch.Tensor:
-        """Local device page of each transfer page (CPU int64)."""
+    def device_pages(self) -> np.ndarray:
+        """Local device page of each transfer page (int64)."""
         return self.page_rows[1]
 
     @functools.cached_property
@@ -177,7 +178,7 @@ class TransferPlan:
 
     @functools.cached_property
     def _breaks(self) -> np.ndarray:
-        return breaks(self.host_pages.numpy(), self.device_pages.numpy())
+        return breaks(self.host_pages, self.device_pages)
 
     @functools.cached_property
     def consecutive(self) -> bool:
@@ -187,7 +188,7 @@ class TransferPlan:
     @functools.cached_property
     def host_first(self) -> int | None:
         """The first host page if they are one run (kernels move it in place), not in graphs."""
-        hosts = self.host_pages.numpy()
+        hosts = self.host_pages
         if self.graphed or not (hosts[1:] - hosts[:-1] == 1).all():
             return None
         return int(hosts[0])
@@ -196,7 +197,7 @@ class TransferPlan:
     def runs(self) -> tuple[Run, ...]:
         """Maximal runs of pages consecutive on both sides (made when first asked for: the
         kernel backend inside a CUDA graph never asks)."""
-        return runs_of(self.host_pages.numpy(), self.device_pages.numpy(), self._breaks)
+        return runs_of(self.host_pages, self.device_pages, self._breaks)
 
     def runs_in(self, first: int, count: int) -> tuple[Run, ...]:
         """The runs clipped to pages [first, first + count) (once per slice and transfer)."""

@@ -60,31 +60,34 @@ def page_rows(
     slots_per_page: int,
     host_slots: int,
     device_slots: int,
-) -> torch.Tensor:
-    """[host pages, device pages] of a transfer's slots (`pages_of` each, CPU int64, one
-    array: a kernel's page ids go to the device in one copy), checked together: the issue
-    path pays each numpy call at several times its hot cost after a transfer has flushed the
-    host's caches (BENCHMARKS.md, issue time), and this makes about half the calls of two
-    `pages_of`. Anything it does not accept goes to `pages_of` per side, whose errors name
-    the side."""
+) -> np.ndarray:
+    """[host pages, device pages] of a transfer's slots (`pages_of` each, as one int64
+    array: a kernel's page ids go to the device in one copy), checked together. The issue
+    path pays each distinct numpy call at many times its hot cost once the host has run
+    other work for a while (BENCHMARKS.md, issue time), so this makes few of them: the
+    page starts are checked as Python ints, and each side's slots against their pages in
+    one comparison. Anything it does not accept goes to `pages_of` per side, whose errors
+    name the side."""
     n = _whole_pages(host_indices, slots_per_page)
     if n and n == _whole_pages(device_indices, slots_per_page):
         hosts = host_indices.numpy().reshape(n, slots_per_page)
         devices = device_indices.numpy().reshape(n, slots_per_page)
         pages = np.concatenate((hosts[:, 0], devices[:, 0])) // slots_per_page
-        # sorted as unsigned: a negative page sorts last, above every pool's size
-        ordered = np.sort(pages.view(np.uint64).reshape(2, n), axis=1)
-        host_top, device_top = ordered[:, -1].tolist()
-        ramp = np.arange(slots_per_page)
-        # a page's slots are exactly its first slot +0, +1, ...: alignment and order at once
+        listed = pages.tolist()
+        host_pages, device_pages = listed[:n], listed[n:]
+        # the starts in range before any arithmetic on the slots (near 2**63 it would wrap);
+        # a page's slots are then exactly its page's first slot +0, +1, ...: alignment and
+        # order at once
         if (
-            host_top < host_slots // slots_per_page
-            and device_top < device_slots // slots_per_page
-            and not (ordered[:, 1:] == ordered[:, :-1]).any()
-            and not (hosts != pages[:n, None] * slots_per_page + ramp).any()
-            and not (devices != pages[n:, None] * slots_per_page + ramp).any()
+            min(listed) >= 0
+            and max(host_pages) < host_slots // slots_per_page
+            and max(device_pages) < device_slots // slots_per_page
+            and len(set(host_pages)) == n
+            and len(set(device_pages)) == n
         ):
-            return torch.from_numpy(pages.reshape(2, n))
+            whole = pages[:, None] * slots_per_page + np.arange(slots_per_page)
+            if not ((hosts != whole[:n]).any() or (devices != whole[n:]).any()):
+                return pages.reshape(2, n)
     host = pages_of("host_indices", host_indices, slots_per_page, host_slots)
     device = pages_of("device_indices", device_indices, slots_per_page, device_slots)
     if len(host_indices) != len(device_indices):
@@ -92,14 +95,14 @@ def page_rows(
             f"host_indices has {len(host_indices)} slots and device_indices "
             f"{len(device_indices)}: pass one device slot per host slot"
         )
-    return torch.stack((host, device))
+    return np.stack((host.numpy(), device.numpy()))
 
 
 def _whole_pages(indices: torch.Tensor, slots_per_page: int) -> int:
     """Pages of a CPU int64 vector of whole pages of slots; 0 for anything else."""
-    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+    if not isinstance(indices, torch.Tensor) or indices.ndim != 1:
         return 0
-    if indices.device.type != "cpu" or indices.dtype != torch.int64:
+    if not indices.is_cpu or indices.dtype != torch.int64:  # is_cpu: no device object
         return 0
     n = len(indices)
     return 0 if n % slots_per_page else n // slots_per_page
