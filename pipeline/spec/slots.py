@@ -64,26 +64,24 @@ def page_rows(
     """[host pages, device pages] of a transfer's slots (`pages_of` each, as one int64
     array: a kernel's page ids go to the device in one copy), checked together. The issue
     path pays each distinct numpy call at many times its hot cost once the host has run
-    other work for a while (BENCHMARKS.md, issue time), so this makes few of them: the
-    page starts are checked as Python ints, and each side's slots against their pages in
-    one comparison. Anything it does not accept goes to `pages_of` per side, whose errors
-    name the side."""
+    other work for a while (BENCHMARKS.md, issue time), so this makes few of them, and
+    returns numpy: everything that reads the pages on the issue path takes numpy. Anything
+    it does not accept goes to `pages_of` per side, whose errors name the side."""
     n = _whole_pages(host_indices, slots_per_page)
     if n and n == _whole_pages(device_indices, slots_per_page):
         hosts = host_indices.numpy().reshape(n, slots_per_page)
         devices = device_indices.numpy().reshape(n, slots_per_page)
         pages = np.concatenate((hosts[:, 0], devices[:, 0])) // slots_per_page
-        listed = pages.tolist()
-        host_pages, device_pages = listed[:n], listed[n:]
-        # the starts in range before any arithmetic on the slots (near 2**63 it would wrap);
-        # a page's slots are then exactly its page's first slot +0, +1, ...: alignment and
+        # sorted as unsigned: a negative page sorts last, above every pool's size
+        ordered = np.sort(pages.view(np.uint64).reshape(2, n), axis=1)
+        host_top, device_top = ordered[:, -1].tolist()
+        # the pages in range before any arithmetic on them (near 2**63 it would wrap); a
+        # page's slots are then exactly its page's first slot +0, +1, ...: alignment and
         # order at once
         if (
-            min(listed) >= 0
-            and max(host_pages) < host_slots // slots_per_page
-            and max(device_pages) < device_slots // slots_per_page
-            and len(set(host_pages)) == n
-            and len(set(device_pages)) == n
+            host_top < host_slots // slots_per_page
+            and device_top < device_slots // slots_per_page
+            and not (ordered[:, 1:] == ordered[:, :-1]).any()
         ):
             whole = pages[:, None] * slots_per_page + np.arange(slots_per_page)
             if not ((hosts != whole[:n]).any() or (devices != whole[n:]).any()):
