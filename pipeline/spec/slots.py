@@ -72,8 +72,10 @@ def page_rows(
         hosts = host_indices.numpy().reshape(n, slots_per_page)
         devices = device_indices.numpy().reshape(n, slots_per_page)
         pages = np.concatenate((hosts[:, 0], devices[:, 0])) // slots_per_page
-        # sorted as unsigned: a negative page sorts last, above every pool's size
-        ordered = np.sort(pages.view(np.uint64).reshape(2, n), axis=1)
+        # sorted as unsigned (a copy: the cast wraps), so a negative page sorts last, above
+        # every pool's size; in place, as np.sort's wrapper is more calls
+        ordered = pages.astype(np.uint64).reshape(2, n)
+        ordered.sort(axis=1)
         host_top, device_top = ordered[:, -1].tolist()
         # the pages in range before any arithmetic on them (near 2**63 it would wrap); a
         # page's slots are then exactly its page's first slot +0, +1, ...: alignment and
@@ -102,7 +104,7 @@ def _whole_pages(indices: torch.Tensor, slots_per_page: int) -> int:
         return 0
     if not indices.is_cpu or indices.dtype != torch.int64:  # is_cpu: no device object
         return 0
-    n = len(indices)
+    n = indices.shape[0]  # not len(): torch's __len__ is Python around more calls
     return 0 if n % slots_per_page else n // slots_per_page
 
 

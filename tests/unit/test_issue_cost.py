@@ -231,3 +231,42 @@ def test_a_chunked_backup_issues_no_more_per_batch_than_its_budget(io, placement
     per_batch = ((more_calls - calls) / 2, torch_ops / 2, (more_copies - copies) / 2)
     for what, got, most in zip(WHAT, per_batch, BATCH_BUDGETS[io, placement], strict=True):
         assert got <= most, f"{io} {placement}: {got:g} {what} per batch (budget {most})"
+
+
+PLAN_CALLS = {Direction.backup: 16, Direction.load: 20}
+"""Distinct C functions one plan (`Engine.transfer`) calls from Python on CPU, as today:
+numpy's and torch's, and the events' (on CPU a Python event's lock calls; on cuda the
+runtime's). Once the host has run anything else for a few milliseconds, each distinct call
+costs tens of microseconds whatever its size (BENCHMARKS.md, Session 22), so a plan pays
+for each kind of call it makes, not for its pages."""
+
+
+def plan_calls(direction: Direction, pages: int) -> Counter[str]:
+    """The C functions one plan of `pages` scattered pages calls from Python, and how often
+    (numpy's operators run in their type's slots, which the profiler does not see)."""
+    job = pipeline.compose(["model=tiny_mla", "topology=tp1", "workload.num_tokens=64"])
+    engine = pipeline.create_engine(job)
+    size = engine.sizing.slots_per_page
+    host_pages, device_pages = list(range(0, 2 * pages, 2)), list(range(8, 8 + pages))
+    host, device = page_tokens(host_pages, size), page_tokens(device_pages, size)
+    engine.host_allocator.hold_data(np.array(host_pages), held=True)
+    stream = InlineStream(30.0)
+    engine.transfer(direction, host, device, stream, None)  # layouts made once per shape
+    called: Counter[str] = Counter()
+
+    def count(frame, event, arg) -> None:
+        if event == "c_call" and arg is not sys.setprofile:
+            called[arg.__qualname__] += 1
+
+    sys.setprofile(count)
+    engine.transfer(direction, host, device, stream, None)
+    sys.setprofile(None)
+    engine.close()
+    return called
+
+
+@pytest.mark.parametrize("direction", [Direction.backup, Direction.load])
+def test_a_plan_makes_the_same_few_library_calls_whatever_its_pages(direction) -> None:
+    few, many = plan_calls(direction, 4), plan_calls(direction, 16)
+    assert few == many, f"the calls grow with the pages: {sorted((many - few).elements())}"
+    assert len(many) <= PLAN_CALLS[direction], f"{len(many)} distinct calls: {sorted(many)}"
