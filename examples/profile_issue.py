@@ -9,24 +9,36 @@ pages) it prints the median issue time of many calls, then the functions that to
 of it under cProfile (own time), so a change can aim at the largest share first. cProfile
 overstates numpy and ctypes calls on some hosts, so each path's median is also split without
 the profiler: the plan (`Engine.transfer`), each stage list's own time (the engine's
-`timings_s`) and the rest (the API around them).
+`timings_s`) and the rest (the API around them); and into the pieces named in `PIECES`
+(inclusive, each wrapped in a timer while it is measured), so a table like BENCHMARKS.md's
+Session 22 comes from this script. Each repetition follows a synchronize, as a scheduler's
+issue follows other work: see BENCHMARKS.md for what that costs each distinct call.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import functools
 import io
 import pstats
 import random
 import statistics
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import pipeline
+import pipeline.engine.engine as engine_module
+import pipeline.engine.executor as executor
+import pipeline.spec.plan as plan_module
+from pipeline.engine.acks import AckLedger
+from pipeline.engine.graphs import TransferGraphs
 from pipeline.spec.slots import PageAllocator, page_tokens
+from pipeline.spec.steps import StepLayout
 
 PATHS = [  # (io backend, host layout, chunk pages, graph cache, placement)
     ("direct", "page_first_direct", 0, 0, "contiguous"),
@@ -129,6 +141,48 @@ def phases(engine: pipeline.Engine, fn, reps: int) -> str:
     return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in per.items())
 
 
+PIECES = [  # (where it is looked up when called, its name): the issue path's parts
+    (plan_module, "page_rows"),  # both sides' slots checked, their pages
+    (engine_module, "build_plan"),  # page_rows and the steps' layout
+    (PageAllocator, "require_data"),
+    (PageAllocator, "hold_data"),
+    (engine_module, "follow"),  # the transfer stream behind the forward stream
+    (StepLayout, "layer_events"),
+    (executor, "prepare"),  # the page-id upload, where a path needs the ids
+    (executor, "issue_copies"),
+    (executor, "issue_exchanges"),
+    (executor, "finish"),
+    (TransferGraphs, "issue"),  # a graph replay, its ids refilled
+    (AckLedger, "submit"),
+]
+
+
+def pieces(fn, reps: int) -> str:
+    """Median inclusive us per call of each piece `fn` calls (timed through wrappers)."""
+    spent: dict[str, list[float]] = {}
+
+    def timed(name: str, piece):
+        @functools.wraps(piece)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return piece(*args, **kwargs)
+            finally:
+                spent.setdefault(name, []).append(time.perf_counter() - start)
+
+        return wrapper
+
+    with contextlib.ExitStack() as patched:
+        for owner, name in PIECES:
+            wrapper = timed(name, getattr(owner, name))
+            patched.enter_context(mock.patch.object(owner, name, wrapper))
+        for _ in range(reps):
+            sync()
+            fn()
+        sync()
+    return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in spent.items())
+
+
 def profiled(fn, reps: int, top: int) -> str:
     profile = cProfile.Profile()
     for _ in range(reps):
@@ -169,6 +223,7 @@ def main() -> None:
                 measure(fn, 10)  # warm: plans, graphs, views made once per shape
                 ms = measure(fn, args.reps)
                 rows.append(f"{name}: {ms:.3f} ms ({phases(engine, fn, args.reps)} us)")
+                rows.append(f"  pieces: {pieces(fn, args.reps)} us")
                 report.append(f"==== {name}: median {ms:.3f} ms\n{profiled(fn, 20, args.top)}")
             engine.close()
     with open(args.out, "w") as out:

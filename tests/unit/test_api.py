@@ -57,6 +57,28 @@ def test_the_example_scheduler_hits_misses_and_evicts_on_one_rank() -> None:
     assert hits + misses == 40 and hits > 0 and misses > 0 and evictions > 0
 
 
+def test_the_issue_profile_splits_each_path_into_its_pieces(tmp_path: Path) -> None:
+    """examples/profile_issue.py, which BENCHMARKS.md's issue-time tables come from, on CPU:
+    every fragmented path and direction, each with its plan split and its pieces."""
+    out = tmp_path / "profile.txt"
+    args = ["--device", "cpu", "--tokens", "64", "--reps", "2", "--only", "fragmented"]
+    done = subprocess.run(
+        [sys.executable, "examples/profile_issue.py", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    paths = [line for line in lines if " ms (plan " in line]
+    split = [line for line in lines if line.startswith("  pieces: ")]
+    assert len(paths) == len(split) == 4  # chunked and not, backup and load
+    assert all("page_rows" in line and "build_plan" in line for line in split)
+    assert all("issue_copies" in line and "follow" in line for line in split)
+    assert out.read_text().count("==== 64 ") == 4  # each path's cProfile
+
+
 @pytest.mark.distributed
 def test_the_example_scheduler_runs_on_two_ranks_under_torchrun() -> None:
     done = subprocess.run(
