@@ -24,9 +24,10 @@ class Run(NamedTuple):
 
 
 def breaks(hosts: np.ndarray, devices: np.ndarray) -> np.ndarray:
-    """Where a run ends (slices, not np.diff: its wrapper costs more than this on small
-    transfers)."""
-    return np.flatnonzero((hosts[1:] - hosts[:-1] != 1) | (devices[1:] - devices[:-1] != 1)) + 1
+    """Where a run ends (slices, not np.diff, and the mask's own nonzero, not np.flatnonzero:
+    their Python wrappers cost more than this on small transfers)."""
+    ends = (hosts[1:] - hosts[:-1] != 1) | (devices[1:] - devices[:-1] != 1)
+    return ends.nonzero()[0] + 1
 
 
 def runs_of(hosts: np.ndarray, devices: np.ndarray, ends: np.ndarray) -> tuple[Run, ...]:

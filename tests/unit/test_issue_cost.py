@@ -63,9 +63,11 @@ def issued(
     direction: Direction,
     placement: str,
     group_bytes: int = 0,
+    library: Counter[str] | None = None,
 ):
     """(project Python calls, torch ops by name, copy calls) of one transfer of 4 pages (a
-    load: each layer on its own, or with `group_bytes` its layers in groups)."""
+    load: each layer on its own, or with `group_bytes` its layers in groups); `library` gets
+    the names of the C functions it calls from Python."""
     job = pipeline.compose(
         [
             "model=tiny_mla",
@@ -103,6 +105,8 @@ def issued(
         once()
         sys.setprofile(None)
     copies = engine.trace.counts.get("copy", 0) - copies
+    if library is not None:  # apart: the torch ops' counter is library code too
+        library.update(library_calls(once))
     engine.close()
     return calls, ops.names, copies
 
@@ -233,17 +237,34 @@ def test_a_chunked_backup_issues_no_more_per_batch_than_its_budget(io, placement
         assert got <= most, f"{io} {placement}: {got:g} {what} per batch (budget {most})"
 
 
-PLAN_CALLS = {Direction.backup: 16, Direction.load: 20}
-"""Distinct C functions one plan (`Engine.transfer`) calls from Python on CPU, as today:
-numpy's and torch's, and the events' (on CPU a Python event's lock calls; on cuda the
-runtime's). Once the host has run anything else for a few milliseconds, each distinct call
-costs tens of microseconds whatever its size (BENCHMARKS.md, Session 22), so a plan pays
-for each kind of call it makes, not for its pages."""
+PLAN_CALLS = {Direction.backup: 16, Direction.load: 21}
+"""Distinct library functions one plan (`Engine.transfer`) calls from the project's code on
+CPU, as today (21 / 26 at 6e36c20): numpy's and torch's, C or Python, and the events' (on
+CPU a threading.Event's; on cuda the runtime's). Once the host has run anything else for a
+few milliseconds, each distinct call costs tens of microseconds whatever its size
+(BENCHMARKS.md, Session 22), so a plan pays for each kind of call it makes, not for its
+pages."""
+
+
+def ours(code) -> bool:
+    """The project's code, with what it generates (a dataclass's __init__)."""
+    name = code.co_filename
+    return "/pipeline/" in name or "/stages/" in name or name.startswith("<")
+
+
+def library_call(frame, event: str, arg) -> str | None:
+    """The library function (C or Python, numpy's, torch's, the runtime's) the project's
+    own code calls at this profiler event, if any; what the library then calls is its own
+    (numpy's operators run in their type's slots, which the profiler does not see)."""
+    if event == "c_call" and ours(frame.f_code) and arg is not sys.setprofile:
+        return arg.__qualname__
+    if event == "call" and not ours(frame.f_code) and frame.f_back and ours(frame.f_back.f_code):
+        return frame.f_code.co_qualname
+    return None
 
 
 def plan_calls(direction: Direction, pages: int) -> Counter[str]:
-    """The C functions one plan of `pages` scattered pages calls from Python, and how often
-    (numpy's operators run in their type's slots, which the profiler does not see)."""
+    """The library functions one plan of `pages` scattered pages calls, and how often."""
     job = pipeline.compose(["model=tiny_mla", "topology=tp1", "workload.num_tokens=64"])
     engine = pipeline.create_engine(job)
     size = engine.sizing.slots_per_page
@@ -252,16 +273,24 @@ def plan_calls(direction: Direction, pages: int) -> Counter[str]:
     engine.host_allocator.hold_data(np.array(host_pages), held=True)
     stream = InlineStream(30.0)
     engine.transfer(direction, host, device, stream, None)  # layouts made once per shape
+    called = library_calls(lambda: engine.transfer(direction, host, device, stream, None))
+    engine.close()
+    return called
+
+
+def library_calls(block) -> Counter[str]:
+    """The library functions `block` calls from the project's code, and how often."""
     called: Counter[str] = Counter()
 
     def count(frame, event, arg) -> None:
-        if event == "c_call" and arg is not sys.setprofile:
-            called[arg.__qualname__] += 1
+        if callee := library_call(frame, event, arg):
+            called[callee] += 1
 
     sys.setprofile(count)
-    engine.transfer(direction, host, device, stream, None)
-    sys.setprofile(None)
-    engine.close()
+    try:
+        block()
+    finally:
+        sys.setprofile(None)
     return called
 
 
@@ -270,3 +299,24 @@ def test_a_plan_makes_the_same_few_library_calls_whatever_its_pages(direction) -
     few, many = plan_calls(direction, 4), plan_calls(direction, 16)
     assert few == many, f"the calls grow with the pages: {sorted((many - few).elements())}"
     assert len(many) <= PLAN_CALLS[direction], f"{len(many)} distinct calls: {sorted(many)}"
+
+
+ISSUE_CALLS = {
+    ("direct", "backup"): 30,
+    ("direct", "load"): 32,
+    ("kernel", "backup"): 28,
+    ("kernel", "load"): 29,
+}
+"""Distinct library functions one whole transfer (plan and issue, 4 scattered pages) calls
+from the project's code on CPU, as today (38, 40, 35, 36 at 6e36c20; see `PLAN_CALLS`):
+what a small request pays before its bytes, the same kinds whatever its layers."""
+
+
+@pytest.mark.parametrize("case", list(ISSUE_CALLS), ids="-".join)
+def test_a_transfer_makes_the_same_few_kinds_of_library_call_whatever_its_layers(case) -> None:
+    io, direction = case
+    config, at_4, at_12 = DIRECT if io == "direct" else KERNEL, Counter[str](), Counter[str]()
+    issued(4, config, 0, Direction(direction), "scattered", library=at_4)
+    issued(12, config, 0, Direction(direction), "scattered", library=at_12)
+    assert set(at_4) == set(at_12), f"more kinds with more layers: {sorted(at_12 - at_4)}"
+    assert len(at_12) <= ISSUE_CALLS[case], f"{len(at_12)} kinds: {sorted(at_12)}"
