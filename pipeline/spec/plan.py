@@ -252,10 +252,10 @@ class StepsCache:
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
-        self._layouts: dict[tuple[Direction, int], StepLayout] = {}
+        self._layouts: dict[tuple[bool, int], StepLayout] = {}
 
     def get(self, spec: PlanSpec, direction: Direction, num_pages: int) -> StepLayout:
-        key = (direction, num_pages)
+        key = (direction is Direction.load, num_pages)  # an enum's hash is a Python call
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = spec.lay_out(direction, num_pages)
