@@ -111,33 +111,41 @@ def phases(engine: pipeline.Engine, fn, reps: int) -> str:
     """Median us per call of the plan, each stage list and the rest, timed without cProfile
     (the engine's `transfer` timed through a wrapper on this instance only)."""
     plan_s: list[float] = []
-    transfer = engine.transfer
-
-    def timed_transfer(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return transfer(*args, **kwargs)
-        finally:
-            plan_s.append(time.perf_counter() - start)
-
-    engine.transfer = timed_transfer  # type: ignore[method-assign]
     timings = engine.resources.timings_s
     per: dict[str, list[float]] = {"plan": [], "rest": []}
-    for _ in range(reps):
+    with mock.patch.object(engine, "transfer", timed(engine.transfer, plan_s)):
+        for _ in range(reps):
+            sync()
+            before, planned = dict(timings), len(plan_s)
+            start = time.perf_counter()
+            fn()
+            total = time.perf_counter() - start
+            spent = {k: v - before.get(k, 0.0) for k, v in timings.items()}
+            plan = sum(plan_s[planned:])
+            for name, seconds in spent.items():
+                if seconds:
+                    per.setdefault(name, []).append(seconds)
+            per["plan"].append(plan)
+            per["rest"].append(total - plan - sum(spent.values()))
         sync()
-        before, planned = dict(timings), len(plan_s)
+    return medians(per)
+
+
+def timed(piece, into: list[float]):
+    """`piece`, appending the seconds of each call to `into`."""
+
+    @functools.wraps(piece)
+    def wrapper(*args, **kwargs):
         start = time.perf_counter()
-        fn()
-        total = time.perf_counter() - start
-        spent = {k: v - before.get(k, 0.0) for k, v in timings.items()}
-        plan = sum(plan_s[planned:])
-        for name, seconds in spent.items():
-            if seconds:
-                per.setdefault(name, []).append(seconds)
-        per["plan"].append(plan)
-        per["rest"].append(total - plan - sum(spent.values()))
-    sync()
-    engine.transfer = transfer  # type: ignore[method-assign]
+        try:
+            return piece(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def medians(per: dict[str, list[float]]) -> str:
     return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in per.items())
 
 
@@ -159,28 +167,16 @@ PIECES = [  # (where it is looked up when called, its name): the issue path's pa
 
 def pieces(fn, reps: int) -> str:
     """Median inclusive us per call of each piece `fn` calls (timed through wrappers)."""
-    spent: dict[str, list[float]] = {}
-
-    def timed(name: str, piece):
-        @functools.wraps(piece)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return piece(*args, **kwargs)
-            finally:
-                spent.setdefault(name, []).append(time.perf_counter() - start)
-
-        return wrapper
-
+    spent: dict[str, list[float]] = {name: [] for _, name in PIECES}
     with contextlib.ExitStack() as patched:
         for owner, name in PIECES:
-            wrapper = timed(name, getattr(owner, name))
+            wrapper = timed(getattr(owner, name), spent[name])
             patched.enter_context(mock.patch.object(owner, name, wrapper))
         for _ in range(reps):
             sync()
             fn()
         sync()
-    return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in spent.items())
+    return medians({name: times for name, times in spent.items() if times})
 
 
 def profiled(fn, reps: int, top: int) -> str:

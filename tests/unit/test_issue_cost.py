@@ -56,6 +56,21 @@ PLACEMENTS = {
 """(host pages, device pages) of the 4-page transfer per placement."""
 
 
+def engine_with(overrides: list[str], host_pages: list[int], device_pages: list[int]):
+    """A one-rank CPU engine of tiny_mla, the slots of these pages, the host's holding data."""
+    job = pipeline.compose(["model=tiny_mla", "topology=tp1", "workload.num_tokens=64", *overrides])
+    engine = pipeline.create_engine(job)
+    size = engine.sizing.slots_per_page
+    host, device = page_tokens(host_pages, size), page_tokens(device_pages, size)
+    engine.host_allocator.hold_data(np.array(host_pages), held=True)
+    return engine, host, device
+
+
+def ours(code) -> bool:
+    """The project's own code."""
+    return "/pipeline/" in code.co_filename or "/stages/" in code.co_filename
+
+
 def issued(
     layers: int,
     io: list[str],
@@ -67,23 +82,14 @@ def issued(
 ):
     """(project Python calls, torch ops by name, copy calls) of one transfer of 4 pages (a
     load: each layer on its own, or with `group_bytes` its layers in groups); `library` gets
-    the names of the C functions it calls from Python."""
-    job = pipeline.compose(
-        [
-            "model=tiny_mla",
-            f"model.num_layers={layers}",
-            "topology=tp1",
-            "workload.num_tokens=64",
-            f"strategy.chunk_pages={chunk}",
-            f"strategy.load_group_bytes={group_bytes}",
-            *io,
-        ]
-    )
-    engine = pipeline.create_engine(job)
-    size = engine.sizing.slots_per_page
-    host_pages, device_pages = PLACEMENTS[placement]
-    host, device = page_tokens(host_pages, size), page_tokens(device_pages, size)
-    engine.host_allocator.hold_data(np.array(host_pages), held=True)
+    the library functions it calls (`library_calls`)."""
+    overrides = [
+        f"model.num_layers={layers}",
+        f"strategy.chunk_pages={chunk}",
+        f"strategy.load_group_bytes={group_bytes}",
+        *io,
+    ]
+    engine, host, device = engine_with(overrides, *PLACEMENTS[placement])
     stream = InlineStream(30.0)
     pipe = engine.strategy.backup if direction is Direction.backup else engine.strategy.load
 
@@ -96,8 +102,7 @@ def issued(
 
     def count(frame, event, arg) -> None:
         nonlocal calls
-        name = frame.f_code.co_filename
-        calls += event == "call" and ("/pipeline/" in name or "/stages/" in name)
+        calls += event == "call" and ours(frame.f_code)
 
     copies = engine.trace.counts.get("copy", 0)
     with Ops() as ops:
@@ -246,31 +251,27 @@ few milliseconds, each distinct call costs tens of microseconds whatever its siz
 pages."""
 
 
-def ours(code) -> bool:
-    """The project's code, with what it generates (a dataclass's __init__)."""
-    name = code.co_filename
-    return "/pipeline/" in name or "/stages/" in name or name.startswith("<")
-
-
 def library_call(frame, event: str, arg) -> str | None:
     """The library function (C or Python, numpy's, torch's, the runtime's) the project's
     own code calls at this profiler event, if any; what the library then calls is its own
     (numpy's operators run in their type's slots, which the profiler does not see)."""
-    if event == "c_call" and ours(frame.f_code) and arg is not sys.setprofile:
+    if event == "c_call" and generated_or_ours(frame.f_code) and arg is not sys.setprofile:
         return arg.__qualname__
-    if event == "call" and not ours(frame.f_code) and frame.f_back and ours(frame.f_back.f_code):
-        return frame.f_code.co_qualname
+    caller = frame.f_back
+    if event == "call" and not generated_or_ours(frame.f_code) and caller:
+        return frame.f_code.co_qualname if generated_or_ours(caller.f_code) else None
     return None
+
+
+def generated_or_ours(code) -> bool:
+    """The project's code, with what it generates (a dataclass's __init__)."""
+    return ours(code) or code.co_filename.startswith("<")
 
 
 def plan_calls(direction: Direction, pages: int) -> Counter[str]:
     """The library functions one plan of `pages` scattered pages calls, and how often."""
-    job = pipeline.compose(["model=tiny_mla", "topology=tp1", "workload.num_tokens=64"])
-    engine = pipeline.create_engine(job)
-    size = engine.sizing.slots_per_page
-    host_pages, device_pages = list(range(0, 2 * pages, 2)), list(range(8, 8 + pages))
-    host, device = page_tokens(host_pages, size), page_tokens(device_pages, size)
-    engine.host_allocator.hold_data(np.array(host_pages), held=True)
+    scattered = list(range(0, 2 * pages, 2)), list(range(8, 8 + pages))
+    engine, host, device = engine_with([], *scattered)
     stream = InlineStream(30.0)
     engine.transfer(direction, host, device, stream, None)  # layouts made once per shape
     called = library_calls(lambda: engine.transfer(direction, host, device, stream, None))
