@@ -1,18 +1,19 @@
 """copy: move a step's pages of its units between this rank's device and host pools.
 
 One function per (direction, io backend). `direct` issues one DMA per run of pages consecutive
-on both sides (strided where the host layout spaces a unit's pages apart); `kernel` issues one
+on both sides (strided where the host layout spaces a unit's pages apart). A backup's step
+covers the units of a pool kind; where both pools keep them evenly spaced in one buffer, one
+call per run covers them all: one strided DMA where each unit's run is one block on both sides
+(layer_first), else one batch of DMAs (`pipeline.engine.memcpy_batch`). `kernel` issues one
 `move_pages` per step (one launch on cuda that gathers and scatters, reaching pinned host
 memory through its UVA alias; torch's index ops on CPU), reading or writing the host pages in
 place where they are one run; where the pages are consecutive on both sides (outside CUDA
-graphs) and each a block on the host, it makes the direct backend's DMAs instead. A backup's
-step covers the units of a pool kind; where both pools keep them evenly spaced in one buffer,
-one call covers them all (one strided DMA per run where a unit's pages are contiguous on both
-sides). A chunked backup's batch the plan marks `gathered` (direct copies to a
-page_first_direct host) first gathers into a device batch buffer on the gather stream
-(`backup_batch`); a kernel moves a chunk's pages of every stacked unit in one launch. Every
-call here is paid by the host on every layer of every transfer, so the common cases make
-nothing per call but the call itself (see BENCHMARKS.md, issue time).
+graphs) and each a block on the host, it makes the direct backend's DMAs instead. A chunked
+backup's batch the plan marks `gathered` (direct copies to a page_first_direct host) first
+gathers into a device batch buffer on the gather stream (`backup_batch`); a kernel moves a
+chunk's pages of every stacked unit in one launch. Every call here is paid by the host on
+every layer of every transfer, so the common cases make nothing per call but the call itself
+(see BENCHMARKS.md, issue time).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pipeline.spec.model import Unit
 from pipeline.spec.plan import Direction
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
-from stages.copy_views import block_stacks, dmas, kernel_views, stacks_of, unit_by_unit
+from stages.copy_views import kernel_views, page_stacks, runs_are_blocks, stacks_of
 
 
 class Copy:
@@ -46,14 +47,10 @@ class Copy:
         # by identity: an enum's hash is a Python call, and this runs on every step
         load = plan.direction is Direction.load
         if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
-            if len(units) == 1:  # nothing made per call
-                _unit_runs(t, step, load=load)
-            elif (stacks := block_stacks(t, units)) is not None:  # one call per run, all units
-                _stack_runs(t, step, *stacks, load=load)
-            elif unit_by_unit(t, step):
-                _unit_runs(t, step, load=load)
-            else:
-                (load_direct if load else backup_direct)(t, step)
+            if len(units) == 1 or (stacks := page_stacks(t, units)) is None:  # inline: a
+                _unit_runs(t, step, load=load)  # load's every step is one unit
+            else:  # one call per run, all units
+                _stack_runs(t, step, *stacks, load=load, blocks=runs_are_blocks(t, units))
         else:
             (load_kernel if load else backup_kernel)(t, step)
 
@@ -90,22 +87,10 @@ def _one_dma(t: Transfer, step: Step) -> bool:
     return t.res.host_view.pages[step.unit.ordinal].block
 
 
-def backup_direct(t: Transfer, step: Step) -> None:
-    for dma in dmas(t, step):
-        t.res.copy_pages(dma.host, dma.host_at, dma.device, dma.device_at, dma.blocks)
-        _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
-
-
-def load_direct(t: Transfer, step: Step) -> None:
-    for dma in dmas(t, step):
-        t.res.copy_pages(dma.device, dma.device_at, dma.host, dma.host_at, dma.blocks)
-        _traced(t, dma.first, dma.pages, dma.units, _page_bytes(step, dma.units), **dma.where)
-
-
 def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
-    """`load_direct` / `backup_direct` unit by unit (every unchunked step) with nothing made
-    per copy call, and the step's calls counted once where ops are not kept: the issue
-    path's common case."""
+    """One DMA per run of each unit of the step (a load's step is one unit, as is a backup's
+    where the pools do not stack its units), with nothing made per copy call, and the
+    step's calls counted once where ops are not kept: the issue path's common case."""
     res = t.res
     copy, trace = res.copy_pages, res.trace
     hosts, devices = res.host_view.pages, res.device_pool.pages
@@ -126,18 +111,24 @@ def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
 
 
 def _stack_runs(
-    t: Transfer, step: Step, host: StackPages, device: StackPages, *, load: bool
+    t: Transfer, step: Step, host: StackPages, device: StackPages, *, load: bool, blocks: bool
 ) -> None:
-    """One strided DMA per run for every unit of the step (each unit's run one block on both
-    sides), made from integers, and counted once where ops are not kept."""
-    copy, trace, units = t.res.copy_pages, t.res.trace, len(step.units)
+    """One call per run for every unit of the step, made from integers, and counted once
+    where ops are not kept: a strided DMA where each unit's run is one block on both sides
+    (`blocks`), else a batch of DMAs (one per unit, or per page of a run shorter than that)."""
+    res, units = t.res, len(step.units)
+    copy, copy_stacks, trace = res.copy_pages, res.copy_stacks, res.trace
     runs = t.plan.runs_in(step.first, step.count)
     for first, host_page, device_page, count in runs:
-        host_run, device_run = host.run(host_page, count), device.run(device_page, count)
-        if load:
-            copy(device_run, 0, host_run, 0, units)
+        if not blocks:
+            if load:
+                copy_stacks(device, device_page, host, host_page, count)
+            else:
+                copy_stacks(host, host_page, device, device_page, count)
+        elif load:
+            copy(device.run(device_page, count), 0, host.run(host_page, count), 0, units)
         else:
-            copy(host_run, 0, device_run, 0, units)
+            copy(host.run(host_page, count), 0, device.run(device_page, count), 0, units)
         if trace.keep_ops:
             where = {"host_page": host_page, "device_page": device_page}
             _traced(t, first, count, step.units, step.page_bytes, **where)

@@ -30,16 +30,7 @@ def allocate(
     """The pools and buffers of one rank's engine (`uva`: kernels reach the host pool through
     its UVA alias; `device_kv`: the caller's KV tensors, adopted as the device pool)."""
     rank, device = runtime.rank, runtime.device
-    device_pool = (
-        DevicePool.allocate(model, sizing.device_pages, device)
-        if device_kv is None
-        else DevicePool.adopt(model, device_kv, device)
-    )
-    if device_pool.num_pages != sizing.device_pages:
-        raise ValueError(
-            f"device_kv holds {device_pool.num_pages} pages but workload.device_tokens gives "
-            f"{sizing.device_pages}: set it to pages x page_size x dcp_size"
-        )
+    device_pool = _device_pool(model, sizing, device, device_kv)
     owned = owners.owned(rank, model.units)
     host_pool = HostPool.allocate(
         model, owned, sizing.host.num_pages, topology.mem_layout, pin_memory=device.type == "cuda"
@@ -58,6 +49,7 @@ def allocate(
         host_view=host_view,
         collectives=runtime.collectives,
         copy_pages=runtime.copy_pages,
+        copy_stacks=runtime.copy_stacks,
         move_pages=runtime.move_pages,
         upload=runtime.upload,
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
@@ -66,3 +58,23 @@ def allocate(
         trace=Trace(keep_ops=keep_trace),
         timings_s={},
     )
+
+
+def _device_pool(
+    model: ModelGeometry,
+    sizing: Sizing,
+    device: torch.device,
+    device_kv: Mapping[tuple[str, int], torch.Tensor] | None,
+) -> DevicePool:
+    """A new device pool, or the caller's KV tensors adopted as one, of the sized pages."""
+    pool = (
+        DevicePool.allocate(model, sizing.device_pages, device)
+        if device_kv is None
+        else DevicePool.adopt(model, device_kv, device)
+    )
+    if pool.num_pages != sizing.device_pages:
+        raise ValueError(
+            f"device_kv holds {pool.num_pages} pages but workload.device_tokens gives "
+            f"{sizing.device_pages}: set it to pages x page_size x dcp_size"
+        )
+    return pool

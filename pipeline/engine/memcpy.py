@@ -56,6 +56,9 @@ class StackPages(NamedTuple):
     """A unit's page is one contiguous block (see `Pages.block`)."""
     views: bool
     """The copier takes views (CPU): `run` and `page` slice `view` for it."""
+    units: int
+    unit_addresses: np.ndarray
+    """Each unit's first byte (int64): a batch copy's addresses are one add from them."""
 
     def run(self, page: int, pages: int) -> Pages:
         """Each unit's `pages` pages from `page` as one block (a layer-first layout)."""
@@ -81,6 +84,8 @@ def stack_pages(view: torch.Tensor) -> StackPages:
         math.prod(view.shape[2:]) * item,
         view[0, 0:1].is_contiguous(),
         view.device.type == "cpu",
+        view.shape[0],
+        view.data_ptr() + np.arange(view.shape[0], dtype=np.int64) * (view.stride(0) * item),
     )
 
 

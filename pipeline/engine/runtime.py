@@ -23,6 +23,7 @@ from pipeline.engine.memcpy import (
     cuda_uploader,
     upload_cpu,
 )
+from pipeline.engine.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_stack_copier
 from pipeline.engine.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.spec.model import ModelGeometry
@@ -95,6 +96,8 @@ class Runtime:
     timeout_s: float
     copy_pages: CopyPages
     """One copy call per run of pages (a strided DMA on cuda)."""
+    copy_stacks: CopyStacks
+    """One copy call per run of pages of every stacked unit (a batch of DMAs on cuda)."""
     move_pages: MovePages
     """Gathers and scatters pages by their ids (one kernel on cuda: `page_kernel`)."""
     upload: Upload
@@ -135,6 +138,7 @@ class Runtime:
         dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
+        stacks = copy_stacks_cpu if cudart is None else cuda_stack_copier(cudart, device.index)
         move = move_pages_cpu if cudart is None else PageKernel(cudart, device)
         upload = upload_cpu if cudart is None else cuda_uploader(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
@@ -143,6 +147,7 @@ class Runtime:
             *(load, write, exchange, gather, forward),
             timeout_s=timeout_s,
             copy_pages=copy,
+            copy_stacks=stacks,
             move_pages=move,
             upload=upload,
             groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),

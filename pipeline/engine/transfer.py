@@ -22,6 +22,7 @@ import torch
 
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import CopyPages, Upload
+from pipeline.engine.memcpy_batch import CopyStacks
 from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
@@ -149,6 +150,8 @@ class Resources:
     """Of this rank's replica group (used only where the group has several ranks)."""
     copy_pages: CopyPages
     """Copies one run of pages between two page-wise views (see `pipeline.engine.memcpy`)."""
+    copy_stacks: CopyStacks
+    """Copies one run of pages of every unit of two stacks (`pipeline.engine.memcpy_batch`)."""
     move_pages: MovePages
     """Gathers and scatters pages by their ids (see `pipeline.engine.page_kernel`)."""
     upload: Upload

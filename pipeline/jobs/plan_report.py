@@ -44,8 +44,7 @@ def copy_calls(plan: TransferPlan, step: Step) -> int:
     run of pages (direct) or one scatter (kernel). A kernel step: one, or one per unit where
     the pools do not stack them, unless its pages are consecutive on both sides and each a
     block on the host (outside CUDA graphs): then DMAs as the direct backend's, per run one
-    for every stacked unit where a unit's pages are contiguous on both sides (layer_first),
-    else the fewer of one per unit and one per page."""
+    call for every stacked unit (a strided DMA or a batch of them), else one per unit."""
     if not plan.copies(step.unit):
         return 0
     spec, units = plan.spec, len(step.units)
@@ -56,12 +55,8 @@ def copy_calls(plan: TransferPlan, step: Step) -> int:
     as_dma = not plan.graphed and plan.consecutive and spec.mem_layout is not MemLayout.page_first
     if kernel and not as_dma:
         return 1 if stacked or units == 1 else units
-    runs = plan.runs_in(step.first, step.count)
-    if stacked and spec.mem_layout is MemLayout.layer_first:
-        return len(runs)
-    if stacked:
-        return sum(min(units, r.pages) for r in runs)
-    return units * len(runs)
+    runs = len(plan.runs_in(step.first, step.count))
+    return runs if stacked else units * runs
 
 
 def counts(plan: TransferPlan) -> dict[str, int]:

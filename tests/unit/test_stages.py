@@ -10,6 +10,7 @@ import torch
 
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import copy_pages_cpu, upload_cpu
+from pipeline.engine.memcpy_batch import copy_stacks_cpu
 from pipeline.engine.page_kernel import move_pages_cpu
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import InlineStream
@@ -113,6 +114,7 @@ def transfer(
         host_view=host_pool,
         collectives=collectives or FakeCollectives(rank),
         copy_pages=copy_pages_cpu,
+        copy_stacks=copy_stacks_cpu,
         move_pages=move_pages_cpu,
         upload=upload_cpu,
         staging=torch.empty(staging_bytes, dtype=torch.uint8),

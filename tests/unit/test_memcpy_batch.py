@@ -1,0 +1,92 @@
+"""The batch copier's tables, on CPU: laid out as CUDA's cudaMemcpy3DBatchOp, and naming the
+bytes the CPU copier moves (each table run here row by row with memmove on real tensors), for
+runs longer and shorter than the units, both directions, one set of tables refilled.
+`tests/gpu/test_memcpy_batch.py` runs the same tables through the runtime."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import torch
+
+from pipeline.engine.memcpy import stack_pages
+from pipeline.engine.memcpy_batch import (
+    ACCESS_ORDER_STREAM,
+    BATCH_OP,
+    OPERAND_POINTER,
+    Batch,
+    Batches,
+    copy_stacks_cpu,
+)
+
+UNITS, PAGES, WIDTH = 5, 16, 24  # bytes of a page of one unit
+
+
+def test_a_table_row_is_laid_out_as_cudas_batch_op() -> None:
+    """struct cudaMemcpy3DBatchOp { cudaMemcpy3DOperand src, dst; cudaExtent extent;
+    cudaMemcpySrcAccessOrder srcAccessOrder; unsigned int flags; }, an operand being
+    { type; union { struct { void *ptr; size_t rowLength, layerHeight; cudaMemLocation
+    locHint; } ptr; ... } op; } (40 bytes, the union 8-aligned)."""
+    offsets = {name: BATCH_OP.fields[name][1] for name in BATCH_OP.names}
+    assert BATCH_OP.itemsize == 112
+    assert [offsets[k] for k in ("src_type", "src", "src_pitch", "src_rows", "src_hint")] == [
+        0,
+        8,
+        16,
+        24,
+        32,
+    ]
+    assert [offsets[k] for k in ("dst_type", "dst", "dst_pitch", "dst_rows", "dst_hint")] == [
+        40,
+        48,
+        56,
+        64,
+        72,
+    ]
+    assert [offsets[k] for k in ("width", "height", "depth", "order", "flags")] == [
+        80,
+        88,
+        96,
+        104,
+        108,
+    ]
+
+
+def run(batch: Batch) -> None:
+    """The table's copies, row by row (what the runtime does with it)."""
+    for op in batch.table.tolist():
+        fields = dict(zip(BATCH_OP.names, op, strict=True))
+        assert fields["src_type"] == fields["dst_type"] == OPERAND_POINTER
+        assert (fields["depth"], fields["order"], fields["flags"]) == (1, ACCESS_ORDER_STREAM, 0)
+        assert fields["src_rows"] == fields["dst_rows"] == fields["height"]
+        for row in range(fields["height"]):
+            dst = fields["dst"] + row * fields["dst_pitch"]
+            src = fields["src"] + row * fields["src_pitch"]
+            ctypes.memmove(dst, src, fields["width"])
+
+
+def test_each_table_moves_what_the_cpu_copier_moves() -> None:
+    batches = Batches()  # one set of tables for every case: each refilled, reshaped
+    for load, count in itertools.product([False, True], [1, 3, UNITS, 11, 1]):
+        host = torch.randint(0, 256, (PAGES, UNITS, WIDTH), dtype=torch.uint8)
+        device = torch.randint(0, 256, (UNITS, PAGES, WIDTH), dtype=torch.uint8)
+        want_host, want_device = host.clone(), device.clone()
+        host_page, device_page = 4, 1
+        sides = [
+            (stack_pages(device), device_page, stack_pages(host.transpose(0, 1)), host_page),
+            (
+                stack_pages(want_device),
+                device_page,
+                stack_pages(want_host.transpose(0, 1)),
+                host_page,
+            ),
+        ]
+        if not load:  # the host is written
+            sides = [(src, src_page, dst, dst_page) for dst, dst_page, src, src_page in sides]
+        batch = batches.filled(*sides[0], count)
+        assert len(batch.table) == min(UNITS, count)
+        run(batch)
+        copy_stacks_cpu(*sides[1], count)
+        assert torch.equal(host, want_host), (load, count)
+        assert torch.equal(device, want_device), (load, count)
