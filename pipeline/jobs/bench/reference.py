@@ -1,8 +1,9 @@
 """The hand-written peer of `bench`: the same copies and broadcasts as a strategy, in a plain
 loop over plain tensors (its own host buffer in the case's layout, the engine's device pool).
 
-The yardstick, not the product path: no stages, plan or trace. Contiguous pages are one DMA per
-layer (`cudaMemcpy2DAsync` where the layout spaces a layer's pages apart), broadcast straight
+The yardstick, not the product path: no stages, plan or trace, and its own calls (the engine
+batches layers where it can). Contiguous pages are one DMA per layer (`cudaMemcpy2DAsync`
+where the layout spaces a layer's pages apart), broadcast straight
 into the device slots; fragmented pages use the same UVA gather/scatter kernels as the `kernel`
 io backend, with a staging buffer for broadcasts. On cuda copies run on one stream and
 broadcasts on another, each broadcast behind its layer's copy.
