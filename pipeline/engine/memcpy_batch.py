@@ -12,13 +12,17 @@ copies one by one. On CPU a strided tensor copy does it.
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.engine.cudart import bound
 from pipeline.engine.memcpy import CUDA_MEMCPY_DEFAULT, StackPages
+
+log = logging.getLogger("hicache-pipeline")
 
 CopyStacks = Callable[[StackPages, int, StackPages, int, int], None]
 """copy(dst, dst_page, src, src_page, count): `count` pages of every unit of two stacks of the
@@ -139,29 +143,40 @@ def cuda_stack_copier(
 
 
 def batch_call(cudart: ctypes.CDLL) -> Issue:
-    """The runtime's batch call for a filled table, or its copies one by one where it has none."""
+    """The runtime's batch call for a filled table; its copies one by one where it has none,
+    and from the first call it refuses on (a driver older than the runtime, say), with one
+    warning: a bad address fails those copies too, so no error is hidden."""
     version = ctypes.c_int()
     error = bound(cudart.cudaRuntimeGetVersion, ctypes.POINTER(ctypes.c_int))(ctypes.byref(version))
     if error:
         raise RuntimeError(f"cudaRuntimeGetVersion failed with CUDA error {error}")
-    ptr, size, flags = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_ulonglong
+    singly = one_by_one(cudart)
     if version.value < BATCH_RUNTIME:
-        return one_by_one(cudart)
+        return singly
+    ptr, size, flags = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_ulonglong
     fn = cudart.cudaMemcpy3DBatchAsync
-    if version.value >= 13000:
+    if version.value >= 13000:  # CUDA 13 dropped the failIdx argument
         batch = bound(fn, size, ptr, flags, ptr)
+        fail_index: tuple[Any, ...] = ()
+    else:
+        batch = bound(fn, size, ptr, ctypes.POINTER(ctypes.c_size_t), flags, ptr)
+        fail_index = (ctypes.byref(ctypes.c_size_t()),)
+    refused: list[int] = []
+    """The error of the first call the runtime refused (then every call goes one by one)."""
 
-        def issue(b: Batch, stream: int) -> None:
-            _checked(batch(len(b.table), b.address, 0, stream))
+    def issue(b: Batch, stream: int) -> None:
+        if not refused:
+            error = batch(len(b.table), b.address, *fail_index, 0, stream)
+            if not error:
+                return
+            refused.append(error)
+            cudart.cudaGetLastError()  # not left for torch's next launch check to raise
+            log.warning(
+                "cudaMemcpy3DBatchAsync failed with CUDA error %d: copying one by one", error
+            )
+        singly(b, stream)
 
-        return issue
-    failed = ctypes.c_size_t()
-    batch = bound(fn, size, ptr, ctypes.POINTER(ctypes.c_size_t), flags, ptr)
-
-    def issue_12(b: Batch, stream: int) -> None:
-        _checked(batch(len(b.table), b.address, ctypes.byref(failed), 0, stream))
-
-    return issue_12
+    return issue
 
 
 def one_by_one(cudart: ctypes.CDLL) -> Issue:
@@ -179,8 +194,3 @@ def one_by_one(cudart: ctypes.CDLL) -> Issue:
                 raise RuntimeError(f"cudaMemcpy2DAsync failed with CUDA error {error}")
 
     return issue
-
-
-def _checked(error: int) -> None:
-    if error:
-        raise RuntimeError(f"cudaMemcpy3DBatchAsync failed with CUDA error {error}")

@@ -38,7 +38,7 @@ def stacks(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     ("how", "load", "count"),
     list(itertools.product(["batch", "one_by_one"], [False, True], [1, 3, UNITS, 11])),
 )
-def test_a_run_of_every_unit_lands_where_the_cpu_copier_puts_it(how, load, count) -> None:
+def test_a_run_of_every_unit_lands_where_the_cpu_copier_puts_it(how, load, count, caplog) -> None:
     device = torch.device("cuda", 0)
     lib = cuda_runtime(device)
     assert lib is not None
@@ -59,3 +59,4 @@ def test_a_run_of_every_unit_lands_where_the_cpu_copier_puts_it(how, load, count
     torch.cuda.synchronize()
     assert torch.equal(host.transpose(0, 1), want_host)  # nothing else on the host moved
     assert torch.equal(pool.cpu(), want_pool)
+    assert "copying one by one" not in caplog.text  # the runtime took the batch call

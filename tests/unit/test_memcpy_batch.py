@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 
+import numpy as np
+import pytest
 import torch
 
 from pipeline.engine.memcpy import stack_pages
@@ -17,10 +19,12 @@ from pipeline.engine.memcpy_batch import (
     OPERAND_POINTER,
     Batch,
     Batches,
+    batch_call,
     copy_stacks_cpu,
 )
 
 UNITS, PAGES, WIDTH = 5, 16, 24  # bytes of a page of one unit
+NAMES = BATCH_OP.names or ()
 
 
 def test_a_table_row_is_laid_out_as_cudas_batch_op() -> None:
@@ -28,7 +32,9 @@ def test_a_table_row_is_laid_out_as_cudas_batch_op() -> None:
     cudaMemcpySrcAccessOrder srcAccessOrder; unsigned int flags; }, an operand being
     { type; union { struct { void *ptr; size_t rowLength, layerHeight; cudaMemLocation
     locHint; } ptr; ... } op; } (40 bytes, the union 8-aligned)."""
-    offsets = {name: BATCH_OP.fields[name][1] for name in BATCH_OP.names}
+    fields = BATCH_OP.fields
+    assert fields is not None
+    offsets = {name: fields[name][1] for name in NAMES}
     assert BATCH_OP.itemsize == 112
     assert [offsets[k] for k in ("src_type", "src", "src_pitch", "src_rows", "src_hint")] == [
         0,
@@ -56,7 +62,7 @@ def test_a_table_row_is_laid_out_as_cudas_batch_op() -> None:
 def run(batch: Batch) -> None:
     """The table's copies, row by row (what the runtime does with it)."""
     for op in batch.table.tolist():
-        fields = dict(zip(BATCH_OP.names, op, strict=True))
+        fields = dict(zip(NAMES, op, strict=True))
         assert fields["src_type"] == fields["dst_type"] == OPERAND_POINTER
         assert (fields["depth"], fields["order"], fields["flags"]) == (1, ACCESS_ORDER_STREAM, 0)
         assert fields["src_rows"] == fields["dst_rows"] == fields["height"]
@@ -90,3 +96,65 @@ def test_each_table_moves_what_the_cpu_copier_moves() -> None:
         copy_stacks_cpu(*sides[1], count)
         assert torch.equal(host, want_host), (load, count)
         assert torch.equal(device, want_device), (load, count)
+
+
+class Runtime:
+    """The four cudart functions the batch copier calls, doing on CPU addresses what CUDA's
+    do (each a plain function, as ctypes' are, so `bound` can declare its types)."""
+
+    def __init__(self, version: int, refuse: int = 0) -> None:
+        self.calls: list[str] = []
+
+        def cudaRuntimeGetVersion(out) -> int:
+            out._obj.value = version
+            return 0
+
+        def cudaMemcpy3DBatchAsync(n, address, *rest) -> int:
+            # CUDA 13: (flags, stream); 12.8: (failIdx, flags, stream)
+            self.calls.append(f"batch/{len(rest)}")
+            if refuse:
+                return refuse
+            raw = (ctypes.c_char * (n * BATCH_OP.itemsize)).from_address(address)
+            table = Batch(n)
+            table.table[:] = np.frombuffer(raw, BATCH_OP)
+            run(table)
+            return 0
+
+        def cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, kind, stream):
+            self.calls.append("2d")
+            for row in range(height):
+                ctypes.memmove(dst + row * dst_pitch, src + row * src_pitch, width)
+            return 0
+
+        def cudaGetLastError() -> int:
+            self.calls.append("last_error")
+            return 0
+
+        for fn in (cudaRuntimeGetVersion, cudaMemcpy3DBatchAsync, cudaMemcpy2DAsync):
+            setattr(self, fn.__name__, fn)
+        self.cudaGetLastError = cudaGetLastError
+
+
+@pytest.mark.parametrize(
+    ("version", "refuse", "calls"),
+    [
+        (13000, 0, ["batch/2"] * 2),
+        (12080, 0, ["batch/3"] * 2),
+        (12060, 0, ["2d"] * 2 * UNITS),  # before the batch call: one by one
+        (13000, 801, ["batch/2", "last_error", *["2d"] * 2 * UNITS]),  # refused once
+    ],
+)
+def test_the_runtime_gets_the_batch_call_its_version_has_or_the_copies_one_by_one(
+    version, refuse, calls, caplog
+) -> None:
+    runtime = Runtime(version, refuse)
+    issue = batch_call(runtime)  # type: ignore[arg-type]  # the runtime's functions
+    for _ in range(2):  # a second call: after a refusal, one by one without asking again
+        host = torch.randint(0, 256, (PAGES, UNITS, WIDTH), dtype=torch.uint8)
+        device = torch.randint(0, 256, (UNITS, PAGES, WIDTH), dtype=torch.uint8)
+        want = host.clone()
+        copy_stacks_cpu(stack_pages(want.transpose(0, 1)), 2, stack_pages(device), 3, 7)
+        issue(Batches().filled(stack_pages(host.transpose(0, 1)), 2, stack_pages(device), 3, 7), 0)
+        assert torch.equal(host, want)
+    assert runtime.calls == calls
+    assert ("copying one by one" in caplog.text) == bool(refuse)
