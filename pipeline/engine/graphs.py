@@ -31,14 +31,18 @@ from pipeline.engine.streams import CudaEvent, CudaStream, follow
 from pipeline.engine.transfer import Tally, Transfer
 from pipeline.spec.plan import Direction
 
-GraphKey = tuple[Pipeline, Direction, int]
-"""(stage lists, direction, page count): everything a captured transfer's work depends on."""
+GraphKey = tuple[int, bool, int]
+"""(id of the stage lists, a load, page count): everything a captured transfer's work depends
+on. By identity: hashing the frozen stage lists and the direction are Python calls on every
+transfer; the capture holds its stage lists, so their id is not reused while it is kept."""
 
 
 @dataclass
 class CapturedTransfer:
     """One captured transfer shape: its graph and the buffers a replay refills."""
 
+    pipeline: Pipeline
+    """The stage lists captured (held, so the key's id stays theirs)."""
     graph: torch.cuda.CUDAGraph
     page_ids: torch.Tensor
     """Static buffer [2, pages] the graph reads the host (row 0) and device page ids from."""
@@ -79,14 +83,14 @@ class TransferGraphs:
         """Issue `body` (`pipeline`'s steps and exchanges, after `prepare` ran) on `stream` as
         a graph replay, capturing it first if this shape is new."""
         assert t.plan.graphed, "a graphed transfer is planned as one (no in-place exchange)"
-        key = (pipeline, t.plan.direction, t.plan.num_pages)
+        key = (id(pipeline), t.plan.direction is Direction.load, t.plan.num_pages)
         if exchange is not stream:
             follow(stream, exchange)
         self._release_retired()
         captured = self._captured.get(key)
         refill = captured is not None
         if captured is None:
-            captured = self._capture(t, stream, body)
+            captured = self._capture(pipeline, t, stream, body)
             self._captured[key] = captured
             while len(self._captured) > self.capacity:
                 self._retired.append(self._captured.popitem(last=False)[1])
@@ -104,7 +108,7 @@ class TransferGraphs:
         t.layer_events.update(captured.layer_events)
 
     def _capture(
-        self, t: Transfer, stream: CudaStream, body: Callable[[Transfer], None]
+        self, pipeline: Pipeline, t: Transfer, stream: CudaStream, body: Callable[[Transfer], None]
     ) -> CapturedTransfer:
         """Capture `body` with static page ids and external layer events (runs nothing)."""
         with torch.cuda.stream(stream.stream):  # this transfer's ids, in place for the replay
@@ -126,6 +130,7 @@ class TransferGraphs:
             graph.capture_end()
         self.captures += 1
         return CapturedTransfer(
+            pipeline,
             graph,
             ids,
             layer_events,
