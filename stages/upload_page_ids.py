@@ -8,7 +8,8 @@ from pipeline.spec.topology import IoBackend
 
 
 class UploadPageIds:
-    """One non-blocking copy of both sides' page ids onto the device, on the transfer stream.
+    """One non-blocking copy of both sides' page ids onto the device, on the transfer stream,
+    into a buffer the engine lends (`pipeline.engine.page_ids`: none is allocated per transfer).
 
     The plan already localized them (with DCP, logical page p is local page p on every rank:
     `pipeline.spec.slots`), so there is no op over the slots and no device sync. Kernel

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
+from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.engine.pools import DevicePool, HostPool, uva_alias
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.transfer import Resources, Trace
@@ -52,6 +53,11 @@ def allocate(
         copy_stacks=runtime.copy_stacks,
         move_pages=runtime.move_pages,
         upload=runtime.upload,
+        page_id_buffers=(
+            PageIdBuffers(device, min(sizing.host.num_pages, sizing.device_pages))
+            if device.type == "cuda"
+            else None
+        ),
         staging=device_bytes(exchange_staging_bytes(config, model, owners)),
         batch_buffers=device_bytes(batch_buffer_bytes(config, topology, model, owners, rank), 2),
         gather_stream=runtime.gather_stream,

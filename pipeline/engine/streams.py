@@ -28,7 +28,10 @@ class Event(Protocol):
         """Block the calling thread until the event completes; re-raise the stream's error."""
 
     def query(self) -> bool:
-        """Has the event completed?"""
+        """Has the event completed? (An event never recorded has.)"""
+
+    def settled(self) -> bool:
+        """Has the event been recorded and completed? (Nothing issued before it still runs.)"""
 
     def fail(self, error: BaseException) -> None:
         """Complete a pending event with `error`, so its waiters raise instead of hanging."""
@@ -89,6 +92,9 @@ class CpuEvent:
 
     def query(self) -> bool:
         return self._done.is_set()
+
+    def settled(self) -> bool:
+        return self._done.is_set()  # set only once the stream reaches its record
 
     def fail(self, error: BaseException) -> None:
         self.set(error)
@@ -220,6 +226,9 @@ class CudaEvent:
 
     def query(self) -> bool:
         return not self.handle or self.api.query(self.handle)
+
+    def settled(self) -> bool:
+        return bool(self.handle) and self.api.query(self.handle)
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:

@@ -23,6 +23,7 @@ import torch
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import CopyPages, Upload
 from pipeline.engine.memcpy_batch import CopyStacks
+from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
@@ -155,6 +156,9 @@ class Resources:
     move_pages: MovePages
     """Gathers and scatters pages by their ids (see `pipeline.engine.page_kernel`)."""
     upload: Upload
+    page_id_buffers: PageIdBuffers | None
+    """Device buffers lent to transfers for their page ids (see `pipeline.engine.page_ids`;
+    None on CPU, where the plan's own array serves, uncopied)."""
     """Puts page ids on the device (see `pipeline.engine.memcpy`)."""
     staging: torch.Tensor
     """Flat byte buffer a load's exchanges gather into and broadcast from."""
@@ -225,10 +229,17 @@ class Transfer:
 
     def page_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(host page ids, device page ids) on the pool's device, moved there on first use by
-        one non-blocking copy on the current stream (the plan's ids are already local)."""
+        one non-blocking copy on the current stream (the plan's ids are already local), into
+        a buffer the engine lends (or a new one, where every buffer is still in use)."""
         if self.host_ids is None or self.device_ids is None:
-            on_device = self.res.upload(self.page_id_rows(), None)
-            self.host_ids, self.device_ids = on_device[0], on_device[1]
+            rows, buffers = self.page_id_rows(), self.res.page_id_buffers
+            lent = None if buffers is None else buffers.lend(self, rows.shape[1])
+            if lent is None:
+                on_device = self.res.upload(rows, None)
+                self.host_ids, self.device_ids = on_device[0], on_device[1]
+            else:
+                self.res.upload(rows, lent[0])
+                self.host_ids, self.device_ids = lent[1], lent[2]
         return self.host_ids, self.device_ids
 
     def page_id_rows(self) -> np.ndarray:
@@ -240,8 +251,10 @@ class Transfer:
         key = (step.first, step.count)
         if key not in self._ids_of:
             host, device = self.page_ids()
-            pages = slice(step.first, step.first + step.count)
-            self._ids_of[key] = (host[pages], device[pages])
+            if step.count < self.plan.num_pages:  # else the ids themselves, not a slice
+                pages = slice(step.first, step.first + step.count)
+                host, device = host[pages], device[pages]
+            self._ids_of[key] = (host, device)
         return self._ids_of[key]
 
     def exchange_buffer(self, step: Step) -> tuple[torch.Tensor, bool]:

@@ -37,6 +37,9 @@ class JitteredEvent:
             return False
         return self.event.query()
 
+    def settled(self) -> bool:
+        return self.event.settled()  # the device's truth, not this rank's delayed view
+
     def wait(self) -> None:
         self.event.wait()
 

@@ -1,7 +1,7 @@
 """The batch copier's tables, on CPU: laid out as CUDA's cudaMemcpy3DBatchOp, and naming the
 bytes the CPU copier moves (each table run here row by row with memmove on real tensors), for
 runs longer and shorter than the units, both directions, one set of tables refilled.
-`tests/gpu/test_memcpy_batch.py` runs the same tables through the runtime."""
+`tests/gpu/test_memcpy_batch_gpu.py` runs the same tables through the runtime."""
 
 from __future__ import annotations
 

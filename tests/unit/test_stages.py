@@ -11,6 +11,7 @@ import torch
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import copy_pages_cpu, upload_cpu
 from pipeline.engine.memcpy_batch import copy_stacks_cpu
+from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.engine.page_kernel import move_pages_cpu
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import InlineStream
@@ -117,6 +118,7 @@ def transfer(
         copy_stacks=copy_stacks_cpu,
         move_pages=move_pages_cpu,
         upload=upload_cpu,
+        page_id_buffers=PageIdBuffers(torch.device("cpu"), POOL_PAGES),
         staging=torch.empty(staging_bytes, dtype=torch.uint8),
         batch_buffers=torch.empty((2, spec.batch_buffer_bytes), dtype=torch.uint8),
         gather_stream=stream,
