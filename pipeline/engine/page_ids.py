@@ -1,8 +1,8 @@
 """Device buffers a transfer's page ids go into, lent and reused rather than made per transfer.
 
 A kernel transfer of scattered pages reads its page ids on the device. Allocating a tensor for
-them on every transfer cost the issue path about 140 us once the host had run anything else
-(BENCHMARKS.md, issue time, Session 22), more than uploading them. So an engine keeps a few
+them on every transfer cost the issue path more than uploading them, once the host had run
+anything else (BENCHMARKS.md, issue time, Session 22). So an engine keeps a few
 buffers (each made on first use) and lends one per transfer. A buffer is lent again only once
 its last transfer is done on the device: `done` recorded and complete, the transfer not failed.
 Every reader of the ids (the copy kernels, a batch's gather, an exchange, a verify) runs before
