@@ -144,8 +144,9 @@ def cuda_stack_copier(
 
 def batch_call(cudart: ctypes.CDLL) -> Issue:
     """The runtime's batch call for a filled table; its copies one by one where it has none,
-    and from the first call it refuses on (a driver older than the runtime, say), with one
-    warning: a bad address fails those copies too, so no error is hidden."""
+    on the legacy default stream (which the batch call refuses), and from the first call it
+    refuses on (a driver older than the runtime, say), with one warning: a bad address fails
+    those copies too, so no error is hidden."""
     version = ctypes.c_int()
     error = bound(cudart.cudaRuntimeGetVersion, ctypes.POINTER(ctypes.c_int))(ctypes.byref(version))
     if error:
@@ -165,7 +166,7 @@ def batch_call(cudart: ctypes.CDLL) -> Issue:
     """The error of the first call the runtime refused (then every call goes one by one)."""
 
     def issue(b: Batch, stream: int) -> None:
-        if not refused:
+        if stream and not refused:  # the legacy default stream's handle is 0
             error = batch(len(b.table), b.address, *fail_index, 0, stream)
             if not error:
                 return

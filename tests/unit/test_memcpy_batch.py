@@ -24,6 +24,7 @@ from pipeline.engine.memcpy_batch import (
 )
 
 UNITS, PAGES, WIDTH = 5, 16, 24  # bytes of a page of one unit
+STREAM = 0x5000  # a stream's handle (0 is the legacy default stream)
 NAMES = BATCH_OP.names or ()
 
 
@@ -154,7 +155,20 @@ def test_the_runtime_gets_the_batch_call_its_version_has_or_the_copies_one_by_on
         device = torch.randint(0, 256, (UNITS, PAGES, WIDTH), dtype=torch.uint8)
         want = host.clone()
         copy_stacks_cpu(stack_pages(want.transpose(0, 1)), 2, stack_pages(device), 3, 7)
-        issue(Batches().filled(stack_pages(host.transpose(0, 1)), 2, stack_pages(device), 3, 7), 0)
+        batch = Batches().filled(stack_pages(host.transpose(0, 1)), 2, stack_pages(device), 3, 7)
+        issue(batch, STREAM)
         assert torch.equal(host, want)
     assert runtime.calls == calls
     assert ("copying one by one" in caplog.text) == bool(refuse)
+
+
+def test_the_legacy_default_stream_gets_the_copies_one_by_one() -> None:
+    """The batch call refuses the legacy default stream: no refusal, no warning, no switch."""
+    runtime = Runtime(13000)
+    issue = batch_call(runtime)  # type: ignore[arg-type]  # the runtime's functions
+    host = torch.zeros((PAGES, UNITS, WIDTH), dtype=torch.uint8)
+    device = torch.randint(1, 256, (UNITS, PAGES, WIDTH), dtype=torch.uint8)
+    issue(Batches().filled(stack_pages(host.transpose(0, 1)), 0, stack_pages(device), 0, 7), 0)
+    issue(Batches().filled(stack_pages(host.transpose(0, 1)), 0, stack_pages(device), 0, 7), STREAM)
+    assert runtime.calls == [*["2d"] * UNITS, "batch/2"]
+    assert torch.equal(host[:7].transpose(0, 1), device[:, :7])
