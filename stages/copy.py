@@ -25,12 +25,12 @@ import torch
 from pipeline.engine.memcpy import Pages, StackPages, pages_view
 from pipeline.engine.page_kernel import MovePages, PageAt
 from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
+from pipeline.engine.transfer import Route, Transfer
 from pipeline.spec.model import Unit
 from pipeline.spec.plan import Direction
 from pipeline.spec.steps import Step
 from pipeline.spec.topology import IoBackend
-from stages.copy_views import kernel_views, page_stacks, runs_are_blocks, stacks_of
+from stages.copy_views import KernelViews, kernel_views, page_stacks, runs_are_blocks, stacks_of
 
 
 class Copy:
@@ -46,34 +46,44 @@ class Copy:
             return
         # by identity: an enum's hash is a Python call, and this runs on every step
         load = plan.direction is Direction.load
-        if plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
-            if len(units) == 1 or (stacks := page_stacks(t, units)) is None:  # inline: a
-                _unit_runs(t, step, load=load)  # load's every step is one unit
-            else:  # one call per run, all units
-                _stack_runs(t, step, *stacks, load=load, blocks=runs_are_blocks(t, units))
+        if len(units) > 1:  # found once per transfer: a chunked backup's steps share units
+            route = t.copy_routes.get(id(units))
+            if route is None:
+                route = t.copy_routes[id(units)] = _route(t, step)
+            route(t, step, load)
+        elif plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
+            _unit_runs(t, step, load)  # inline: a load's every step is one unit
         else:
-            (load_kernel if load else backup_kernel)(t, step)
+            _kernel(t, step, load, views=kernel_views(t, units))
 
 
-def backup_kernel(t: Transfer, step: Step) -> None:
+def _route(t: Transfer, step: Step) -> Route:
+    """How this transfer copies every step of `step.units` (several units): one DMA per run
+    of each unit, one call per run for all of them where the pools stack them, or their
+    kernel calls."""
+    units = step.units
+    if t.plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
+        stacks = page_stacks(t, units)
+        if stacks is None:  # pools that do not stack them
+            return _unit_runs
+        host, device = stacks
+        blocks = runs_are_blocks(t, units)
+        return functools.partial(_stack_runs, host=host, device=device, blocks=blocks)
+    return functools.partial(_kernel, views=kernel_views(t, units))
+
+
+def _kernel(t: Transfer, step: Step, load: bool, *, views: list[KernelViews]) -> None:
+    """One `move_pages` per set of views: a gather and a scatter by page id, in place where
+    the host pages are one run (one torch kernel on CPU)."""
     host_ids, device_ids = t.step_ids(step)
     host_first = t.plan.host_first
-    # the host pages are one run: the gather writes them in place (one torch kernel on CPU);
-    # inline here and in load_kernel and backup_batch: a helper is a Python call per step
     host_at = host_ids if host_first is None else host_first + step.first
     move = t.res.move_pages
-    for host, device, dim, units in kernel_views(t, step.units):
-        move(host, host_at, device, device_ids, dim, step.count)
-        _traced(t, step.first, step.count, units, _page_bytes(step, units))
-
-
-def load_kernel(t: Transfer, step: Step) -> None:
-    host_ids, device_ids = t.step_ids(step)
-    host_first = t.plan.host_first
-    host_at = host_ids if host_first is None else host_first + step.first
-    move = t.res.move_pages
-    for host, device, dim, units in kernel_views(t, step.units):
-        move(device, device_ids, host, host_at, dim, step.count)
+    for host, device, dim, units in views:
+        if load:
+            move(device, device_ids, host, host_at, dim, step.count)
+        else:
+            move(host, host_at, device, device_ids, dim, step.count)
         _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 
@@ -87,7 +97,7 @@ def _one_dma(t: Transfer, step: Step) -> bool:
     return t.res.host_view.pages[step.unit.ordinal].block
 
 
-def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
+def _unit_runs(t: Transfer, step: Step, load: bool) -> None:
     """One DMA per run of each unit of the step (a load's step is one unit, as is a backup's
     where the pools do not stack its units), with nothing made per copy call, and the
     step's calls counted once where ops are not kept: the issue path's common case."""
@@ -111,7 +121,7 @@ def _unit_runs(t: Transfer, step: Step, *, load: bool) -> None:
 
 
 def _stack_runs(
-    t: Transfer, step: Step, host: StackPages, device: StackPages, *, load: bool, blocks: bool
+    t: Transfer, step: Step, load: bool, *, host: StackPages, device: StackPages, blocks: bool
 ) -> None:
     """One call per run for every unit of the step, made from integers, and counted once
     where ops are not kept: a strided DMA where each unit's run is one block on both sides

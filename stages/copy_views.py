@@ -19,9 +19,11 @@ def stacks_of(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch
     return None if host is None or device is None else (host, device)
 
 
-def kernel_views(
-    t: Transfer, units: tuple[Unit, ...]
-) -> list[tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]]:
+KernelViews = tuple[torch.Tensor, torch.Tensor, int, tuple[Unit, ...]]
+"""(host, device, page dimension, units) of one kernel call."""
+
+
+def kernel_views(t: Transfer, units: tuple[Unit, ...]) -> list[KernelViews]:
     """(host, device, page dimension, units) per kernel call: the stacked units in one call,
     else one call per unit."""
     if len(units) == 1:

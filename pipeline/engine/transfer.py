@@ -182,6 +182,10 @@ class Resources:
         return dataclasses.replace(spec, pools_stack=stack)
 
 
+Route = Callable[["Transfer", Step, bool], None]
+"""route(t, step, load): one step's copy calls."""
+
+
 @dataclass(eq=False)
 class Transfer:
     """One backup or load on this rank: its plan, the engine's resources, its events."""
@@ -207,6 +211,9 @@ class Transfer:
     """Local host page ids on the device (see `page_ids`)."""
     device_ids: torch.Tensor | None = None
     """Local device page ids on the device (see `page_ids`)."""
+    copy_routes: dict[int, Route] = field(default_factory=dict)
+    """The copy stage's way to copy each step's units (by id of the tuple, which the plan's
+    steps hold), found once per transfer (`stages.copy`)."""
     _ids_of: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _exchange: dict[tuple[int, int], tuple[torch.Tensor, bool]] = field(default_factory=dict)
 
