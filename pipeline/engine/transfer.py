@@ -27,7 +27,7 @@ from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
-from pipeline.spec.model import by_pool_kind
+from pipeline.spec.model import Unit, by_pool_kind
 from pipeline.spec.plan import Direction, PlanSpec, TransferPlan
 from pipeline.spec.steps import Step
 
@@ -138,6 +138,10 @@ def side_of(kind: str, fields: dict[str, Any]) -> str:
     return str(fields.get("direction", ""))
 
 
+Route = Callable[["Transfer", Step, bool], None]
+"""route(t, step, load): one step's copy calls."""
+
+
 @dataclass(frozen=True)
 class Resources:
     """What every transfer of one engine uses (made once, with the engine)."""
@@ -169,6 +173,11 @@ class Resources:
     trace: Trace
     timings_s: dict[str, float]
     """Seconds spent in each stage over all transfers (issue time on cuda)."""
+    copy_routes: dict[tuple[int, bool], tuple[tuple[Unit, ...], Route]] = field(
+        default_factory=dict
+    )
+    """The copy stage's calls for a step of several units, by (id of the units tuple, as
+    DMAs), with the tuple (`stages.copy._route`)."""
 
     def fitted(self, spec: PlanSpec) -> PlanSpec:
         """`spec` for these pools: whether both keep each pool kind's copied units evenly
@@ -180,10 +189,6 @@ class Resources:
             if len(kind) > 1
         )
         return dataclasses.replace(spec, pools_stack=stack)
-
-
-Route = Callable[["Transfer", Step, bool], None]
-"""route(t, step, load): one step's copy calls."""
 
 
 @dataclass(eq=False)
@@ -211,9 +216,6 @@ class Transfer:
     """Local host page ids on the device (see `page_ids`)."""
     device_ids: torch.Tensor | None = None
     """Local device page ids on the device (see `page_ids`)."""
-    copy_routes: dict[int, Route] = field(default_factory=dict)
-    """The copy stage's way to copy each step's units (by id of the tuple, which the plan's
-    steps hold), found once per transfer (`stages.copy`)."""
     _ids_of: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _exchange: dict[tuple[int, int], tuple[torch.Tensor, bool]] = field(default_factory=dict)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
+import stages.copy as copy_stage
 from pipeline.engine import executor
 from pipeline.engine.streams import InlineStream
 from pipeline.spec.model import by_pool_kind
@@ -323,3 +325,33 @@ def test_a_transfer_makes_the_same_few_kinds_of_library_call_whatever_its_layers
     issued(12, config, 0, Direction(direction), "scattered", library=at_12)
     assert set(at_4) == set(at_12), f"more kinds with more layers: {sorted(at_12 - at_4)}"
     assert len(at_12) <= ISSUE_CALLS[case], f"{len(at_12)} kinds: {sorted(at_12)}"
+
+
+@pytest.mark.parametrize(("io", "chunk"), [("direct", 0), ("kernel", 0), ("kernel", 2)])
+@pytest.mark.parametrize("direction", [Direction.backup, Direction.load])
+def test_a_transfer_of_a_known_shape_finds_its_copy_calls_without_working_them_out(
+    io, chunk, direction
+) -> None:
+    """How a step of several units is copied is found once per units tuple, which the
+    engine's layouts share across transfers of one shape (a load's groups, a backup's pool
+    kinds and chunks; a chunked direct backup's batches keep their own views): the next such
+    transfer looks it up."""
+    overrides = [*(DIRECT if io == "direct" else KERNEL), f"strategy.chunk_pages={chunk}"]
+    engine, host, device = engine_with(overrides, *PLACEMENTS["scattered"])
+    stream = InlineStream(30.0)
+    pipe = engine.strategy.backup if direction is Direction.backup else engine.strategy.load
+    found = []
+    route = copy_stage._route
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        found.append(args[1])
+        return route(*args)
+
+    with mock.patch.object(copy_stage, "_route", counted):
+        for _ in range(2):
+            t = engine.transfer(direction, host, device, stream, None)
+            executor.issue_transfer(pipe, t, stream, stream, None)
+            made, found[:] = len(found), []
+    engine.close()
+    assert made == 0  # the second transfer: every route known
+    assert engine.resources.copy_routes  # the first made some (several units per step)
