@@ -170,24 +170,25 @@ def backup_batch(t: Transfer, step: Step, stream: Stream) -> None:
     behind = t.device_ids is None and first is None  # the ids upload on `stream` next
     device_at = t.step_ids(step)[1] if first is None else first
     fill = functools.partial(_gather, t.res.move_pages, device, device_at, step.count)
-    buffer = ring.next_buffer
+    buffer, nbytes = ring.next_buffer, step.nbytes  # each read once: properties are calls
     shape = (step.count, host.shape[0], *host.shape[2:])
-    batch = ring.gathered(fill, ring.next_batch(shape, device.dtype), stream, behind_stream=behind)
+    batch = ring.next_batch(buffer, shape, device.dtype)
+    batch = ring.gathered(fill, batch, stream, behind_stream=behind)
     trace = t.res.trace
     if trace.keep_ops:
-        at = {"first": step.first, "pages": step.count, "buffer": buffer, "bytes": step.nbytes}
+        at = {"first": step.first, "pages": step.count, "buffer": buffer, "bytes": nbytes}
         trace.op("batch_gather", units=[u.ordinal for u in step.units], **at)
     else:
-        trace.count("batch_gather", "", step.nbytes)
-    _batch_dmas(t, step, batch, buffer, host_pages)
+        trace.count("batch_gather", "", nbytes)
+    _batch_dmas(t, step, batch, buffer, host_pages, nbytes)
     ring.moved_out(stream)
 
 
 def _batch_dmas(
-    t: Transfer, step: Step, batch: torch.Tensor, buffer: int, host_pages: Pages
+    t: Transfer, step: Step, batch: torch.Tensor, buffer: int, host_pages: Pages, nbytes: int
 ) -> None:
-    """A batch [pages, units, ...] (in `buffer` of the ring) to the host: one DMA per run of
-    host pages."""
+    """A batch [pages, units, ...] (in `buffer` of the ring, `nbytes` in all) to the host: one
+    DMA per run of host pages."""
     ring, trace = t.batches, t.res.trace
     assert ring is not None, "the plan gathers stacked batches only"
     batch_key = (buffer, step.count)
@@ -201,7 +202,7 @@ def _batch_dmas(
             where = {"host_page": run.host_page}
             _traced(t, run.first, run.pages, step.units, step.page_bytes, **where)
     if not trace.keep_ops:  # the batch's copy calls counted at once
-        trace.count("copy", "d2h", step.nbytes, times=len(runs))
+        trace.count("copy", "d2h", nbytes, times=len(runs))
 
 
 def _batch_views(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor, Pages]:

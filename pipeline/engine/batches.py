@@ -36,14 +36,14 @@ class BatchRing:
         """The buffer the next batch gathers into (0 or 1)."""
         return len(self.moved) % 2
 
-    def next_batch(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The next batch's view of its buffer (made once per buffer and shape: the chunks
-        of a backup share one)."""
-        key = (self.next_buffer, shape, dtype)
+    def next_batch(self, buffer: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The next batch's view of its buffer (`next_buffer`; made once per buffer and shape:
+        the chunks of a backup share one)."""
+        key = (buffer, shape, dtype)
         batch = self._views.get(key)
         if batch is None:
             nbytes = dtype.itemsize * math.prod(shape)
-            batch = self.buffers[self.next_buffer, :nbytes].view(dtype).view(shape)
+            batch = self.buffers[buffer, :nbytes].view(dtype).view(shape)
             self._views[key] = batch
         return batch
 

@@ -84,12 +84,17 @@ class Cudart:
         assert handle.value is not None, "cudaEventCreate made no event"
         return handle.value
 
+    # record and wait check inline: `check` is one more Python call, and every layer of
+    # every transfer records or waits
     def record(self, event: int, stream: int, *, external: bool) -> None:
-        flags = EVENT_RECORD_EXTERNAL if external else 0
-        self.check(self._record(event, stream, flags), "cudaEventRecord")
+        error = self._record(event, stream, EVENT_RECORD_EXTERNAL if external else 0)
+        if error:
+            self.check(error, "cudaEventRecord")
 
     def wait(self, stream: int, event: int) -> None:
-        self.check(self._wait(stream, event, 0), "cudaStreamWaitEvent")
+        error = self._wait(stream, event, 0)
+        if error:
+            self.check(error, "cudaStreamWaitEvent")
 
     def query(self, event: int) -> bool:
         error = self._query(event)
@@ -98,7 +103,8 @@ class Cudart:
             # or torch's next kernel launch check would raise it
             self._last_error()
             return False
-        self.check(error, "cudaEventQuery")
+        if error:
+            self.check(error, "cudaEventQuery")
         return True
 
     def __del__(self) -> None:
