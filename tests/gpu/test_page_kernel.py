@@ -5,6 +5,7 @@ widths of every alignment, pinned host memory through its UVA alias, inside a CU
 from __future__ import annotations
 
 import itertools
+import random
 
 import numpy as np
 import pytest
@@ -148,6 +149,55 @@ def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exa
     for unit in engine.spec.units:
         layer = pool.layer(unit).view(torch.uint8)  # bytes: random bf16 holds NaNs
         assert torch.equal(layer[target].cpu(), layer[source].cpu()), unit
+    engine.close()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_transfers_issued_back_to_back_read_their_own_ids_from_lent_buffers() -> None:
+    """Eight scattered round trips issued without a host wait, more than the engine's four
+    id buffers: a buffer is lent again only once its transfer is done, so every load lands
+    its own pages (written on 2026-12-04 when no GPU was lent: not yet run)."""
+    engine = pipeline.create_engine(
+        pipeline.compose(
+            [
+                "model=tiny_mla",
+                "topology=tp1",
+                "topology.device=cuda",
+                "topology.io_backend=kernel",
+                "topology.mem_layout=layer_first",
+                "strategy.cuda_graph_cache=0",  # eager: each transfer uploads its own ids
+                "workload.num_tokens=1024",
+                "workload.device_tokens=4096",
+            ]
+        )
+    )
+    buffers = engine.resources.page_id_buffers
+    assert buffers is not None  # lent on cuda
+    size, rounds = engine.sizing.slots_per_page, 8
+    host = random.Random(1).sample(range(engine.sizing.host.num_pages), 2 * rounds)
+    device = random.Random(2).sample(range(engine.sizing.device_pages), 4 * rounds)
+    pool = engine.device_pool
+    for unit in engine.spec.units:
+        layer = pool.layer(unit).view(torch.uint8)
+        layer.copy_(torch.randint(0, 256, layer.shape, dtype=torch.uint8))
+    forward = engine.runtime.forward_stream
+    pairs = []
+    for i in range(rounds):
+        h, source, target = (
+            host[2 * i : 2 * i + 2],
+            device[4 * i : 4 * i + 2],
+            device[4 * i + 2 : 4 * i + 4],
+        )
+        forward.wait_event(engine.backup(page_tokens(h, size), page_tokens(source, size)))
+        handle = engine.load(page_tokens(h, size), page_tokens(target, size))
+        engine.begin_forward(forward)
+        forward.wait_event(handle.done(forward))
+        pairs.append((source, target))
+    torch.cuda.synchronize()
+    for unit in engine.spec.units:
+        layer = pool.layer(unit).view(torch.uint8)
+        for source, target in pairs:
+            assert torch.equal(layer[target].cpu(), layer[source].cpu()), (unit, source, target)
     engine.close()
 
 
