@@ -48,6 +48,12 @@ def test_bench_times_chunked_backups_in_turn_with_unchunked(tmp_path: Path) -> N
     assert all(r["issue_ms"] > 0 and r["reference_issue_ms"] > 0 for r in rows)
     # the best repetition's issue time: at most the median, on the slowest rank as well
     assert all(0 < r["best_issue_ms"] <= r["issue_ms"] for r in rows)
+    # every row names what it issued on each rank: a load's copies where the rank holds the
+    # layer, its broadcasts where rotating owners exchange them
+    for r in rows:
+        assert len(r["ops"]) == 2 and all(sum(ops.values()) > 0 for ops in r["ops"]), r
+        if r["direction"] == "load" and r["strategy"] == "rotating":
+            assert all(ops.get("broadcast", 0) > 0 for ops in r["ops"]), r["ops"]
     assert "hand loop issue ms" in (out / "bench.md").read_text()
     assert "| best issue ms |" in (out / "bench.md").read_text()
     in_turn = [r for r in rows if "x_unchunked" in r]

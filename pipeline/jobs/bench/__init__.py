@@ -118,16 +118,14 @@ def _row(direction: str, per_rank: list[dict], unique: int, floor_s: float) -> d
     """One direction of one case: the slowest rank's medians, ratios, ops, bit-exactness."""
     seconds = max(statistics.median(c[f"{direction}_s"]) for c in per_rank)
     reference = max(statistics.median(c[f"reference_{direction}_s"]) for c in per_rank)
-    row: dict[str, Any] = {}
-    if direction == "backup":
-        row["ops"] = [c["backup_ops"] for c in per_rank]
-        if "unchunked_backup_s" in per_rank[0]:
-            unchunked = max(statistics.median(c["unchunked_backup_s"]) for c in per_rank)
-            row |= {
-                "unchunked_ms": unchunked * 1e3,
-                "x_unchunked": seconds / unchunked,
-                "unchunked_ops": [c["unchunked_backup_ops"] for c in per_rank],
-            }
+    row: dict[str, Any] = {"ops": [c[f"{direction}_ops"] for c in per_rank]}
+    if direction == "backup" and "unchunked_backup_s" in per_rank[0]:
+        unchunked = max(statistics.median(c["unchunked_backup_s"]) for c in per_rank)
+        row |= {
+            "unchunked_ms": unchunked * 1e3,
+            "x_unchunked": seconds / unchunked,
+            "unchunked_ops": [c["unchunked_backup_ops"] for c in per_rank],
+        }
     return {
         **row,
         "direction": direction,

@@ -139,9 +139,9 @@ def measure_case(
 
 
 def framework(timer: Timer, engine: Engine, pages: CasePages, *, chunked: bool) -> dict[str, Any]:
-    """Backups and loads through the engine, and their issue time. A chunked backup is also
-    timed in turn with the same backup unchunked (`unchunked_backup_s`): its own case runs
-    minutes apart, on a machine whose speed may have moved by then."""
+    """Backups and loads through the engine, their issue time and the ops of one untimed
+    transfer each way. A chunked backup is also timed in turn with the same backup unchunked
+    (`unchunked_backup_s`): its own case runs minutes apart, on a machine that may change."""
     size = engine.sizing.slots_per_page
     host_t, source_t, target_t = (
         page_tokens(p, size) for p in (pages.host, pages.source, pages.target)
@@ -155,16 +155,18 @@ def framework(timer: Timer, engine: Engine, pages: CasePages, *, chunked: bool) 
         issue_s.append(time.perf_counter() - start)
         forward.wait_event(ack)
 
-    def load() -> None:
+    def load(issue_s: list[float]) -> None:
         start = time.perf_counter()
         handle = engine.load(host_t, target_t)
         engine.begin_forward(forward)
         done = handle.done(forward)
-        issue["load"].append(time.perf_counter() - start)
+        issue_s.append(time.perf_counter() - start)
         forward.wait_event(done)
 
     backup_here = functools.partial(backup, engine, issue["backup"])
-    result: dict[str, Any] = {"backup_ops": _ops_of(engine, backup_here)}
+    load_here = functools.partial(load, issue["load"])
+    result: dict[str, Any] = {"backup_ops": _ops_of(engine, functools.partial(backup, engine, []))}
+    result["load_ops"] = _ops_of(engine, functools.partial(load, []))
     if chunked:
         unchunked_config = dataclasses.replace(engine.strategy.config, chunk_pages=0)
         unchunked = on_same_memory(
@@ -178,13 +180,13 @@ def framework(timer: Timer, engine: Engine, pages: CasePages, *, chunked: bool) 
         _release(unchunked)
     else:
         result["backup_s"] = timer.repeat(backup_here)
-    result["load_s"] = timer.repeat(load)
+    result["load_s"] = timer.repeat(load_here)
     timed = {k: v[timer.bench.warmup :] for k, v in issue.items()}
     result["issue_s"] = {k: statistics.median(v) for k, v in timed.items()}
     # the least: a busy host only adds to issue time, so the best repetition is the code's
     # own cost, the median what a scheduler thread on this host pays
     result["best_issue_s"] = {k: min(v) for k, v in timed.items()}
-    result["bit_exact"] = _checked(timer, engine, lambda: timer.once(load), pages)
+    result["bit_exact"] = _checked(timer, engine, lambda: timer.once(load_here), pages)
     return result
 
 
