@@ -37,6 +37,8 @@ import pipeline.engine.executor as executor
 import pipeline.spec.plan as plan_module
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.memcpy_batch import Batches
+from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.spec.slots import PageAllocator, page_tokens
 from pipeline.spec.steps import StepLayout
 
@@ -158,6 +160,8 @@ PIECES = [  # (where it is looked up when called, its name): the issue path's pa
     (StepLayout, "layer_events"),
     (executor, "prepare"),  # the page-id upload, where a path needs the ids
     (executor, "issue_copies"),
+    (Batches, "filled"),  # a batch copy's table (cuda: the copy calls of stacked layers)
+    (PageIdBuffers, "lend"),  # a lent id buffer (cuda)
     (executor, "issue_exchanges"),
     (executor, "finish"),
     (TransferGraphs, "issue"),  # a graph replay, its ids refilled

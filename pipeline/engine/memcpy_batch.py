@@ -134,10 +134,10 @@ def cuda_stack_copier(
     the stacks' integers alone; `issue` (default: `batch_call`) makes the call."""
     current_stream = torch._C._cuda_getCurrentRawStream
     issue = issue or batch_call(cudart)
-    filled = Batches().filled
+    tables = Batches()
 
     def copy(dst: StackPages, dst_page: int, src: StackPages, src_page: int, count: int) -> None:
-        issue(filled(dst, dst_page, src, src_page, count), current_stream(device_index))
+        issue(tables.filled(dst, dst_page, src, src_page, count), current_stream(device_index))
 
     return copy
 
