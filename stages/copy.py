@@ -24,7 +24,7 @@ import torch
 
 from pipeline.engine.memcpy import Pages, StackPages, pages_view
 from pipeline.engine.page_kernel import MovePages, PageAt
-from pipeline.engine.stacks import KEPT
+from pipeline.engine.stacks import remembered
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Route, Transfer
 from pipeline.spec.model import Unit
@@ -51,34 +51,32 @@ class Copy:
             dma = plan.spec.io_backend is IoBackend.direct or (
                 plan.consecutive and not plan.graphed
             )
-            seen = t.res.copy_routes.get((id(units), dma))
-            route = seen[1] if seen is not None and seen[0] is units else _route(t, units, dma)
-            route(t, step, load)
+            routes = t.res.copy_routes[dma]
+            seen = routes.get(id(units))  # inline: `remembered` is a call, only on a miss
+            if seen is not None and seen[0] is units:
+                seen[1](t, step, load)
+            else:
+                remembered(routes, units, functools.partial(_route, t, dma=dma))(t, step, load)
         elif plan.spec.io_backend is IoBackend.direct or _one_dma(t, step):
             _unit_runs(t, step, load)  # inline: a load's every step is one unit
         else:
             _kernel(t, step, load, views=kernel_views(t, units))
 
 
-def _route(t: Transfer, units: tuple[Unit, ...], dma: bool) -> Route:
+def _route(t: Transfer, units: tuple[Unit, ...], *, dma: bool) -> Route:
     """How the engine copies a step of several `units` where the transfer allows DMAs
     (`dma`: the direct backend, or consecutive pages outside CUDA graphs) or not, kept in
     `Resources.copy_routes` by the identity of the tuple, which the engine's step layouts
     share across transfers and a chunked backup's steps share: one DMA per run of each unit,
     one call per run for all of them where the pools stack them, or their kernel calls (as
     `_one_dma`: DMAs only where a host page is one block)."""
-    route: Route = _unit_runs  # pools that do not stack them
     if not (dma and t.res.host_view.pages[units[0].ordinal].block):
-        route = functools.partial(_kernel, views=kernel_views(t, units))
-    elif (stacks := page_stacks(t, units)) is not None:
-        host, device = stacks
-        blocks = runs_are_blocks(t, units)
-        route = functools.partial(_stack_runs, host=host, device=device, blocks=blocks)
-    routes = t.res.copy_routes
-    if len(routes) >= KEPT:
-        routes.clear()
-    routes[id(units), dma] = (units, route)  # the tuple kept: its id is not reused
-    return route
+        return functools.partial(_kernel, views=kernel_views(t, units))
+    if (stacks := page_stacks(t, units)) is None:  # pools that do not stack them
+        return _unit_runs
+    host, device = stacks
+    blocks = runs_are_blocks(t, units)
+    return functools.partial(_stack_runs, host=host, device=device, blocks=blocks)
 
 
 def _kernel(t: Transfer, step: Step, load: bool, *, views: list[KernelViews]) -> None:

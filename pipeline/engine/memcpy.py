@@ -44,8 +44,8 @@ def pages_view(view: torch.Tensor) -> Pages:
 
 class StackPages(NamedTuple):
     """Units stacked [units, pages, rows, elems] in one buffer, as plain integers: a copy call
-    of a page (or of a run of pages, where each unit's pages lie end to end) of every unit is
-    made from them without slicing a tensor (`run`, `page`)."""
+    of a run of pages of every unit is made from them without slicing a tensor (`run`, where
+    each unit's pages lie end to end; else a batch, from `unit_addresses`)."""
 
     view: torch.Tensor
     address: int
@@ -55,7 +55,7 @@ class StackPages(NamedTuple):
     page_block: bool
     """A unit's page is one contiguous block (see `Pages.block`)."""
     views: bool
-    """The copier takes views (CPU): `run` and `page` slice `view` for it."""
+    """The copier takes views (CPU): `run` slices `view` for it."""
     units: int
     unit_addresses: np.ndarray
     """Each unit's first byte (int64): a batch copy's addresses are one add from them."""
@@ -66,12 +66,6 @@ class StackPages(NamedTuple):
         address = self.address + page * self.page_pitch
         block = self.page_block and self.page_pitch == self.page_width
         return Pages(view, address, self.unit_pitch, pages * self.page_width, block)
-
-    def page(self, page: int) -> Pages:
-        """Page `page` of every unit."""
-        view = self.view[:, page] if self.views else None
-        address = self.address + page * self.page_pitch
-        return Pages(view, address, self.unit_pitch, self.page_width, self.page_block)
 
 
 def stack_pages(view: torch.Tensor) -> StackPages:

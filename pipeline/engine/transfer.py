@@ -173,11 +173,11 @@ class Resources:
     trace: Trace
     timings_s: dict[str, float]
     """Seconds spent in each stage over all transfers (issue time on cuda)."""
-    copy_routes: dict[tuple[int, bool], tuple[tuple[Unit, ...], Route]] = field(
-        default_factory=dict
+    copy_routes: dict[bool, dict[int, tuple[tuple[Unit, ...], Route]]] = field(
+        default_factory=lambda: {False: {}, True: {}}
     )
-    """The copy stage's calls for a step of several units, by (id of the units tuple, as
-    DMAs), with the tuple (`stages.copy._route`)."""
+    """The copy stage's calls for a step of several units, as DMAs or not, then by the units
+    tuple (`remembered`; `stages.copy._route`)."""
 
     def fitted(self, spec: PlanSpec) -> PlanSpec:
         """`spec` for these pools: whether both keep each pool kind's copied units evenly
@@ -247,8 +247,8 @@ class Transfer:
                 on_device = self.res.upload(rows, None)
                 self.host_ids, self.device_ids = on_device[0], on_device[1]
             else:
-                self.res.upload(rows, lent[0])
-                self.host_ids, self.device_ids = lent[1], lent[2]
+                both, self.host_ids, self.device_ids = lent
+                self.res.upload(rows, both)
         return self.host_ids, self.device_ids
 
     def page_id_rows(self) -> np.ndarray:

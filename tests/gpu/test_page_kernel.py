@@ -113,11 +113,8 @@ class IndexOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("chunk", [0, 2])
-def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exact(chunk) -> None:
-    """What the bench's fragmented kernel rows claim for the new side: every gather/scatter is
-    the page kernel's launch, none torch's, and the pages come back as they left."""
+def kernel_engine(*overrides: str) -> pipeline.Engine:
+    """A one-GPU tiny_mla engine on the kernel backend, its device pages random bytes."""
     engine = pipeline.create_engine(
         pipeline.compose(
             [
@@ -126,29 +123,49 @@ def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exa
                 "topology.device=cuda",
                 "topology.io_backend=kernel",
                 "topology.mem_layout=layer_first",
-                f"strategy.chunk_pages={chunk}",
-                "workload.num_tokens=256",
+                *overrides,
             ]
         )
     )
-    size = engine.sizing.slots_per_page
-    host, source, target = ([0, 2, 4, 6], [9, 3, 7, 1], [2, 8, 4, 6])
-    host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
-    pool = engine.device_pool
     for unit in engine.spec.units:
-        layer = pool.layer(unit).view(torch.uint8)
+        layer = engine.device_pool.layer(unit).view(torch.uint8)
         layer.copy_(torch.randint(0, 256, layer.shape, dtype=torch.uint8))
-    forward = engine.runtime.forward_stream
-    with IndexOps() as ops:
-        forward.wait_event(engine.backup(host_t, source_t))
-        handle = engine.load(host_t, target_t)
-        engine.begin_forward(forward)
-        forward.wait_event(handle.done(forward))
+    return engine
+
+
+def round_trip(
+    engine: pipeline.Engine, host: list[int], source: list[int], target: list[int]
+) -> None:
+    """Back up `source`'s device pages to `host` and load them into `target`, the forward
+    stream waiting for each (no host wait)."""
+    size, forward = engine.sizing.slots_per_page, engine.runtime.forward_stream
+    host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
+    forward.wait_event(engine.backup(host_t, source_t))
+    handle = engine.load(host_t, target_t)
+    engine.begin_forward(forward)
+    forward.wait_event(handle.done(forward))
+
+
+def assert_landed(engine: pipeline.Engine, pairs: list[tuple[list[int], list[int]]]) -> None:
+    """Each target's pages hold its source's bytes, in every unit."""
     torch.cuda.synchronize()
-    assert ops.count == 0
     for unit in engine.spec.units:
-        layer = pool.layer(unit).view(torch.uint8)  # bytes: random bf16 holds NaNs
-        assert torch.equal(layer[target].cpu(), layer[source].cpu()), unit
+        layer = engine.device_pool.layer(unit).view(torch.uint8)  # bytes: bf16 holds NaNs
+        for source, target in pairs:
+            assert torch.equal(layer[target].cpu(), layer[source].cpu()), (unit, source, target)
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_a_fragmented_kernel_transfer_issues_no_torch_index_op_and_lands_bit_exact(chunk) -> None:
+    """What the bench's fragmented kernel rows claim for the new side: every gather/scatter is
+    the page kernel's launch, none torch's, and the pages come back as they left."""
+    engine = kernel_engine(f"strategy.chunk_pages={chunk}", "workload.num_tokens=256")
+    source, target = [9, 3, 7, 1], [2, 8, 4, 6]
+    with IndexOps() as ops:
+        round_trip(engine, [0, 2, 4, 6], source, target)
+    assert ops.count == 0
+    assert_landed(engine, [(source, target)])
     engine.close()
 
 
@@ -157,47 +174,21 @@ def test_transfers_issued_back_to_back_read_their_own_ids_from_lent_buffers() ->
     """Eight scattered round trips issued without a host wait, more than the engine's four
     id buffers: a buffer is lent again only once its transfer is done, so every load lands
     its own pages (written on 2026-12-04 when no GPU was lent: not yet run)."""
-    engine = pipeline.create_engine(
-        pipeline.compose(
-            [
-                "model=tiny_mla",
-                "topology=tp1",
-                "topology.device=cuda",
-                "topology.io_backend=kernel",
-                "topology.mem_layout=layer_first",
-                "strategy.cuda_graph_cache=0",  # eager: each transfer uploads its own ids
-                "workload.num_tokens=1024",
-                "workload.device_tokens=4096",
-            ]
-        )
+    engine = kernel_engine(
+        "strategy.cuda_graph_cache=0",  # eager: each transfer uploads its own ids
+        "workload.num_tokens=1024",
+        "workload.device_tokens=4096",
     )
-    buffers = engine.resources.page_id_buffers
-    assert buffers is not None  # lent on cuda
-    size, rounds = engine.sizing.slots_per_page, 8
+    assert engine.resources.page_id_buffers is not None  # lent on cuda
+    rounds = 8
     host = random.Random(1).sample(range(engine.sizing.host.num_pages), 2 * rounds)
     device = random.Random(2).sample(range(engine.sizing.device_pages), 4 * rounds)
-    pool = engine.device_pool
-    for unit in engine.spec.units:
-        layer = pool.layer(unit).view(torch.uint8)
-        layer.copy_(torch.randint(0, 256, layer.shape, dtype=torch.uint8))
-    forward = engine.runtime.forward_stream
     pairs = []
     for i in range(rounds):
-        h, source, target = (
-            host[2 * i : 2 * i + 2],
-            device[4 * i : 4 * i + 2],
-            device[4 * i + 2 : 4 * i + 4],
-        )
-        forward.wait_event(engine.backup(page_tokens(h, size), page_tokens(source, size)))
-        handle = engine.load(page_tokens(h, size), page_tokens(target, size))
-        engine.begin_forward(forward)
-        forward.wait_event(handle.done(forward))
+        source, target = device[4 * i : 4 * i + 2], device[4 * i + 2 : 4 * i + 4]
+        round_trip(engine, host[2 * i : 2 * i + 2], source, target)
         pairs.append((source, target))
-    torch.cuda.synchronize()
-    for unit in engine.spec.units:
-        layer = pool.layer(unit).view(torch.uint8)
-        for source, target in pairs:
-            assert torch.equal(layer[target].cpu(), layer[source].cpu()), (unit, source, target)
+    assert_landed(engine, pairs)
     engine.close()
 
 

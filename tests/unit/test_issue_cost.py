@@ -343,9 +343,9 @@ def test_a_transfer_of_a_known_shape_finds_its_copy_calls_without_working_them_o
     found = []
     route = copy_stage._route
 
-    def counted(*args):  # type: ignore[no-untyped-def]
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         found.append(args[1])
-        return route(*args)
+        return route(*args, **kwargs)
 
     with mock.patch.object(copy_stage, "_route", counted):
         for _ in range(2):
@@ -354,4 +354,4 @@ def test_a_transfer_of_a_known_shape_finds_its_copy_calls_without_working_them_o
             made, found[:] = len(found), []
     engine.close()
     assert made == 0  # the second transfer: every route known
-    assert engine.resources.copy_routes  # the first made some (several units per step)
+    assert any(engine.resources.copy_routes.values())  # the first made some (several units)
