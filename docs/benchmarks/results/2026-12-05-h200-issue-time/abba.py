@@ -1,18 +1,51 @@
-import json, sys, statistics as st
-runs = {n: json.load(open(f'/tmp/dev2/res/{n}/bench.json'))['rows'] for n in ['bench_1_old','bench_2_new','bench_3_new','bench_4_old']}
-runs['bench_0_new'] = json.load(open('/tmp/dev1/res/bench_1_new/bench.json'))['rows']
-key = lambda r: (r['tokens'], r['direction'], r['placement'], r['io'], 'yes' if r['cuda_graph_cache'] else ('-' if r['io']=='direct' else 'no'), r['chunk_pages'])
-tab = {}
-for n, rows in runs.items():
-    for r in rows: tab.setdefault(key(r), {})[n] = r
-print('| tokens (pages) | direction | placement | io | graphs | chunk | d61fd63 issue ms | 5112da9 issue ms | new / old | x floor (new) | copy calls old / new | bit-exact |')
-print('| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |')
-for k, v in tab.items():
-    old = st.mean(v[n]['issue_ms'] for n in ['bench_1_old','bench_4_old'])
-    new = st.mean(v[n]['issue_ms'] for n in ['bench_2_new','bench_3_new'])
-    xf = st.mean(v[n]['x_floor'] for n in ['bench_2_new','bench_3_new'])
-    ops = lambda n: '+'.join(f'{c} {o}' for d in v[n].get('ops', [{'?':''}])[:1] for o,c in d.items())
-    be = all(r['bit_exact'] and r['reference_bit_exact'] for r in v.values())
-    t,dr,pl,io,g,ch = k
-    print(f'| {t} ({t//64}) | {dr} | {pl} | {io} | {g} | {ch} | {old:.2f} | {new:.2f} | {new/old:.2f} | {xf:.3f} | {ops("bench_1_old")} / {ops("bench_2_new")} | {"yes" if be else "NO"} |')
-print('single-call new (call 1) issue at 16K:', [round(v['bench_0_new']['issue_ms'],2) for k,v in tab.items() if k[0]==16384])
+"""BENCHMARKS.md's issue-30 table from this folder's four ABBA runs: each tree's mean issue ms.
+
+Run from anywhere: python docs/benchmarks/results/2026-12-05-h200-issue-time/abba.py
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OLD, NEW = ("bench_1_old", "bench_4_old"), ("bench_2_new", "bench_3_new")
+
+
+def rows(name: str) -> list[dict]:
+    with open(HERE / f"{name}.json") as f:
+        return json.load(f)["rows"]
+
+
+def case(row: dict) -> tuple:
+    graphs = "yes" if row["cuda_graph_cache"] else "-" if row["io"] == "direct" else "no"
+    return row["tokens"], row["direction"], row["placement"], row["io"], graphs, row["chunk_pages"]
+
+
+def ops(row: dict) -> str:
+    """The copy calls one transfer made; '?' where the old tree recorded none (its loads)."""
+    return " + ".join(f"{n} {op}" for op, n in row["ops"][0].items()) if "ops" in row else "?"
+
+
+def main() -> None:
+    table: dict[tuple, dict[str, dict]] = {}
+    for name in OLD + NEW:
+        for row in rows(name):
+            table.setdefault(case(row), {})[name] = row
+    print(
+        "| tokens (pages) | direction | placement | io | graphs | chunk | d61fd63 issue ms "
+        "| 5112da9 issue ms | new / old | x floor (new) | copy calls old / new | bit-exact |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
+    for (tokens, *rest), runs in table.items():
+        old = statistics.mean(runs[n]["issue_ms"] for n in OLD)
+        new = statistics.mean(runs[n]["issue_ms"] for n in NEW)
+        x_floor = statistics.mean(runs[n]["x_floor"] for n in NEW)
+        exact = all(r["bit_exact"] and r["reference_bit_exact"] for r in runs.values())
+        cells = [f"{tokens} ({tokens // 64})", *map(str, rest), f"{old:.2f}", f"{new:.2f}"]
+        cells += [f"{new / old:.2f}", f"{x_floor:.3f}", f"{ops(runs[OLD[0]])} / "]
+        cells[-1] += ops(runs[NEW[0]])
+        print("| " + " | ".join([*cells, "yes" if exact else "NO"]) + " |")
+
+
+if __name__ == "__main__":
+    main()
