@@ -23,7 +23,7 @@ from pipeline.engine.l3_load import stream_from_l3, streamed_layers, windowed_fr
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.metrics import EngineMetrics, readings
 from pipeline.engine.pools import DevicePool, HostPool
-from pipeline.engine.prefetch import Prefetch, agreed_pages, start
+from pipeline.engine.prefetch import Prefetch, agreed_pages, refused, start
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
@@ -163,26 +163,31 @@ class Engine:
     def prefetch(self, keys: list[str], host_indices: torch.Tensor) -> Prefetch:
         """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
         `host_slots.alloc`) on the I/O threads, and return at once (a collective: it agrees on
-        the plan); `Prefetch.ready()` counts this rank's leading pages read so far."""
+        the plan); `Prefetch.ready()` counts this rank's leading pages read so far. The slots
+        are then the prefetch's until `load_prefetched` or `Prefetch.cancel`: every call
+        naming them (`backup`, `load`, `write_back`, `load_from_l3`, `prefetch`,
+        `host_slots.free` / `reuse`) is refused with a ValueError naming the prefetch."""
         tier = self._l3()
         job = prefetch_job(keys, host_indices, self.spec, self.host_allocator)
-        return start(tier, job, host_indices, self.strategy.l3.fetch)
+        slots = host_indices.clone()  # the caller may reuse its tensor: load what was checked
+        return start(tier, job, slots, self.strategy.l3.fetch, self.host_allocator)
 
     def load_prefetched(self, prefetch: Prefetch, device_indices: torch.Tensor) -> L3Load:
         """Agree under `storage.prefetch_policy` on the leading pages every reader of the group
         has read intact, load them to `device_indices` (one per prefetched page), and give the
-        slots of the other pages back to the free list, on every rank (a collective)."""
+        slots of the other pages back to the free list, on every rank (a collective). Checks
+        come first, and the group agrees on them: a prefetch loaded or cancelled already, or
+        `device_indices` that a load would refuse, on any rank, raise ValueError on every rank
+        before anything changes, and the prefetch stays as it was (load it again, or cancel)."""
         tier, per_page = self._l3(), self.sizing.slots_per_page
-        if prefetch.taken:
-            raise ValueError("prefetch: this prefetch was loaded already")
-        host = prefetch.host_indices
-        if len(device_indices) != len(host):
-            raise ValueError(f"device_indices has {len(device_indices)} slots for {len(host)}")
-        prefetch.taken = True
-        hits = agreed_pages(tier, prefetch, tier.storage)
+        if not isinstance(prefetch, Prefetch) or prefetch.slots is not self.host_allocator:
+            raise ValueError("prefetch must be a Prefetch that this engine's prefetch returned")
+        refusal = refused(prefetch, device_indices, per_page, self.spec.device_slots)
+        hits = agreed_pages(tier, prefetch, tier.storage, refusal)
+        prefetch.end("loaded", free=slice(hits, None))
         self.host_allocator.hold_data(prefetch.job.host_pages[:hits])
-        self.host_allocator.free(prefetch.job.host_pages[hits:].tolist())
         slots = slice(0, hits * per_page)
+        host = prefetch.host_indices
         load = self.load(host[slots], device_indices[slots]) if hits else None
         self.metrics.observe("fetch", time.monotonic() - prefetch.started_s)
         return L3Load(hits, False, WindowedLoad([load]) if load else None)
@@ -251,8 +256,10 @@ class Engine:
             verify=load and self.verifies_next_load(),
             known_steps=self._known_steps,
         )
-        if load:
+        if load:  # pages with data (`require_data` says why not: lent, not allocated)
             self.host_allocator.require_data("host_indices", plan.host_pages)
+        else:
+            self.host_allocator.require_unlent("host_indices", plan.host_pages)
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)
