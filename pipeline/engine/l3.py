@@ -24,6 +24,7 @@ from pipeline.engine.l3_pages import (
     Scratch,
     Scratches,
     copy_runs,
+    failure,
     pool_runs,
     read_checked,
     span_checks,
@@ -172,8 +173,9 @@ class L3Tier:
             header = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
             ranges, check, failed = read_checked(head, pages, header, buffers, group_ok, table)
             if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
-                if failed:  # it was there, and did not check out
-                    self.trace.op("l3_corrupt")
+                there = functools.partial(self.store.exists, [name])
+                if kind := failure(failed, keyed=self.checks.key is not None, there=there):
+                    self.trace.op(kind)  # there, and did not check out
                 return False
             if not pages.direct:
                 targets = self.runs(units, page, device=device)
