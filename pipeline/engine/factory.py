@@ -122,17 +122,23 @@ def engine_on(
         debug_consensus=recipe.debug_consensus,
         poll_timer_every=config.poll_timer_every,
     )
-    return Engine(
-        strategy=recipe.strategy,
-        runtime=runtime,
-        model=model,
-        topology=topology,
-        sizing=sizing,
-        resources=res,
-        acks=acks,
-        graphs=TransferGraphs(graphs) if graphs else None,
-        l3=open_tier(recipe.storage, runtime, model, topology, owners, res, store),
-    )
+    tier = open_tier(recipe.storage, runtime, model, topology, owners, res, store)
+    try:
+        return Engine(
+            strategy=recipe.strategy,
+            runtime=runtime,
+            model=model,
+            topology=topology,
+            sizing=sizing,
+            resources=res,
+            acks=acks,
+            graphs=TransferGraphs(graphs) if graphs else None,
+            l3=tier,
+        )
+    except BaseException:
+        if tier is not None:  # its store, threads and registrations: the caller has no engine
+            tier.close()
+        raise
 
 
 def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:

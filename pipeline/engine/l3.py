@@ -9,6 +9,7 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -283,20 +284,29 @@ def open_tier(
     space = namespace(model)
     key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
     longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
-    tier = L3Tier(
-        store=store or open_store(storage, largest_object(model)),
-        owns_store=store is None,
-        space=space,
-        obj=obj,
-        roles=page_roles(owners, model.units, runtime.rank),
-        runtime=runtime,
-        res=res,
-        stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
-        io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
-        scratches=Scratches(obj, longest, storage.io_threads),
-        owners=owners,
-        storage=storage,
-        checks=Checks(key),
-    )
-    tier.store.register(tier.memory())
+    with contextlib.ExitStack() as undo:  # what is opened closes again if a later step fails
+        if store is None:
+            opened = open_store(storage, largest_object(model))
+            undo.callback(opened.close)
+        stream = WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s)
+        undo.callback(stream.close)
+        io = ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}")
+        undo.callback(io.shutdown)
+        tier = L3Tier(
+            store=store or opened,
+            owns_store=store is None,
+            space=space,
+            obj=obj,
+            roles=page_roles(owners, model.units, runtime.rank),
+            runtime=runtime,
+            res=res,
+            stream=stream,
+            io=io,
+            scratches=Scratches(obj, longest, storage.io_threads),
+            owners=owners,
+            storage=storage,
+            checks=Checks(key),
+        )
+        tier.store.register(tier.memory())
+        undo.pop_all()
     return tier
