@@ -96,7 +96,9 @@ class Engine:
         return HostSlots(self.host_allocator, self.sizing.slots_per_page)
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
-        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event."""
+        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event.
+        Refused (ValueError naming the argument, before a byte moves) for malformed slots or
+        host slots a prefetch holds (see `host_slots`)."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
@@ -107,7 +109,9 @@ class Engine:
         return t.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
-        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack."""
+        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack.
+        Refused like `backup`, and for host slots that hold no data (never backed up, not
+        allocated, freed, or a prefetch's)."""
         self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
@@ -128,7 +132,8 @@ class Engine:
 
     def write_back(self, keys: list[str], host_indices: torch.Tensor) -> Event:
         """Store backed-up host slots in L3 under their page keys, on the write-back thread
-        after every backup so far; the ack: this rank's objects are stored (free after it)."""
+        after every backup so far; the ack: this rank's objects are stored (free after it).
+        Refused for host slots not allocated, a prefetch's, or holding no data."""
         job = objects_job(keys, host_indices, None, self.spec, self.host_allocator)
         done = self._l3().write_back(self.strategy.l3.write_back, job, self._last_backup)
         self.acks.submit("write_back", done)
@@ -150,7 +155,8 @@ class Engine:
         """Read `keys`' pages from L3 into free host slots; load the leading pages every
         reader found intact to device slots (a collective): a group of layers at a time as
         the forward waits for them where the load streams (`storage.stream_layers`), else
-        window by window as read."""
+        window by window as read. Refused for host slots not allocated, a prefetch's, or
+        holding data (the read would overwrite it)."""
         tier, start = self._l3(), time.monotonic()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
         if per_group := streamed_layers(self, tier):

@@ -4,6 +4,12 @@ data so that `Engine.load_from_l3` may read into them.
 
 The free list is replicated state (`Engine.state_digest` covers it): make the same calls in the
 same order on every rank and every rank gets the same slots.
+
+Slots have one owner. Allocated slots are the caller's; slots handed to `Engine.prefetch` are
+the prefetch's until `Engine.load_prefetched` or `Prefetch.cancel` ends it (its reads may
+write into them until then), and every call naming them (`free`, `reuse`, `backup`, `load`,
+`write_back`, `load_from_l3`, `prefetch`) is refused with a ValueError naming the prefetch.
+Slots never allocated (or freed) are refused by every call but `backup`.
 """
 
 from __future__ import annotations
