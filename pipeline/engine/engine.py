@@ -97,8 +97,7 @@ class Engine:
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
         """Copy device slots to host slots (logical slot indices, CPU int64); the ack event.
-        Refused (ValueError naming the argument, before a byte moves) for malformed slots or
-        host slots a prefetch holds (see `host_slots`)."""
+        ValueError naming the argument for malformed slots or a prefetch's (`host_slots`)."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
@@ -110,8 +109,7 @@ class Engine:
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
         """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack.
-        Refused like `backup`, and for host slots that hold no data (never backed up, not
-        allocated, freed, or a prefetch's)."""
+        Refused like `backup`, and for host slots without data (or not allocated)."""
         self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
@@ -156,7 +154,7 @@ class Engine:
         reader found intact to device slots (a collective): a group of layers at a time as
         the forward waits for them where the load streams (`storage.stream_layers`), else
         window by window as read. Refused for host slots not allocated, a prefetch's, or
-        holding data (the read would overwrite it)."""
+        holding data."""
         tier, start = self._l3(), time.monotonic()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
         if per_group := streamed_layers(self, tier):
@@ -170,30 +168,22 @@ class Engine:
         """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
         `host_slots.alloc`) on the I/O threads, and return at once (a collective: it agrees on
         the plan); `Prefetch.ready()` counts this rank's leading pages read so far. The slots
-        are then the prefetch's until `load_prefetched` or `Prefetch.cancel`: every call
-        naming them (`backup`, `load`, `write_back`, `load_from_l3`, `prefetch`,
-        `host_slots.free` / `reuse`) is refused with a ValueError naming the prefetch."""
+        are the prefetch's until `load_prefetched` or `Prefetch.cancel` (see `host_slots`)."""
         tier = self._l3()
         job = prefetch_job(keys, host_indices, self.spec, self.host_allocator)
-        slots = host_indices.clone()  # the caller may reuse its tensor: load what was checked
-        return start(tier, job, slots, self.strategy.l3.fetch, self.host_allocator)
+        return start(tier, job, host_indices, self.strategy.l3.fetch, self.host_allocator)
 
     def load_prefetched(self, prefetch: Prefetch, device_indices: torch.Tensor) -> L3Load:
         """Agree under `storage.prefetch_policy` on the leading pages every reader of the group
         has read intact, load them to `device_indices` (one per prefetched page), and give the
-        slots of the other pages back to the free list, on every rank (a collective). Checks
-        come first, and the group agrees on them: a prefetch loaded or cancelled already, or
-        `device_indices` that a load would refuse, on any rank, raise ValueError on every rank
-        before anything changes, and the prefetch stays as it was (load it again, or cancel)."""
-        tier, per_page = self._l3(), self.sizing.slots_per_page
-        if not isinstance(prefetch, Prefetch) or prefetch.slots is not self.host_allocator:
-            raise ValueError("prefetch must be a Prefetch that this engine's prefetch returned")
-        refusal = refused(prefetch, device_indices, per_page, self.spec.device_slots)
-        hits = agreed_pages(tier, prefetch, tier.storage, refusal)
+        slots of the other pages back to the free list, on every rank (a collective). A
+        prefetch ended already or bad `device_indices` on any rank raise ValueError on every
+        rank before anything changes; the prefetch stays usable (load it again, or cancel)."""
+        tier, why = self._l3(), refused(prefetch, device_indices, self.spec, self.host_allocator)
+        hits = agreed_pages(tier, prefetch, why)
         prefetch.end("loaded", free=slice(hits, None))
         self.host_allocator.hold_data(prefetch.job.host_pages[:hits])
-        slots = slice(0, hits * per_page)
-        host = prefetch.host_indices
+        slots, host = slice(0, hits * self.sizing.slots_per_page), prefetch.host_indices
         load = self.load(host[slots], device_indices[slots]) if hits else None
         self.metrics.observe("fetch", time.monotonic() - prefetch.started_s)
         return L3Load(hits, False, WindowedLoad([load]) if load else None)
@@ -264,7 +254,7 @@ class Engine:
         )
         if load:  # pages with data (`require_data` says why not: lent, not allocated)
             self.host_allocator.require_data("host_indices", plan.host_pages)
-        else:
+        elif self.host_allocator.lending:  # (plan.host_pages is made on demand)
             self.host_allocator.require_unlent("host_indices", plan.host_pages)
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.

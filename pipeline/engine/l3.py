@@ -9,9 +9,8 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,13 +18,13 @@ import torch.distributed as dist
 
 from pipeline.engine.l3_jobs import ObjectsJob, window_pages
 from pipeline.engine.l3_pages import (
+    HEADER,
     PageMap,
     Placement,
     Runs,
     Scratch,
     Scratches,
     copy_runs,
-    failure,
     pool_runs,
     read_checked,
     span_checks,
@@ -33,8 +32,7 @@ from pipeline.engine.l3_pages import (
 )
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.stores import ObjectStore, open_store
-from pipeline.engine.stores.files import read_key_file
+from pipeline.engine.stores import ObjectStore
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
 from pipeline.spec.l3 import (
@@ -44,16 +42,11 @@ from pipeline.spec.l3 import (
     PageRoles,
     check_keys,
     header,
-    largest_object,
-    namespace,
-    page_roles,
-    share_of,
     unit_digests,
 )
-from pipeline.spec.model import ModelGeometry, Unit
+from pipeline.spec.model import Unit
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.storage import StorageConfig
-from pipeline.spec.topology import Topology
 
 
 @runtime_checkable
@@ -266,47 +259,13 @@ class L3Tier:
             self.store.close()
 
 
-def open_tier(
-    storage: StorageConfig | None,
-    runtime: Runtime,
-    model: ModelGeometry,
-    topology: Topology,
-    owners: OwnerMap,
-    res: Resources,
-    store: ObjectStore | None = None,
-) -> L3Tier | None:
-    """The rank's L3 tier, or None without a store: it joins the store (its folder or master
-    resolved by the job), or uses `store`, opened by the caller for objects of up to
-    `largest_object(model)` bytes."""
-    if storage is None or not storage.attached:
-        return None
-    obj = PageObject(share_of(topology, model, runtime.rank), model.units)
-    space = namespace(model)
-    key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
-    longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
-    with contextlib.ExitStack() as undo:  # what is opened closes again if a later step fails
-        if store is None:
-            opened = open_store(storage, largest_object(model))
-            undo.callback(opened.close)
-        stream = WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s)
-        undo.callback(stream.close)
-        io = ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}")
-        undo.callback(io.shutdown)
-        tier = L3Tier(
-            store=store or opened,
-            owns_store=store is None,
-            space=space,
-            obj=obj,
-            roles=page_roles(owners, model.units, runtime.rank),
-            runtime=runtime,
-            res=res,
-            stream=stream,
-            io=io,
-            scratches=Scratches(obj, longest, storage.io_threads),
-            owners=owners,
-            storage=storage,
-            checks=Checks(key),
-        )
-        tier.store.register(tier.memory())
-        undo.pop_all()
-    return tier
+def failure(failed: list[int], *, keyed: bool, there: Callable[[], list[bool]]) -> str | None:
+    """The op that counts a failed read other than a plain miss (`failed`: its ranges that
+    failed their check; `there`: whether the object is in the store, asked only if needed).
+    Under a key, an object there that the key does not authenticate (its header fails the
+    keyed check, or it has another length: written without the key, with another one, or
+    forged) is `l3_forged`; a payload that fails its digest (or, without a key, a header that
+    fails its CRC) is `l3_corrupt`. Either is also a read miss, counted where the load stops."""
+    if keyed and (failed == [HEADER] or (not failed and there() == [True])):
+        return "l3_forged"
+    return "l3_corrupt" if failed else None

@@ -296,15 +296,3 @@ def read_checked(
         return ok
 
     return ranges, check, failed
-
-
-def failure(failed: list[int], *, keyed: bool, there: Callable[[], list[bool]]) -> str | None:
-    """The op that counts a failed read other than a plain miss (`failed`: its ranges that
-    failed their check; `there`: whether the object is in the store, asked only if needed).
-    Under a key, an object there that the key does not authenticate (its header fails the
-    keyed check, or it has another length: written without the key, with another one, or
-    forged) is `l3_forged`; a payload that fails its digest (or, without a key, a header that
-    fails its CRC) is `l3_corrupt`. Either is also a read miss, counted where the load stops."""
-    if keyed and (failed == [HEADER] or (not failed and there() == [True])):
-        return "l3_forged"
-    return "l3_corrupt" if failed else None

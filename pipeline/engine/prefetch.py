@@ -24,8 +24,9 @@ import torch
 from pipeline.engine.l3 import L3Tier, ObjectStage
 from pipeline.engine.l3_fetch import drain, settle
 from pipeline.engine.l3_jobs import ObjectsJob
+from pipeline.spec.plan import PlanSpec
 from pipeline.spec.slots import PageAllocator, pages_of
-from pipeline.spec.storage import PrefetchPolicy, StorageConfig
+from pipeline.spec.storage import PrefetchPolicy
 
 
 @dataclass
@@ -88,7 +89,8 @@ def start(
     the last, which agrees on hits: the plan's agreement (dedup strategies) and the reads'
     start. A plan the ranks disagree on reads nothing (a fallback reads into device pages,
     not known yet), and its load finds no page."""
-    prefetch = Prefetch(job, host_indices, time.monotonic(), slots)
+    # a copy: the caller may reuse its tensor, and the load takes the slots checked here
+    prefetch = Prefetch(job, host_indices.clone(), time.monotonic(), slots)
     slots.lend(job.host_pages, prefetch.name)
     try:
         for stage in stages[:-1]:
@@ -102,14 +104,17 @@ def start(
 
 
 def refused(
-    prefetch: Prefetch, device_indices: torch.Tensor, slots_per_page: int, device_slots: int
+    prefetch: Prefetch, device_indices: torch.Tensor, spec: PlanSpec, slots: PageAllocator
 ) -> str:
     """Why this rank refuses to load `prefetch` into `device_indices` ('' if it does not):
-    checked before anything changes, then agreed on with the group (`agreed_pages`)."""
+    checked before anything changes, then agreed on with the group (`agreed_pages`); a
+    `prefetch` that is not one of this engine's (`slots`) raises at once."""
+    if not isinstance(prefetch, Prefetch) or prefetch.slots is not slots:
+        raise ValueError("prefetch must be a Prefetch that this engine's prefetch returned")
     if prefetch.ended:
         return f"prefetch: {prefetch.name} was {prefetch.ended} already"
     try:
-        pages = pages_of("device_indices", device_indices, slots_per_page, device_slots)
+        pages = pages_of("device_indices", device_indices, spec.slots_per_page, spec.device_slots)
     except ValueError as e:
         return str(e)
     if len(pages) != len(prefetch.job.keys):
@@ -120,13 +125,14 @@ def refused(
     return ""
 
 
-def agreed_pages(tier: L3Tier, prefetch: Prefetch, storage: StorageConfig, refusal: str) -> int:
+def agreed_pages(tier: L3Tier, prefetch: Prefetch, refusal: str) -> int:
     """The leading pages every reader of the group read intact under the policy (0 below
     `storage.min_hit_pages`), agreed together with every rank's `refusal` of its arguments
     ('' for none): a refusal on any rank raises ValueError on every rank, with the prefetch
     left as it was (its reads go on). Otherwise every read is settled when it returns; if
     settling fails, the prefetch ends, its slots back on the free list."""
-    job, policy = prefetch.job, storage.prefetch_policy
+    job, storage = prefetch.job, tier.storage
+    policy = storage.prefetch_policy
     try:
         if policy is PrefetchPolicy.timeout and not refusal:
             concurrent.futures.wait(job.reads, timeout=storage.prefetch_timeout_s)

@@ -186,6 +186,11 @@ class PageAllocator:
         if not self._own[pages].all():  # the issue path's case, in two numpy calls
             self._refuse(name, pages)
 
+    @property
+    def lending(self) -> bool:
+        """Some pages are lent now."""
+        return bool(self._lent)
+
     def require_unlent(self, name: str, pages: np.ndarray) -> None:
         """ValueError naming `name` if a page is lent to a prefetch (a backup may still name
         pages it never allocated: the jobs and benches manage host pages of their own)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import pipeline
-from pipeline.engine import factory, l3
+from pipeline.engine import factory
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 
@@ -47,7 +47,7 @@ def test_a_failed_create_engine_closes_what_it_opened(
         [*knobs, f"runtime.metrics_port={port}"] if where == "metrics port" else knobs
     )
     failing: dict[str, tuple[object, str, Callable[..., None]]] = {
-        "tier threads": (l3, "WorkerStream", fail),
+        "tier threads": (factory, "WorkerStream", fail),
         "engine": (factory, "Engine", fail),
     }
     if where in failing:
