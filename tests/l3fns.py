@@ -134,7 +134,7 @@ def held_pages_refused(job: Job, rank: int, world_size: int, local_rank: int) ->
     engine = open_engine(job.recipe(), rank, world_size, local_rank)
     try:
         size = engine.sizing.slots_per_page
-        host = engine.host_allocator.alloc(2)
+        host, empty = engine.host_allocator.alloc(2), engine.host_allocator.alloc(2)
         fill_random(engine, [0, 1], 3)
         engine.backup(page_tokens(host, size), page_tokens([0, 1], size)).wait()
         before = [engine.host_pool.layer(u).clone() for u in engine.host_pool.owned]
@@ -142,7 +142,7 @@ def held_pages_refused(job: Job, rank: int, world_size: int, local_rank: int) ->
         errors = []
         for call in (
             lambda: engine.load_from_l3(keys, page_tokens(host, size), page_tokens([4, 5], size)),
-            lambda: engine.write_back(keys, page_tokens([7, 8], size)),
+            lambda: engine.write_back(keys, page_tokens(empty, size)),
             lambda: engine.write_back(["../../x"] * 2, page_tokens(host, size)),
             lambda: engine.lookup([*keys[:1], "zz"]),
         ):

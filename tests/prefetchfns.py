@@ -103,3 +103,59 @@ def _until_everyone_ready(prefetch: Any, pages: int) -> None:
         done.wait(0.01)
     deadline.cancel()
     dist.barrier()
+
+
+def refused_then_loaded(job: Job, rank: int, world_size: int, local_rank: int) -> dict:
+    """Prefetch 8 written-back pages; rank 1 alone names device slots out of range in a
+    load_prefetched (every rank must refuse it, before a byte moves), then both load them
+    right; then a second prefetch, whose slots no rank may free, cancelled on every rank."""
+    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    try:
+        return _refused_then_loaded(engine, rank)
+    finally:
+        engine.close()
+
+
+def _refused_then_loaded(engine: Engine, rank: int) -> dict[str, Any]:
+    size, slots = engine.sizing.slots_per_page, engine.host_slots
+    source, target = list(range(PAGES)), [p + PAGES for p in range(PAGES)]
+    fill_random(engine, source, 5 + engine.runtime.replica_group[0])
+    expected = snapshot(engine, source)
+    host = slots.alloc(PAGES * size)
+    engine.backup(host, page_tokens(source, size)).wait()
+    keys = engine.l3_keys(list(range(PAGES * size)))
+    engine.write_back(keys, host).wait()
+    while engine.acks.pending:
+        engine.poll()
+    slots.free(host)
+    prefetch = engine.prefetch(keys, slots.alloc(PAGES * size))
+    poison(engine, target)
+    top = engine.sizing.device_pages
+    bad = page_tokens([top - 1 - p for p in range(PAGES - 1)] + [top], size)
+    try:
+        engine.load_prefetched(prefetch, bad if rank == 1 else page_tokens(target, size))
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    untouched = all(bool((t == POISON).all()) for t in snapshot(engine, target).values())
+    loaded = engine.load_prefetched(prefetch, page_tokens(target, size))
+    if loaded.handle is not None:
+        forward(engine, loaded.handle)
+        loaded.handle.done(engine.runtime.forward_stream).wait()
+    while engine.acks.pending:
+        engine.poll()
+    second = engine.prefetch(keys, fresh := slots.alloc(PAGES * size))
+    try:
+        slots.free(fresh)
+        freed = ""
+    except ValueError as e:
+        freed = str(e)
+    second.cancel()
+    return {
+        "refused": refused,
+        "untouched": untouched,
+        "hits": loaded.hits,
+        "loaded": first_mismatch(engine, target, expected),
+        "freed": freed,
+        "digest": engine.state_digest(),
+    }

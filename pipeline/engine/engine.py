@@ -23,7 +23,7 @@ from pipeline.engine.l3_load import stream_from_l3, streamed_layers, windowed_fr
 from pipeline.engine.loads import L3Load, WindowedLoad
 from pipeline.engine.metrics import EngineMetrics, readings
 from pipeline.engine.pools import DevicePool, HostPool
-from pipeline.engine.prefetch import Prefetch, agreed_pages, start
+from pipeline.engine.prefetch import Prefetch, agreed_pages, refused, start
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
@@ -96,7 +96,8 @@ class Engine:
         return HostSlots(self.host_allocator, self.sizing.slots_per_page)
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
-        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event."""
+        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event.
+        ValueError naming the argument for malformed slots or a prefetch's (`host_slots`)."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
@@ -107,7 +108,8 @@ class Engine:
         return t.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
-        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack."""
+        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack.
+        Refused like `backup`, and for host slots without data (or not allocated)."""
         self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
@@ -128,7 +130,8 @@ class Engine:
 
     def write_back(self, keys: list[str], host_indices: torch.Tensor) -> Event:
         """Store backed-up host slots in L3 under their page keys, on the write-back thread
-        after every backup so far; the ack: this rank's objects are stored (free after it)."""
+        after every backup so far; the ack: this rank's objects are stored (free after it).
+        Refused for host slots not allocated, a prefetch's, or holding no data."""
         job = objects_job(keys, host_indices, None, self.spec, self.host_allocator)
         done = self._l3().write_back(self.strategy.l3.write_back, job, self._last_backup)
         self.acks.submit("write_back", done)
@@ -150,7 +153,8 @@ class Engine:
         """Read `keys`' pages from L3 into free host slots; load the leading pages every
         reader found intact to device slots (a collective): a group of layers at a time as
         the forward waits for them where the load streams (`storage.stream_layers`), else
-        window by window as read."""
+        window by window as read. Refused for host slots not allocated, a prefetch's, or
+        holding data."""
         tier, start = self._l3(), time.monotonic()
         job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
         if per_group := streamed_layers(self, tier):
@@ -163,26 +167,23 @@ class Engine:
     def prefetch(self, keys: list[str], host_indices: torch.Tensor) -> Prefetch:
         """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
         `host_slots.alloc`) on the I/O threads, and return at once (a collective: it agrees on
-        the plan); `Prefetch.ready()` counts this rank's leading pages read so far."""
+        the plan); `Prefetch.ready()` counts this rank's leading pages read so far. The slots
+        are the prefetch's until `load_prefetched` or `Prefetch.cancel` (see `host_slots`)."""
         tier = self._l3()
         job = prefetch_job(keys, host_indices, self.spec, self.host_allocator)
-        return start(tier, job, host_indices, self.strategy.l3.fetch)
+        return start(tier, job, host_indices, self.strategy.l3.fetch, self.host_allocator)
 
     def load_prefetched(self, prefetch: Prefetch, device_indices: torch.Tensor) -> L3Load:
         """Agree under `storage.prefetch_policy` on the leading pages every reader of the group
         has read intact, load them to `device_indices` (one per prefetched page), and give the
-        slots of the other pages back to the free list, on every rank (a collective)."""
-        tier, per_page = self._l3(), self.sizing.slots_per_page
-        if prefetch.taken:
-            raise ValueError("prefetch: this prefetch was loaded already")
-        host = prefetch.host_indices
-        if len(device_indices) != len(host):
-            raise ValueError(f"device_indices has {len(device_indices)} slots for {len(host)}")
-        prefetch.taken = True
-        hits = agreed_pages(tier, prefetch, tier.storage)
+        slots of the other pages back to the free list, on every rank (a collective). A
+        prefetch ended already or bad `device_indices` on any rank raise ValueError on every
+        rank before anything changes; the prefetch stays usable (load it again, or cancel)."""
+        tier, why = self._l3(), refused(prefetch, device_indices, self.spec, self.host_allocator)
+        hits = agreed_pages(tier, prefetch, why)
+        prefetch.end("loaded", free=slice(hits, None))
         self.host_allocator.hold_data(prefetch.job.host_pages[:hits])
-        self.host_allocator.free(prefetch.job.host_pages[hits:].tolist())
-        slots = slice(0, hits * per_page)
+        slots, host = slice(0, hits * self.sizing.slots_per_page), prefetch.host_indices
         load = self.load(host[slots], device_indices[slots]) if hits else None
         self.metrics.observe("fetch", time.monotonic() - prefetch.started_s)
         return L3Load(hits, False, WindowedLoad([load]) if load else None)
@@ -251,8 +252,10 @@ class Engine:
             verify=load and self.verifies_next_load(),
             known_steps=self._known_steps,
         )
-        if load:
+        if load:  # pages with data (`require_data` says why not: lent, not allocated)
             self.host_allocator.require_data("host_indices", plan.host_pages)
+        elif self.host_allocator.lending:  # (plan.host_pages is made on demand)
+            self.host_allocator.require_unlent("host_indices", plan.host_pages)
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)

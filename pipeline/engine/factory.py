@@ -8,8 +8,10 @@ the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -19,11 +21,17 @@ from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
 from pipeline.engine.engine import Engine
 from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.l3 import open_tier
+from pipeline.engine.l3 import L3Tier
+from pipeline.engine.l3_pages import Scratches
 from pipeline.engine.runtime import Backend, Runtime, pick_backend, pick_device
-from pipeline.engine.stores import ObjectStore
+from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.engine.stores.files import read_key_file
 from pipeline.engine.strategy import Strategy
+from pipeline.engine.streams import WorkerStream
+from pipeline.engine.transfer import Resources
+from pipeline.spec.l3 import Checks, PageObject, largest_object, namespace, page_roles, share_of
 from pipeline.spec.model import ModelGeometry
+from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.sizing import PoolBudget, size_rank
 from pipeline.spec.storage import StorageConfig
 from pipeline.spec.topology import IoBackend, Topology
@@ -122,17 +130,23 @@ def engine_on(
         debug_consensus=recipe.debug_consensus,
         poll_timer_every=config.poll_timer_every,
     )
-    return Engine(
-        strategy=recipe.strategy,
-        runtime=runtime,
-        model=model,
-        topology=topology,
-        sizing=sizing,
-        resources=res,
-        acks=acks,
-        graphs=TransferGraphs(graphs) if graphs else None,
-        l3=open_tier(recipe.storage, runtime, model, topology, owners, res, store),
-    )
+    tier = open_tier(recipe.storage, runtime, model, topology, owners, res, store)
+    try:
+        return Engine(
+            strategy=recipe.strategy,
+            runtime=runtime,
+            model=model,
+            topology=topology,
+            sizing=sizing,
+            resources=res,
+            acks=acks,
+            graphs=TransferGraphs(graphs) if graphs else None,
+            l3=tier,
+        )
+    except BaseException:
+        if tier is not None:  # its store, threads and registrations: the caller has no engine
+            tier.close()
+        raise
 
 
 def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
@@ -149,3 +163,49 @@ def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
         acks=engine.acks,
         graphs=TransferGraphs(graphs) if graphs else None,
     )
+
+
+def open_tier(
+    storage: StorageConfig | None,
+    runtime: Runtime,
+    model: ModelGeometry,
+    topology: Topology,
+    owners: OwnerMap,
+    res: Resources,
+    store: ObjectStore | None = None,
+) -> L3Tier | None:
+    """The rank's L3 tier, or None without a store: it joins the store (its folder or master
+    resolved by the job), or uses `store`, opened by the caller for objects of up to
+    `largest_object(model)` bytes."""
+    if storage is None or not storage.attached:
+        return None
+    obj = PageObject(share_of(topology, model, runtime.rank), model.units)
+    space = namespace(model)
+    key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
+    longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
+    with contextlib.ExitStack() as undo:  # what is opened closes again if a later step fails
+        if store is None:
+            opened = open_store(storage, largest_object(model))
+            undo.callback(opened.close)
+        stream = WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s)
+        undo.callback(stream.close)
+        io = ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}")
+        undo.callback(io.shutdown)
+        tier = L3Tier(
+            store=store or opened,
+            owns_store=store is None,
+            space=space,
+            obj=obj,
+            roles=page_roles(owners, model.units, runtime.rank),
+            runtime=runtime,
+            res=res,
+            stream=stream,
+            io=io,
+            scratches=Scratches(obj, longest, storage.io_threads),
+            owners=owners,
+            storage=storage,
+            checks=Checks(key),
+        )
+        tier.store.register(tier.memory())
+        undo.pop_all()
+    return tier

@@ -4,6 +4,12 @@ data so that `Engine.load_from_l3` may read into them.
 
 The free list is replicated state (`Engine.state_digest` covers it): make the same calls in the
 same order on every rank and every rank gets the same slots.
+
+Slots have one owner. Allocated slots are the caller's; slots handed to `Engine.prefetch` are
+the prefetch's until `Engine.load_prefetched` or `Prefetch.cancel` ends it (its reads may
+write into them until then), and every call naming them (`free`, `reuse`, `backup`, `load`,
+`write_back`, `load_from_l3`, `prefetch`) is refused with a ValueError naming the prefetch.
+Slots never allocated (or freed) are refused by every call but `backup`.
 """
 
 from __future__ import annotations
@@ -53,23 +59,21 @@ class HostSlots:
 
     def free(self, host_slots: torch.Tensor) -> None:
         """Give allocated host slots back once nothing in flight uses them (after an eviction:
-        their data is gone, and a later `alloc` may hand them out again)."""
+        their data is gone, and a later `alloc` may hand them out again). Refused (ValueError
+        naming `host_slots`) for slots not allocated, or lent to a prefetch not yet loaded
+        or cancelled. Not a collective, but replicated state: call it on every rank alike."""
         self._pages.free(self._allocated(host_slots).tolist())
 
     def reuse(self, host_slots: torch.Tensor) -> None:
         """Keep allocated host slots but drop the data they hold, so that `load_from_l3` may
-        read other pages into them (it refuses slots that hold data, which it would lose)."""
+        read other pages into them (it refuses slots that hold data, which it would lose).
+        Refused like `free`."""
         self._pages.hold_data(self._allocated(host_slots), held=False)
 
     def _allocated(self, host_slots: torch.Tensor) -> np.ndarray:
         """The pages of `host_slots`; ValueError naming it for a malformed slot list, a slot
-        out of range, or a page that is not allocated (freed already: a double free)."""
+        out of range, a page that is not allocated (never, or freed already: a double free)
+        or one lent to a prefetch."""
         pages = pages_of("host_slots", host_slots, self._per_page, self.num_slots).numpy()
-        free = set(self._pages.free_pages())
-        if loose := [p for p in pages.tolist() if p in free]:
-            first = [p * self._per_page for p in loose[:8]]
-            raise ValueError(
-                f"host_slots names host pages that are not allocated (freed already, or never "
-                f"allocated by Engine.host_slots.alloc): the pages starting at slots {first}"
-            )
+        self._pages.require_own("host_slots", pages)
         return pages

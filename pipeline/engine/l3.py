@@ -10,7 +10,7 @@ strategy (`strategy.l3`); their agreements run over the CPU group, per replica g
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from pipeline.engine.l3_jobs import ObjectsJob, window_pages
 from pipeline.engine.l3_pages import (
+    HEADER,
     PageMap,
     Placement,
     Runs,
@@ -31,8 +32,7 @@ from pipeline.engine.l3_pages import (
 )
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.stores import ObjectStore, open_store
-from pipeline.engine.stores.files import read_key_file
+from pipeline.engine.stores import ObjectStore
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
 from pipeline.spec.l3 import (
@@ -42,16 +42,11 @@ from pipeline.spec.l3 import (
     PageRoles,
     check_keys,
     header,
-    largest_object,
-    namespace,
-    page_roles,
-    share_of,
     unit_digests,
 )
-from pipeline.spec.model import ModelGeometry, Unit
+from pipeline.spec.model import Unit
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.storage import StorageConfig
-from pipeline.spec.topology import Topology
 
 
 @runtime_checkable
@@ -172,8 +167,9 @@ class L3Tier:
             header = functools.partial(unit_digests, head, obj, self.space, name, self.checks)
             ranges, check, failed = read_checked(head, pages, header, buffers, group_ok, table)
             if not self.store.read(name, head.nbytes + obj.page_bytes, ranges, check):
-                if failed:  # it was there, and did not check out
-                    self.trace.op("l3_corrupt")
+                there = functools.partial(self.store.exists, [name])
+                if kind := failure(failed, keyed=self.checks.key is not None, there=there):
+                    self.trace.op(kind)  # there, and did not check out
                 return False
             if not pages.direct:
                 targets = self.runs(units, page, device=device)
@@ -263,38 +259,13 @@ class L3Tier:
             self.store.close()
 
 
-def open_tier(
-    storage: StorageConfig | None,
-    runtime: Runtime,
-    model: ModelGeometry,
-    topology: Topology,
-    owners: OwnerMap,
-    res: Resources,
-    store: ObjectStore | None = None,
-) -> L3Tier | None:
-    """The rank's L3 tier, or None without a store: it joins the store (its folder or master
-    resolved by the job), or uses `store`, opened by the caller for objects of up to
-    `largest_object(model)` bytes."""
-    if storage is None or not storage.attached:
-        return None
-    obj = PageObject(share_of(topology, model, runtime.rank), model.units)
-    space = namespace(model)
-    key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
-    longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
-    tier = L3Tier(
-        store=store or open_store(storage, largest_object(model)),
-        owns_store=store is None,
-        space=space,
-        obj=obj,
-        roles=page_roles(owners, model.units, runtime.rank),
-        runtime=runtime,
-        res=res,
-        stream=WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s),
-        io=ThreadPoolExecutor(storage.io_threads, thread_name_prefix=f"l3-io-{runtime.rank}"),
-        scratches=Scratches(obj, longest, storage.io_threads),
-        owners=owners,
-        storage=storage,
-        checks=Checks(key),
-    )
-    tier.store.register(tier.memory())
-    return tier
+def failure(failed: list[int], *, keyed: bool, there: Callable[[], list[bool]]) -> str | None:
+    """The op that counts a failed read other than a plain miss (`failed`: its ranges that
+    failed their check; `there`: whether the object is in the store, asked only if needed).
+    Under a key, an object there that the key does not authenticate (its header fails the
+    keyed check, or it has another length: written without the key, with another one, or
+    forged) is `l3_forged`; a payload that fails its digest (or, without a key, a header that
+    fails its CRC) is `l3_corrupt`. Either is also a read miss, counted where the load stops."""
+    if keyed and (failed == [HEADER] or (not failed and there() == [True])):
+        return "l3_forged"
+    return "l3_corrupt" if failed else None

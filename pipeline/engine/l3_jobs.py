@@ -64,11 +64,12 @@ def objects_job(
     host_allocator: PageAllocator,
 ) -> ObjectsJob:
     """A write-back's job (no device slots; its host pages must hold data) or a fetch's (its
-    host pages must hold none: it would overwrite them); ValueError naming the argument
-    otherwise, before any byte moves."""
+    host pages must hold none: it would overwrite them), on allocated host pages not lent to
+    a prefetch; ValueError naming the argument otherwise, before any byte moves."""
     per_page = spec.slots_per_page
     host = pages_of("host_indices", host_indices, per_page, spec.host_slots).numpy()
     check_keys(keys, len(host))
+    host_allocator.require_own("host_indices", host)
     empty = host_allocator.without_data(host)
     if device_indices is None:
         if empty:
@@ -85,10 +86,12 @@ def objects_job(
 def prefetch_job(
     keys: list[str], host_indices: torch.Tensor, spec: PlanSpec, host_allocator: PageAllocator
 ) -> ObjectsJob:
-    """A prefetch's job: reads into host pages that hold no data (the device pages come
-    with the load); ValueError naming the argument otherwise, before any byte moves."""
+    """A prefetch's job: reads into allocated host pages that hold no data, not lent to
+    another prefetch (the device pages come with the load); ValueError naming the argument
+    otherwise, before any byte moves."""
     host = pages_of("host_indices", host_indices, spec.slots_per_page, spec.host_slots).numpy()
     check_keys(keys, len(host))
+    host_allocator.require_own("host_indices", host)
     if held := sorted(set(host.tolist()) - set(host_allocator.without_data(host))):
         raise ValueError(f"host_indices name pages that hold data (a fetch overwrites): {held[:8]}")
     return ObjectsJob(keys, host)

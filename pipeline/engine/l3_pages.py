@@ -259,6 +259,10 @@ def page_ranges(head_bytes: int, pages: PageMap, buffers: list[list[memoryview]]
     return [(head_bytes + at, bufs) for (at, _), bufs in zip(pages.groups, buffers, strict=True)]
 
 
+HEADER = -1
+"""In `read_checked`'s failed ranges: the header failed its own check."""
+
+
 def read_checked(
     head: memoryview,
     pages: PageMap,
@@ -270,7 +274,8 @@ def read_checked(
     """The byte ranges of one page's read (the header with the first group, then one range
     per group's `buffers`), the check of each range as it lands (the header's own check and
     its digest table first, then `group_ok` of each group), and the ranges that landed and
-    failed their check, as they do (a corrupt object, not a missing one). An empty `table`
+    failed their check, as they do (`HEADER` for the header's own check: an object not made
+    with this key, or a damaged header; a group's index: a corrupt payload). An empty `table`
     is filled from the header; a known one (a streamed load's later group of layers, read
     after its first) is checked against without reading the header again."""
     ranges = page_ranges(head.nbytes, pages, buffers)
@@ -283,7 +288,7 @@ def read_checked(
         if not i and not known:
             found = header()
             if found is None:
-                failed.append(i)
+                failed.append(HEADER)
                 return False
             table.extend(found)
         ok = group_ok(i, table)

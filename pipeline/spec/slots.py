@@ -19,6 +19,11 @@ def pages_of(name: str, indices: torch.Tensor, slots_per_page: int, num_slots: i
     local page ids on every DCP rank; every malformed input gets a ValueError naming it."""
     if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
         raise ValueError(f"{name} must be a 1-D tensor of slot indices")
+    if indices.layout is not torch.strided:
+        raise ValueError(
+            f"{name} must be a dense tensor of slot indices (got {indices.layout}): "
+            "pass .to_dense()"
+        )
     if indices.device.type != "cpu" or indices.dtype != torch.int64:
         raise ValueError(
             f"{name} must be a CPU int64 tensor (got {indices.dtype} on "
@@ -104,6 +109,8 @@ def _whole_pages(indices: torch.Tensor, slots_per_page: int) -> int:
         return 0
     if not indices.is_cpu or indices.dtype != torch.int64:  # is_cpu: no device object
         return 0
+    if indices.layout is not torch.strided:  # sparse: numpy cannot see it
+        return 0
     n = indices.shape[0]  # not len(): torch's __len__ is Python around more calls
     return 0 if n % slots_per_page else n // slots_per_page
 
@@ -116,7 +123,8 @@ def page_tokens(pages: list[int], slots_per_page: int) -> torch.Tensor:
 
 class PageAllocator:
     """Hands out free pages: the first free ones, or a seeded random sample (fragmented); and
-    remembers which pages hold data (a host pool's pages once backed up, until freed).
+    remembers which pages hold data (a host pool's pages once backed up, until freed), and
+    which allocated pages are lent to a prefetch (its reads own them until it ends).
 
     Deterministic: the same calls give the same pages on every rank.
     """
@@ -125,6 +133,10 @@ class PageAllocator:
         self.num_pages = num_pages
         self._free = set(range(num_pages))
         self._holds_data = np.zeros(num_pages, dtype=bool)
+        self._own = np.zeros(num_pages, dtype=bool)
+        """Allocated and the caller's: neither free nor lent."""
+        self._lent: dict[int, str] = {}
+        """Lent pages: who holds each (a prefetch, named as the refusals name it)."""
 
     @property
     def num_free(self) -> int:
@@ -140,17 +152,64 @@ class PageAllocator:
         free = sorted(self._free)
         pages = free[:num_pages] if rng is None else rng.sample(free, num_pages)
         self._free.difference_update(pages)
+        self._own[pages] = True
         return pages
 
     def free(self, pages: list[int]) -> None:
         taken = [p for p in pages if p in self._free or not 0 <= p < self.num_pages]
         if taken or len(set(pages)) != len(pages):
             raise ValueError(f"pages {taken[:8]} are not allocated (or repeat in one call)")
+        if lent := [p for p in pages if p in self._lent]:
+            raise ValueError(f"pages {lent[:8]} are lent to {self._lent[lent[0]]}")
         self._free.update(pages)
         self._holds_data[pages] = False
+        self._own[pages] = False
 
     def free_pages(self) -> list[int]:
         return sorted(self._free)
+
+    def lend(self, pages: np.ndarray, holder: str) -> None:
+        """Lend allocated pages (the caller's, checked by `require_own`) to `holder`: every
+        call naming them is refused, saying `holder`, until `take_back`."""
+        self._own[pages] = False
+        self._lent.update(dict.fromkeys(pages.tolist(), holder))
+
+    def take_back(self, pages: np.ndarray) -> None:
+        """End a lend: the pages are the caller's again (still allocated)."""
+        for page in pages.tolist():
+            del self._lent[page]
+        self._own[pages] = True
+
+    def require_own(self, name: str, pages: np.ndarray) -> None:
+        """ValueError naming `name` unless every page is allocated and not lent (to a
+        prefetch, whose reads may still write into it)."""
+        if not self._own[pages].all():  # the issue path's case, in two numpy calls
+            self._refuse(name, pages)
+
+    @property
+    def lending(self) -> bool:
+        """Some pages are lent now."""
+        return bool(self._lent)
+
+    def require_unlent(self, name: str, pages: np.ndarray) -> None:
+        """ValueError naming `name` if a page is lent to a prefetch (a backup may still name
+        pages it never allocated: the jobs and benches manage host pages of their own)."""
+        if self._lent and any(p in self._lent for p in pages.tolist()):
+            self._refuse(name, pages)
+
+    def _refuse(self, name: str, pages: np.ndarray) -> None:
+        """The ValueError for pages that are lent or not allocated."""
+        if lent := [p for p in pages.tolist() if p in self._lent]:
+            raise ValueError(
+                f"{name} names host pages {lent[:8]} that {self._lent[lent[0]]} holds: its "
+                "reads may still write into them; finish it first (Engine.load_prefetched) or "
+                "cancel it (Prefetch.cancel)"
+            )
+        loose = pages[~self._own[pages]].tolist()
+        raise ValueError(
+            f"{name} names host pages that are not allocated (never allocated by "
+            f"Engine.host_slots.alloc, or freed since): {loose[:8]}"
+        )
 
     def hold_data(self, pages: np.ndarray, held: bool = True) -> None:
         """Mark pages as holding data (a backup wrote them), or as not (it failed)."""
@@ -166,11 +225,15 @@ class PageAllocator:
 
     def require_data(self, name: str, pages: np.ndarray) -> None:
         """ValueError naming `name` when some of `pages` hold no data (a load would read
-        garbage)."""
+        garbage), saying so where they are lent to a prefetch or not allocated (lent pages
+        hold none: a backup refuses them, a prefetch takes none that do)."""
         if self._holds_data[pages].all():  # the issue path's case, in two numpy calls
             return
-        if empty := self.without_data(pages):
+        self.require_unlent(name, pages)
+        empty = np.asarray(self.without_data(pages), dtype=np.int64)
+        self.require_own(name, empty)  # no data, and not allocated either: say that
+        if len(empty):
             raise ValueError(
-                f"{name} name pages that hold no data: {empty[:8]} (never backed up, or freed "
-                "since)"
+                f"{name} name pages that hold no data: {empty[:8].tolist()} (never backed up, "
+                "or freed since)"
             )

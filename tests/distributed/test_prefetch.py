@@ -58,3 +58,26 @@ def test_every_rank_takes_the_same_pages(tmp_path: Path, strategy: str) -> None:
             assert s["rest_untouched"], case  # nothing loaded past the agreed pages
             assert s["slots_back"] == 0, case  # the slots of the pages not taken are free
             assert s["stats"]["hicache_fetch_seconds_count"] == 1, case
+
+
+@pytest.mark.parametrize("strategy", ["replicated", "rotating"])
+def test_a_load_refused_on_one_rank_is_refused_on_every_rank_and_the_prefetch_stays(
+    tmp_path: Path, strategy: str
+) -> None:
+    job = job_config(
+        "topology=tp2",
+        f"strategy={strategy}",
+        "storage=file",
+        f"storage.path={tmp_path}",
+        "storage.prefetch_policy=wait_complete",
+        *SMALL,
+    )
+    said = launch(prefetchfns.refused_then_loaded, job, 2, backend="gloo", timeout_s=120)
+    assert said is not None
+    assert said[1]["refused"].startswith("device_indices has slots outside")
+    assert said[0]["refused"] == f"load_prefetched refused on another rank: {said[1]['refused']}"
+    for rank in said:
+        assert rank["untouched"]  # no rank loaded a page before the refusal
+        assert (rank["hits"], rank["loaded"]) == (8, "")  # the prefetch loads after it
+        assert "a prefetch of 8 pages" in rank["freed"] and "Prefetch.cancel" in rank["freed"]
+    assert said[0]["digest"] == said[1]["digest"]

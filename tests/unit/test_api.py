@@ -245,10 +245,11 @@ def test_a_load_from_l3_reads_io_threads_objects_at_once(
     engine = pipeline.create_engine(job)
     try:
         page = job.model.page_size
-        slots, free = torch.arange(0, 8 * page), torch.arange(8 * page, 16 * page)
-        engine.backup(slots, slots).wait()
+        slots, host = torch.arange(0, 8 * page), engine.host_slots.alloc(8 * page)
+        engine.backup(host, slots).wait()
         keys = engine.l3_keys(list(range(8 * page)))
-        engine.write_back(keys, slots).wait()
+        engine.write_back(keys, host).wait()
+        free = engine.host_slots.alloc(8 * page)
         together = threading.Barrier(io_threads, timeout=120)
         real_read = FileStore.read
 

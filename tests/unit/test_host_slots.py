@@ -45,7 +45,9 @@ def test_a_backed_up_slot_freed_holds_no_data(engine: pipeline.Engine) -> None:
     engine.backup(host, page_tokens([0], size)).wait()
     engine.load(host, page_tokens([1], size)).done().wait()
     slots.free(host)
-    with pytest.raises(ValueError, match=r"host_indices name pages that hold no data: \[0\]"):
+    with pytest.raises(
+        ValueError, match=r"host_indices names host pages that are not alloc.*\[0\]"
+    ):
         engine.load(host, page_tokens([1], size))
 
 
@@ -66,7 +68,10 @@ def test_reuse_drops_the_data_and_keeps_the_slots(engine: pipeline.Engine) -> No
     [
         (lambda s, n: [s.free(h) for h in [s.alloc(n)] * 2], "host pages that are not allocated"),
         (lambda s, n: s.free(page_tokens([s.num_slots // n], n)), r"host_slots has slots outside"),
-        (lambda s, n: s.reuse(page_tokens([3], n)), r"host_slots names host pages .*\[12\]"),
+        (
+            lambda s, n: s.reuse(page_tokens([3], n)),
+            r"host_slots names host pages that are not allocated .*\[3\]",
+        ),
         (lambda s, n: s.free(torch.arange(1, n + 1)), "host_slots is not page-aligned"),
         (lambda s, n: s.free(torch.arange(n).int()), "host_slots must be a CPU int64 tensor"),
         (lambda s, n: s.alloc(n - 1), r"num_slots=3 must be a positive multiple of 4"),
