@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.stores.counters import Counters
-from pipeline.engine.stores.mooncake_calls import BoundedCalls, MasterSilent
+from pipeline.engine.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.stores.mooncake_parts import MooncakeParts
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
 from pipeline.spec.storage import shown_url
@@ -26,9 +26,10 @@ class MooncakeStore:
     memory registered with `register` (the tier's host pool and headers) lands there with no
     copy (`batch_get_into_multi_buffers`: the object scattered into its header and unit rows,
     the bytes of units not asked for into a scratch region); any other read lands in one of
-    `num_staging` registered buffers and is copied out. Every call that may wait on the
-    master is bounded by `timeout_s` (see `mooncake_calls`): past it a read is a miss, a
-    write or removal fails, and either says which master did not answer."""
+    `num_staging` registered buffers and is copied out. Every read, write, lookup and removal
+    is bounded by `timeout_s` (see `mooncake_calls`): past it a read is a miss, a write or
+    removal fails, and either says which master did not answer. The client's setup and close
+    cannot be bounded: they hold Python's lock while they wait."""
 
     def __init__(
         self,
@@ -49,18 +50,12 @@ class MooncakeStore:
                 f"libibverbs1 system library (see README, L3 tier): {e}"
             ) from e
         self.client: Any = MooncakeDistributedStore()
-        # the I/O threads' reads, a lookup and a write-back's put can wait at once
-        self.call = BoundedCalls(master, timeout_s, workers=num_staging + 2)
-        try:
-            status = self.call(
-                self.client.setup,
-                *("127.0.0.1", metadata_server, segment_bytes, buffer_bytes, "tcp", "", master),
-            )
-        except MasterSilent as e:
-            self.call.close()
-            raise RuntimeError(f"cannot join: {e}") from e
+        # setup holds Python's lock while it retries a silent master (minutes), so no thread
+        # can time it out; a rank stalled in here is named by its missing heartbeat
+        status = self.client.setup(
+            "127.0.0.1", metadata_server, segment_bytes, buffer_bytes, "tcp", "", master
+        )
         if status != 0:
-            self.call.close()
             raise RuntimeError(
                 f"cannot join the Mooncake master at {master} (metadata "
                 f"{shown_url(metadata_server)}): "
@@ -79,6 +74,8 @@ class MooncakeStore:
         """Registered (start, end) addresses that reads land in directly, sorted."""
         self.register([self._discard.data])
         self.counters = Counters()
+        # the I/O threads' reads, a lookup and a write-back's put can wait at once
+        self.call = BoundedCalls(master, timeout_s, workers=num_staging + 2)
 
     def stats(self) -> dict[str, int | None]:
         """This process's counts; what the store holds is the master's to say (its own
@@ -267,9 +264,5 @@ class MooncakeStore:
         for buf in self._registered:
             self.client.unregister_buffer(buf.ctypes.data)
         self.client.unregister_buffer(self._discard.ctypes.data)
-        try:
-            self.call(self.client.close)
-        except MasterSilent:  # the warning said so; the client ends with the process
-            pass
-        finally:
-            self.call.close()
+        self.call.close()
+        self.client.close()  # holds Python's lock while it waits, as setup does
