@@ -75,8 +75,9 @@ def test_idle_clients_beyond_the_cap_are_closed_not_given_a_thread_each(
     try:
         # the ones beyond the cap are closed at once; the held ones only after the timeout
         closed_by_server(clients, at_least=many - MAX_CONNECTIONS)
-        assert threading.active_count() <= threads + MAX_CONNECTIONS
-        assert open_fds() - fds - many <= MAX_CONNECTIONS  # the server's side of each
+        # one more than the cap: a client's thread ends just after it frees its place
+        assert threading.active_count() <= threads + MAX_CONNECTIONS + 1
+        assert open_fds() - fds - many <= MAX_CONNECTIONS + 1  # the server's side of each
         # every held one is closed by the timeout, and the listener serves again
         assert len(closed_by_server(clients, at_least=many)) == many
         assert "hicache_l3_hits_total" in scrape(listener.port)
