@@ -10,18 +10,33 @@ what a scheduler waits) and when a load from L3 returns. Each engine has its own
 
 from __future__ import annotations
 
+import errno
+import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.transfer import Trace
+from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.slots import PageAllocator
+
+log = logging.getLogger("hicache-pipeline")
+
+MAX_CONNECTIONS = 8
+"""Clients the listener serves at once, a thread each; more are closed at once (a scraper
+asks one at a time, so 8 leaves room for a few while none can take the rank's threads)."""
+CLIENT_TIMEOUT_S = 5.0
+"""A client that sends nothing (or reads nothing) for this long is closed: a scrape of a few
+KB takes milliseconds."""
 
 LATENCY_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 """Seconds: a small request's backup (~100 us) to a 64K-token load from a cold store."""
@@ -144,6 +159,7 @@ class EngineMetrics:
     HTTP listener that serves them when asked for."""
 
     def __init__(self, rank: int, read: Callable[[], Readings]) -> None:
+        self.rank = rank
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(str(rank), read))
         self.latency = {
@@ -162,14 +178,21 @@ class EngineMetrics:
         self.latency[op].observe(seconds)
 
     def serve(self, address: str, port: int) -> None:
-        """Serve `/metrics` on address:port until `close` (OSError names a port in use)."""
+        """Serve `/metrics` on address:port until `close`, at most `MAX_CONNECTIONS` clients
+        at once (ConfigError naming runtime.metrics_port when the port is in use)."""
         try:
-            self._server = start_http_server(port, addr=address, registry=self.registry)
+            server = listener(address, port, make_wsgi_app(self.registry))
         except OSError as e:
-            raise OSError(
-                f"runtime.metrics_port: cannot listen on {address}:{port} ({e}); pick a free "
-                "port (each rank serves on metrics_port + its rank)"
-            ) from e
+            whose = f"rank {self.rank}'s, metrics_port + its rank"
+            if e.errno == errno.EADDRINUSE:
+                said = f"port {port} on {address} ({whose}) is in use"
+            else:
+                said = f"cannot listen on {address}:{port} ({whose}): {e.strerror or e}"
+            message = f"runtime.metrics_port: {said}; pick a free port or leave it null"
+            raise ConfigError([Problem("runtime.metrics_port", message)]) from e
+        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        thread.start()
+        self._server = server, thread
 
     @property
     def port(self) -> int | None:
@@ -196,6 +219,54 @@ class EngineMetrics:
             server.shutdown()
             server.server_close()
             thread.join(timeout=10)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One client's request, its socket timing out after `CLIENT_TIMEOUT_S`; no access log."""
+
+    timeout = CLIENT_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """prometheus_client's thread-per-client WSGI server, at most `MAX_CONNECTIONS` threads:
+    a client beyond them is closed as soon as it is accepted."""
+
+    request_queue_size = 64  # connections waiting in the kernel cost no thread
+    active: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.active.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self.active.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.active.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that timed out or went away: its problem, not a traceback on the rank's stderr
+        log.debug("metrics client %s dropped", client_address, exc_info=True)
+
+
+def listener(address: str, port: int, app: Any) -> WSGIServer:
+    """A bound `_BoundedServer` for `app` on address:port (IPv4 or IPv6, as the address is)."""
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(_BoundedServer):
+        address_family = family
+        active = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    return make_server(address, port, app, Server, handler_class=_QuietHandler)
 
 
 def readings(

@@ -3,11 +3,13 @@
 Ranks are forked by a forkserver (one per launching process, which imports torch and this
 module once). Every rank dies with the parent (a parent-death signal on the forkserver, which
 ends with the parent, and a heartbeat thread that watches the parent), beats a heartbeat into
-shared memory, and reports its result or its traceback on a queue. The parent notices a rank
-that exits without a report (its exit code or signal) and one whose heartbeat stops (a
-stopped or hung process), gives the others a short grace to report, then stops them all
-(SIGTERM, then SIGKILL), and names the rank that failed first and how. A rank that died or
-stalled is blamed before peers that only reported the broken collective it left behind.
+shared memory, and reports its result or its traceback on a queue (a config mistake that
+only a rank could find, such as a busy port, as the ConfigError the parent then raises).
+The parent notices a rank that exits without a report (its exit code or signal) and one
+whose heartbeat stops (a stopped or hung process), gives the others a short grace to
+report, then stops them all (SIGTERM, then SIGKILL), and names the rank that failed first
+and how. A rank that died or stalled is blamed before peers that only reported the broken
+collective it left behind.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch.multiprocessing as mp
 
 from pipeline.jobs import rank_start
 from pipeline.jobs.scratch import made_folder
+from pipeline.spec.checks import ConfigError, Problem
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -82,6 +85,8 @@ def rank_entry(
             timeout=timedelta(seconds=timeout_s),
         )
         results.put((rank, True, fn(payload, rank, world_size, rank)))
+    except ConfigError as e:  # a config mistake only the rank could see (a busy port)
+        results.put((rank, False, e.problems))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -101,10 +106,15 @@ class Watch:
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)
     """rank -> (kind, how) in the order seen: kind 'died', 'stalled' or 'raised'."""
     first_failure: float | None = None
+    refused: list[Problem] = field(default_factory=list)
+    """The config mistakes the first rank that found one reported (the job's cause)."""
 
     def report(self, rank: int, ok: bool, value: Any) -> None:
         if ok:
             self.done[rank] = value
+        elif isinstance(value, list):
+            self.refused = self.refused or value
+            self.fail(rank, "raised", "; ".join(str(p) for p in value))
         else:
             self.fail(rank, "raised", value)
 
@@ -166,6 +176,8 @@ def spawn(
     finally:
         _stop(procs, set(watch.done))
         shutil.rmtree(folder, ignore_errors=True)
+    if watch.refused:  # a config mistake, said in one line as the parent's own are
+        raise ConfigError(watch.refused)
     if watch.failed:
         raise RankFailure(_blame(watch, timeout_s))
     return [watch.done[r] for r in range(world_size)]

@@ -5,6 +5,8 @@ direction, L3 hits and misses, a corrupt object, latency buckets, host occupancy
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -101,8 +103,30 @@ def test_a_port_in_use_is_refused_naming_the_knob(one_rank: None) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         job = pipeline.compose([*TINY, f"runtime.metrics_port={port}"])
-        with pytest.raises(OSError, match=r"runtime\.metrics_port: cannot listen on 127\.0\.0\.1"):
+        with pytest.raises(ConfigError) as refused:
             pipeline.create_engine(job)
+    (problem,) = refused.value.problems
+    assert problem.key == "runtime.metrics_port"
+    assert f"port {port} on 127.0.0.1 (rank 0's, metrics_port + its rank) is in use" in str(problem)
+
+
+def test_run_on_a_busy_metrics_port_exits_2_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline", "run", *TINY, f"runtime.metrics_port={port}"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=300,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if not line.startswith("[")]  # no logs
+    assert said.startswith("error: runtime.metrics_port: ") and f"port {port} " in said
+    assert said.endswith("is in use; pick a free port or leave it null")
 
 
 @pytest.mark.parametrize(

@@ -83,9 +83,12 @@ class ObjectStore(Protocol):
         """Let go of the store's resources."""
 
 
-def open_store(config: StorageConfig, largest_object: int = 1 << 20) -> ObjectStore:
+def open_store(
+    config: StorageConfig, largest_object: int = 1 << 20, *, timeout_s: float = 120.0
+) -> ObjectStore:
     """The store a config names (its master and folder already resolved by the job), for
-    objects of at most `largest_object` bytes moved `storage.io_threads` at a time."""
+    objects of at most `largest_object` bytes moved `storage.io_threads` at a time, each wait
+    on a Mooncake master bounded by `timeout_s` (runtime.timeout_s)."""
     if config.kind is StorageKind.file:
         assert config.path is not None, "the job gives a file store its folder"
         capacity = config.capacity
@@ -105,4 +108,5 @@ def open_store(config: StorageConfig, largest_object: int = 1 << 20) -> ObjectSt
         max(in_flight, 16 << 20),
         staging_bytes=largest_object,
         num_staging=config.io_threads,
+        timeout_s=timeout_s,
     )

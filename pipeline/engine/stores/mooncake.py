@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.stores.counters import Counters
+from pipeline.engine.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.stores.mooncake_parts import MooncakeParts
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
 from pipeline.spec.storage import shown_url
@@ -25,7 +26,10 @@ class MooncakeStore:
     memory registered with `register` (the tier's host pool and headers) lands there with no
     copy (`batch_get_into_multi_buffers`: the object scattered into its header and unit rows,
     the bytes of units not asked for into a scratch region); any other read lands in one of
-    `num_staging` registered buffers and is copied out."""
+    `num_staging` registered buffers and is copied out. Every read, write, lookup and removal
+    is bounded by `timeout_s` (see `mooncake_calls`): past it a read is a miss, a write or
+    removal fails, and either says which master did not answer. The client's setup and close
+    cannot be bounded: they hold Python's lock while they wait."""
 
     def __init__(
         self,
@@ -36,6 +40,7 @@ class MooncakeStore:
         *,
         staging_bytes: int,
         num_staging: int,
+        timeout_s: float,
     ) -> None:
         try:
             from mooncake.store import MooncakeDistributedStore  # only where mooncake is used
@@ -45,6 +50,8 @@ class MooncakeStore:
                 f"libibverbs1 system library (see README, L3 tier): {e}"
             ) from e
         self.client: Any = MooncakeDistributedStore()
+        # setup holds Python's lock while it retries a silent master (minutes), so no thread
+        # can time it out; a rank stalled in here is named by its missing heartbeat
         status = self.client.setup(
             "127.0.0.1", metadata_server, segment_bytes, buffer_bytes, "tcp", "", master
         )
@@ -67,6 +74,8 @@ class MooncakeStore:
         """Registered (start, end) addresses that reads land in directly, sorted."""
         self.register([self._discard.data])
         self.counters = Counters()
+        # the I/O threads' reads, a lookup and a write-back's put can wait at once
+        self.call = BoundedCalls(master, timeout_s, workers=num_staging + 2)
 
     def stats(self) -> dict[str, int | None]:
         """This process's counts; what the store holds is the master's to say (its own
@@ -116,7 +125,7 @@ class MooncakeStore:
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
         views = bytes_views(parts)
-        status = self.client.upsert_parts(name, *views)
+        status = self.call(self.client.upsert_parts, name, *views)
         if status != 0:
             raise RuntimeError(f"Mooncake put of {name} returned {status}")
         self.counters.add(writes=1, written_bytes=sum(v.nbytes for v in views))
@@ -145,7 +154,8 @@ class MooncakeStore:
 
     def _read_parts(self, reads: Sequence[PartRead], parts: list[tuple[list[int], ...]]) -> int:
         try:
-            got = self.client.get_into_ranges(
+            got = self.call(
+                self.client.get_into_ranges,
                 [ptr for ptrs, _, _ in parts for ptr in ptrs],
                 [[r[0]] for r, (ptrs, _, _) in zip(reads, parts, strict=True) for _ in ptrs],
                 [[[0]] for ptrs, _, _ in parts for _ in ptrs],
@@ -169,7 +179,9 @@ class MooncakeStore:
         if scatter is None:
             return self._read_staged(name, size, ranges, check)
         try:
-            (got,) = self.client.batch_get_into_multi_buffers([name], [scatter[0]], [scatter[1]])
+            (got,) = self.call(
+                self.client.batch_get_into_multi_buffers, [name], [scatter[0]], [scatter[1]]
+            )
         except Exception:  # an unreachable master or peer: a miss
             return False
         return got == size and (check is None or all(check(i) for i in range(len(ranges))))
@@ -200,7 +212,8 @@ class MooncakeStore:
         other layers)."""
         ptrs, sizes, offsets = part
         try:
-            got = self.client.get_into_ranges(
+            got = self.call(
+                self.client.get_into_ranges,
                 ptrs,
                 [[name]] * len(ptrs),
                 [[[0]]] * len(ptrs),
@@ -220,7 +233,7 @@ class MooncakeStore:
         try:
             if size > staging.nbytes:
                 return False
-            if self.client.get_into(name, staging.ctypes.data, size) != size:
+            if self.call(self.client.get_into, name, staging.ctypes.data, size) != size:
                 return False
             return copy_out(staging, ranges, check)
         except Exception:  # an unreachable master or peer: a miss
@@ -230,20 +243,20 @@ class MooncakeStore:
 
     def get(self, name: str) -> bytes | None:
         try:
-            blob = self.client.get(name)
+            blob = self.call(self.client.get, name)
         except Exception:  # an unreachable master or peer: a miss
             return None
         return blob or None
 
     def exists(self, names: list[str]) -> list[bool]:
         try:
-            return [flag == 1 for flag in self.client.batch_is_exist(names)]
+            return [flag == 1 for flag in self.call(self.client.batch_is_exist, names)]
         except Exception:
             return [False] * len(names)
 
     def remove(self, names: list[str]) -> None:
         for name in names:  # forced: a read's lease would keep the object for a while
-            status = self.client.remove(name, force=True)
+            status = self.call(self.client.remove, name, True)  # forced
             if status not in (0, OBJECT_NOT_FOUND):
                 raise RuntimeError(f"Mooncake remove of {name} returned {status}")
 
@@ -251,4 +264,5 @@ class MooncakeStore:
         for buf in self._registered:
             self.client.unregister_buffer(buf.ctypes.data)
         self.client.unregister_buffer(self._discard.ctypes.data)
-        self.client.close()
+        self.call.close()
+        self.client.close()  # holds Python's lock while it waits, as setup does

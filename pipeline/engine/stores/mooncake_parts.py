@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pipeline.engine.stores.counters import Counters
+from pipeline.engine.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.stores.parts import Check, PartRead, Range
 
 
@@ -14,6 +15,8 @@ class RangedGets(Protocol):
     """What a `MooncakeParts` reads through (the Mooncake store)."""
 
     client: Any
+    call: BoundedCalls
+    """Runs a client call bounded by runtime.timeout_s."""
     counters: Counters
 
     def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
@@ -35,7 +38,7 @@ class MooncakeParts:
 
     def __init__(self, store: RangedGets) -> None:
         self.store = store
-        self.client = store.client
+        self.client, self.call = store.client, store.call
         self.open: set[str] = set()
 
     def read_parts(self, reads: Sequence[PartRead]) -> int:
@@ -61,11 +64,12 @@ class MooncakeParts:
         fresh = [name for name in names if name not in self.open]
         try:
             if fresh:
-                started = self.client.batch_get_session_start(fresh)
+                started = self.call(self.client.batch_get_session_start, fresh)
                 self.open.update(n for n, code in zip(fresh, started, strict=True) if code == 0)
             return list(
-                self.client.batch_get_into_multi_buffer_ranges(
-                    names, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+                self.call(
+                    self.client.batch_get_into_multi_buffer_ranges,
+                    *(names, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]),
                 )
             )
         except Exception:  # an unreachable master or peer: each read tried without it
@@ -74,5 +78,5 @@ class MooncakeParts:
     def close(self) -> None:
         if self.open:
             with contextlib.suppress(Exception):
-                self.client.batch_get_session_end(sorted(self.open))
+                self.call(self.client.batch_get_session_end, sorted(self.open))
             self.open.clear()
