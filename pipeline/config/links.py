@@ -1,22 +1,22 @@
 """`runtime.links`: a shipped preset (conf/links/<name>.yaml) or a links file that
 `bench bench=links` wrote, read as untrusted input (size-capped, no link followed, no tag,
-anchor or alias, schema-checked), every problem naming `runtime.links` and the file."""
+anchor or alias, schema-checked), every problem naming `runtime.links` and the file. No
+problem quotes a value of the file: it may be anyone's (a config file may name one only
+inside its own folder, see `untrusted`, but the command line names any)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
 from pathlib import Path
 
+from pipeline.config.reach import PRESET
 from pipeline.config.schema_check import schema_problems
 from pipeline.config.sources import shipped_root
 from pipeline.config.untrusted import read_yaml
 from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.cost import Links
+from pipeline.spec.cost import Links, link_range
 
 KEY = "runtime.links"
-PRESET = re.compile(r"[a-z0-9_]+")
-"""A bare name is a preset; anything else is a path."""
 
 
 def presets() -> list[str]:
@@ -27,6 +27,21 @@ def presets() -> list[str]:
 def links_path(value: str) -> Path:
     """The file `runtime.links` names (a preset's, where it is a bare name)."""
     return shipped_root() / "links" / f"{value}.yaml" if PRESET.fullmatch(value) else Path(value)
+
+
+def expected(key: str) -> str:
+    """What a field of a links file must hold (its value is never quoted)."""
+    name = key.removeprefix(f"{KEY}.")
+    if name == "machine":
+        return f"{key}: must be a text (what the figures describe)"
+    low, high, unit = link_range(name)
+    return f"{key}: must be a number from {low} to {high} ({unit})"
+
+
+def unquoted(problem: Problem) -> Problem:
+    """A problem of a links file's field in words that quote none of its values."""
+    known = {f"{KEY}.{f.name}" for f in fields(Links)}
+    return Problem(problem.key, expected(problem.key)) if problem.key in known else problem
 
 
 def links_of(value: str) -> Links:
@@ -40,7 +55,7 @@ def links_of(value: str) -> Links:
         raise ConfigError(
             [Problem(KEY, f"{KEY}: {p.message}").at(str(path), p.line) for p in problems]
         )
-    found = schema_problems(data, Links, KEY)
+    found = [unquoted(p) for p in schema_problems(data, Links, KEY)]
     missing = [f.name for f in fields(Links) if f.name not in data]
     if missing:
         found.append(Problem(KEY, f"{KEY}: {path} lacks {', '.join(missing)}"))
@@ -51,7 +66,7 @@ def links_of(value: str) -> Links:
     try:
         return Links(**data)
     except ConfigError as e:
-        keyed = [Problem(f"{KEY}.{p.key}", f"{KEY}.{p.message}") for p in e.problems]
+        keyed = [unquoted(Problem(f"{KEY}.{p.key}", "")) for p in e.problems]
         raise ConfigError(
             [p.at(str(path), lines.get(p.key.removeprefix(f"{KEY}."))) for p in keyed]
         ) from None

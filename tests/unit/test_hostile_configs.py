@@ -540,3 +540,29 @@ def test_where_a_run_writes_is_checked_before_any_rank_starts(
     trace file in a missing folder failed only after the whole run (its report lost)."""
     said = refused("run", overrides, world, capsys, caplog)
     assert said_part in said
+
+
+@pytest.mark.parametrize("command", ["validate", "explain"])
+@pytest.mark.parametrize("group", ["model", "strategy", "storage"])
+def test_a_config_group_cannot_be_removed(group: str, command: str, world, capsys, caplog):
+    """`~model` (Hydra's delete) gave an OmegaConf traceback."""
+    said = refused(command, [f"~{group}"], world, capsys, caplog)
+    assert f"~{group}: a config group cannot be removed; pick one of its options" in said, said
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.indexer.layers=[0,1]", "model.indexer.layers"),
+        ("+model.indexer.row_bytes=16", "model.indexer.row_bytes"),
+        ("model.indexer={row_bytes:16}", "model.indexer"),
+    ],
+)
+def test_an_indexer_key_of_a_model_without_one_is_named(override, key, world, capsys, caplog):
+    """`model.indexer.layers=[...]` on an MLA model named no key ("the overrides do not
+    compose"); on a DSA model it sets the indexer's layers."""
+    said = refused("explain", [override], world, capsys, caplog)
+    assert f"{key}: model.indexer is null here" in said and "DSA" in said, said
+    job = pipeline.compose(["model=tiny_dsa", "model.indexer.layers=[0,1]"])
+    assert job.model.indexer_layers == (0, 1)
+    assert pipeline.compose(["model=deepseek_v32"]).model.indexer is not None  # the one named
