@@ -6,6 +6,7 @@ inside its own folder, see `untrusted`, but the command line names any)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields
 from pathlib import Path
 
@@ -49,7 +50,17 @@ def links_of(value: str) -> Links:
     if PRESET.fullmatch(value) and value not in presets():
         message = f"{KEY}={value!r} is no preset ({', '.join(presets())}) and no file path"
         raise ConfigError([Problem(KEY, message)])
-    path = links_path(value)
+    return preset_links(value) if PRESET.fullmatch(value) else file_links(Path(value))
+
+
+@functools.cache
+def preset_links(name: str) -> Links:
+    """A shipped preset's Links, read once (every composed config checks its links)."""
+    return file_links(links_path(name))
+
+
+def file_links(path: Path) -> Links:
+    """The Links of a links file, read as untrusted input."""
     data, lines, problems = read_yaml(path)
     if data is None:
         raise ConfigError(
