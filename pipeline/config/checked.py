@@ -20,6 +20,7 @@ from pipeline.config.costs import dedup_note
 from pipeline.config.eligibility import RULES, Verdict, decide, normalize
 from pipeline.config.job import Job, alignment_problems, job_problems
 from pipeline.config.links import links_problems
+from pipeline.config.ranges import port_problems, range_problems
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import not_a_field
 from pipeline.spec.checks import ConfigError, Problem
@@ -94,8 +95,11 @@ def job_of(
     found = unknown_keys(cfg) + rule_problems(cfg.strategy)
     groups = built_groups(cfg)
     found += [p for b in groups.values() for p in b.problems]
+    found += range_problems(cfg, {p.key for p in found})
     if groups["runtime"].obj is not None:  # a link file is read, and checked, before any run
         found += links_problems(groups["runtime"].obj.links)
+    if groups["runtime"].obj is not None and groups["topology"].obj is not None:
+        found += port_problems(groups["runtime"].obj.metrics_port, groups["topology"].obj)
     if any(p.key == "strategy.requires" for p in found):  # no verdict reads unknown rules
         return None, found, None
     verdict, problems = verdict_of(cfg, option, groups, sibling)

@@ -1,11 +1,13 @@
 """Overrides checked before Hydra sees them, each mistake in the project's own words.
 
 Parsed with Hydra's grammar, then refused where they touch `hydra.*`, call a resolver or
-sweep; and checked against what exists: a group's options (`strategy=rotatingg`), a group's
-or a section's keys (`strategy.chunk_page=8`), and each value against its field's type
-(`model.kv_dtype=bf17` names the allowed values). Each refusal names the override and the fix,
-with a did-you-mean; the overrides that pass still compose, so their own range and cross-group
-rules are reported in the same run. No message quotes a resolver call's result.
+sweep, or remove a group (`~model`); and checked against what exists: a group's options
+(`strategy=rotatingg`), a group's or a section's keys (`strategy.chunk_page=8`), each value
+against its field's type (`model.kv_dtype=bf17` names the allowed values), and a key inside a
+section the config leaves null (`model.indexer.layers` of an MLA model: found by composing
+without it). Each refusal names the override and the fix, with a did-you-mean; the overrides
+that pass still compose, so their own range and cross-group rules are reported in the same
+run. No message quotes a resolver call's result.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import typing
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from pipeline.config.schema import GROUP_SCHEMAS, Config
 from pipeline.config.schema_check import did_you_mean, not_a_field, value_problems
@@ -26,6 +30,11 @@ from pipeline.spec.checks import Problem
 ALLOWED_HYDRA_KEYS: frozenset[str] = frozenset()
 """`hydra.*` keys a user may set: none (this CLI composes configs; Hydra runs no job)."""
 NUMBERS: dict[type, type] = {int: int, float: float}
+NULL_SECTIONS = {
+    "model.indexer": "only a DSA model has an indexer; pick one whose option sets "
+    "model.indexer (e.g. model=deepseek_v32), or drop the override"
+}
+"""Optional sections (`X | None`) -> what to do where the config leaves one null."""
 
 
 def parse_error(e: Exception) -> Problem:
@@ -47,8 +56,34 @@ def checked_overrides(
         problems = one_override(override, text, options)
         found += [p.at("overrides") for p in problems]
         if not problems:
-            kept.append(text)
-    return found, kept
+            kept.append((override, text))
+    null = null_section_problems(kept)
+    found += [p.at("overrides") for p in null]
+    refused = {p.key for p in null}
+    return found, [text for o, text in kept if o.key_or_group not in refused]
+
+
+def null_section_problems(kept: list[tuple[Any, str]]) -> list[Problem]:
+    """Overrides into a section that the rest of the config leaves null (Hydra cannot set a
+    key inside None, and says so without naming it), found by composing the rest."""
+    inside = [
+        (o.key_or_group, section)
+        for o, _ in kept
+        for section in NULL_SECTIONS
+        if not o.is_delete() and (o.key_or_group + ".").startswith(section + ".")
+    ]
+    if not inside:
+        return []
+    rest = [text for o, text in kept if o.key_or_group not in dict(inside)]
+    try:
+        cfg = compose(config_name="config", overrides=rest)
+    except Exception:  # the rest's own mistake: reported when it composes
+        return []
+    return [
+        Problem(key, f"{key}: {section} is null here: {NULL_SECTIONS[section]}")
+        for key, section in inside
+        if OmegaConf.select(cfg, section) is None
+    ]
 
 
 def one_override(override: Any, text: str, options: Mapping[str, Collection[str]]) -> list:
@@ -71,8 +106,12 @@ def one_override(override: Any, text: str, options: Mapping[str, Collection[str]
                 f"key: strict){did_you_mean(root, names)}",
             )
         ]
+    if key in GROUP_SCHEMAS and override.package is None and override.is_delete():
+        known = ", ".join(sorted(options[key]))
+        message = f"~{key}: a config group cannot be removed; pick one of its options ({known})"
+        return [Problem(key, message)]
     if key in GROUP_SCHEMAS and override.package is None:
-        return [] if override.is_delete() else option_problems(key, value, options[key])
+        return option_problems(key, value, options[key])
     return key_problems(key, value, override.is_delete())
 
 

@@ -112,12 +112,14 @@ class RuntimeConfig:
     """All-gather the inputs of every rank-replicated decision and raise on divergence."""
     metrics_port: int | None = None
     """Serve Prometheus metrics at http://metrics_address:port/metrics while a job runs (each
-    rank on port + its rank); null serves none."""
+    rank on port + its rank, so port + tp_size - 1 <= 65535); null serves none."""
     metrics_address: str = "127.0.0.1"
-    """The address the metrics listener binds (loopback unless you open it on purpose)."""
+    """The address the metrics listener binds: loopback unless you open it on purpose (a
+    config file may name only a loopback address; any other comes from the command line)."""
     links: str = "h200"
     """The link speeds the cost model reads (explain's estimates, strategy=auto): a preset of
-    conf/links (h200, cpu) or the path of a file `bench bench=links` wrote."""
+    conf/links (h200, cpu) or the path of a file `bench bench=links` wrote (from a config
+    file: a path inside its config folder, relative to it)."""
 
     def __post_init__(self) -> None:
         found = finite("runtime", self, "timeout_s")

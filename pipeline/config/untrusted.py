@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from pipeline.config.reach import FILES_READ, endpoint_problems, folder_paths, reach_problems
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import schema_problems, without
 from pipeline.spec.checks import ConfigError, Problem
@@ -130,34 +131,13 @@ def _key_lines(node: Any, prefix: str) -> Iterator[tuple[str, int]]:
             yield from _key_lines(value, f"{prefix}[{i}]")
 
 
-ENDPOINT_KEYS = ("master", "metadata_server")
-"""storage keys that name a network endpoint every rank would connect to."""
-
-
-def endpoint_problems(data: dict[str, Any], allowed: Sequence[str] = ()) -> list[Problem]:
-    """A config file (someone else's, perhaps) may not point the ranks at a network address:
-    store addresses come from the command line, the library call, or the operator's
-    `--allow-endpoint` list (`master: auto` is fine, it starts a master on loopback)."""
-    return [
-        Problem(
-            f"storage.{key}",
-            f"storage.{key} may not be set in a config file (every "
-            f"rank would connect there): give it on the command line, storage.{key}=..., or "
-            "allow it with --allow-endpoint",
-        )
-        for key in ENDPOINT_KEYS
-        if key in data
-        and not (key == "master" and data[key] == "auto")
-        and str(data[key]) not in allowed
-    ]
-
-
 def option_problems(
-    group: str, data: dict[str, Any], options: set[str], endpoints: Sequence[str] = ()
+    group: str, data: dict[str, Any], options: set[str], root: Path, endpoints: Sequence[str] = ()
 ) -> list[Problem]:
-    """What an option file of `group` may not hold: `hydra` keys, resolver calls, a defaults
-    list that reaches beyond its group's options, and keys or types its schema refuses."""
-    found = []
+    """What an option file of `group` in the folder `root` may not hold: `hydra` keys,
+    resolver calls, a defaults list that reaches beyond its group's options, a file outside
+    the folder or a listener beyond loopback, and keys or types its schema refuses."""
+    found = reach_problems(group, data, root)
     if "hydra" in data:
         found.append(Problem(f"{group}.hydra", "hydra.* may not be set from a config file"))
     defaults = data.get("defaults", [])
@@ -199,18 +179,18 @@ def read_config_dir(
 
     Only `<group>/<name>.yaml` files of the schema'd groups are read: anything else that Hydra
     would have read (a primary `config.yaml`, a `hydra/` folder) is refused, and so is a file
-    that shadows a shipped option (Hydra would silently ignore it)."""
+    that shadows a shipped option (Hydra would silently ignore it); a YAML file that an
+    option names (a links file) is no option, and no stray."""
     root = Path(folder)
     if not root.is_dir():
         return [], [Problem("", f"--config-dir {folder}: not a folder")]
-    options, found = [], []
+    options, found, strays = [], [], []
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
         if path.is_dir() or path.suffix not in (".yaml", ".yml"):
             continue
         if len(relative.parts) != 2 or relative.parts[0] not in GROUP_SCHEMAS:
-            groups = ", ".join(GROUP_SCHEMAS)
-            found.append(Problem("", f"not an option of a config group ({groups})").at(str(path)))
+            strays.append(path)
             continue
         group, name = relative.parts[0], path.stem
         if name in shipped[group]:
@@ -220,10 +200,14 @@ def read_config_dir(
         data, lines, problems = read_yaml(path)
         if data is not None:
             names = shipped[group] | {p.stem for p in (root / group).glob("*.y*ml")}
-            problems = option_problems(group, data, names - {name}, allowed)
-            clean = without(data, problems, group)
+            problems = option_problems(group, data, names - {name}, root, allowed)
+            clean = folder_paths(group, without(data, problems, group), root)
             options.append(UserOption(group, name, str(path), clean, lines))
         found += [p.at(str(path), p.line or lines.get(p.key.partition(".")[2])) for p in problems]
+    named = {v for o in options for k, v in o.data.items() if f"{o.group}.{k}" in FILES_READ}
+    groups = ", ".join(GROUP_SCHEMAS)
+    stray = Problem("", f"not an option of a config group ({groups})")
+    found += [stray.at(str(p)) for p in strays if str(p.resolve()) not in named]
     return options, found
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from pipeline.spec.checks import LARGEST_NUMBER, Problem, raise_problems
+from pipeline.spec.checks import Problem, raise_problems
 from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap, Ownership, owner_map
 from pipeline.spec.storage import StorageKind
@@ -35,6 +35,18 @@ GB = 1e9
 """Link speeds are in GB/s of 1e9 bytes, as the benches print them."""
 Owned = dict[int, tuple[Unit, ...]]
 """Each rank of a replica group -> the units it copies."""
+
+
+GBPS_RANGE = (0.001, 10_000.0)
+"""Link speeds the cost model takes, GB/s: 1 MB/s (below any disk) to 10 TB/s (beyond any
+link): a speed of 1e-300 printed estimates hundreds of digits long."""
+CALL_US_RANGE = (0.001, 100_000.0)
+"""Host microseconds to issue one copy: 1 ns to 0.1 s (measured: 8 us on CPU ranks)."""
+
+
+def link_range(name: str) -> tuple[float, float, str]:
+    """(least, most, unit) of a Links field."""
+    return (*CALL_US_RANGE, "us") if name == "copy_call_us" else (*GBPS_RANGE, "GB/s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +90,10 @@ class Links:
                 continue
             if not isinstance(value, int | float):
                 continue  # left to the schema check
-            if not (math.isfinite(value) and 0 < value <= LARGEST_NUMBER):
-                found.append(Problem(f.name, f"{f.name}={value!r} must be a number > 0"))
+            low, high, unit = link_range(f.name)
+            if not (math.isfinite(value) and low <= value <= high):
+                message = f"{f.name}={value!r} must be a number > 0 (from {low} to {high} {unit})"
+                found.append(Problem(f.name, message))
         raise_problems(found)
 
     def reads(self, store: StorageKind) -> tuple[float, float]:

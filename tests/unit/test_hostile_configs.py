@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import job_config
 
 import pipeline
 from pipeline.cli import COMMANDS, run_command
+from pipeline.config.ranges import WEEK_S
 from pipeline.jobs.outputs import write_output
 from pipeline.jobs.resources import RANKS_PER_CORE
 
@@ -540,3 +542,56 @@ def test_where_a_run_writes_is_checked_before_any_rank_starts(
     trace file in a missing folder failed only after the whole run (its report lost)."""
     said = refused("run", overrides, world, capsys, caplog)
     assert said_part in said
+
+
+@pytest.mark.parametrize("command", ["validate", "explain"])
+@pytest.mark.parametrize("group", ["model", "strategy", "storage"])
+def test_a_config_group_cannot_be_removed(group: str, command: str, world, capsys, caplog):
+    """`~model` (Hydra's delete) gave an OmegaConf traceback."""
+    said = refused(command, [f"~{group}"], world, capsys, caplog)
+    assert f"~{group}: a config group cannot be removed; pick one of its options" in said, said
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.indexer.layers=[0,1]", "model.indexer.layers"),
+        ("+model.indexer.row_bytes=16", "model.indexer.row_bytes"),
+        ("model.indexer={row_bytes:16}", "model.indexer"),
+    ],
+)
+def test_an_indexer_key_of_a_model_without_one_is_named(override, key, world, capsys, caplog):
+    """`model.indexer.layers=[...]` on an MLA model named no key ("the overrides do not
+    compose"); on a DSA model it sets the indexer's layers."""
+    said = refused("explain", [override], world, capsys, caplog)
+    assert f"{key}: model.indexer is null here" in said and "DSA" in said, said
+    job = pipeline.compose(["model=tiny_dsa", "model.indexer.layers=[0,1]"])
+    assert job.model.indexer_layers == (0, 1)
+    assert pipeline.compose(["model=deepseek_v32"]).model.indexer is not None  # the one named
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["runtime.timeout_s=1e12"],
+            f"runtime.timeout_s=1000000000000.0: must lie in [0.001, {WEEK_S}]",
+        ),
+        (["storage=file", "storage.prefetch_timeout_s=1e12"], "storage.prefetch_timeout_s=1000000"),
+        (["topology=tp2", "runtime.metrics_port=65535"], "rank 1 would serve on 65536"),
+        (["bench.floor_bytes=1099511627776"], "bench.floor_bytes=1099511627776: must lie in"),
+        (["workload.seed=1000000000000000"], "workload.seed=1000000000000000: must lie in"),
+    ],
+)
+def test_numbers_that_validated_and_then_crashed_are_refused(
+    overrides: list[str], said: str, world, capsys, caplog
+) -> None:
+    """Each of these validated, then crashed a run: an OverflowError in a thread's wait, a
+    rank's port past 65535, a 1 TiB buffer per rank, a seed past torch's generator. Every
+    knob's range: `pipeline.config.ranges` (tests/unit/test_knob_ranges.py)."""
+    assert said in refused("plan", overrides, world, capsys, caplog)
+
+
+def test_a_port_for_every_rank_is_taken() -> None:
+    """The largest port that leaves one for every rank is accepted."""
+    assert job_config("topology=tp2", "runtime.metrics_port=65534").runtime.metrics_port == 65534

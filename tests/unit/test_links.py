@@ -57,8 +57,33 @@ def test_a_links_file_is_read_whole_and_each_mistake_names_its_key_and_file(tmp_
     assert any("lacks broadcast_gbps" in s and str(short) in s for s in refused(str(short)))
     ranged = written(tmp_path, {**links_of("h200").__dict__, "d2h_gbps": 0}, "zero.yaml")
     assert refused(str(ranged)) == [
-        f"runtime.links.d2h_gbps: {ranged}:3: runtime.links.d2h_gbps=0 must be a number > 0"
+        f"runtime.links.d2h_gbps: {ranged}:3: runtime.links.d2h_gbps: must be a number from "
+        "0.001 to 10000.0 (GB/s)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "range_"),
+    [
+        ("h2d_gbps", "hunter2", "from 0.001 to 10000.0 (GB/s)"),
+        ("d2h_gbps", "[hunter2]", "from 0.001 to 10000.0 (GB/s)"),
+        ("broadcast_gbps", "1.0e-300", "from 0.001 to 10000.0 (GB/s)"),
+        ("file_read_gbps", "20000", "from 0.001 to 10000.0 (GB/s)"),
+        ("copy_call_us", "1.0e+300", "from 0.001 to 100000.0 (us)"),
+        ("machine", "{hunter2: 1}", "must be a text"),
+    ],
+)
+def test_a_links_file_mistake_names_the_key_and_range_never_the_value(
+    tmp_path: Path, field: str, value: str, range_: str
+) -> None:
+    """`runtime.links.h2d_gbps='hunter2' is not a float` echoed a file's values; a speed of
+    1e-300 printed estimates 300 digits long."""
+    path = tmp_path / "links.yaml"
+    text = yaml.safe_dump({k: v for k, v in links_of("h200").__dict__.items() if k != field})
+    path.write_text(text + f"{field}: {value}\n")
+    (said,) = refused(str(path))
+    assert said.startswith(f"runtime.links.{field}: {path}:") and range_ in said, said
+    assert "hunter2" not in said and "300" not in said and "20000" not in said
 
 
 def test_a_planted_link_or_fifo_is_refused_before_it_is_read(tmp_path: Path) -> None:
