@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from hydra import initialize_config_module
 
-from pipeline.config.compose import Session
+from pipeline.config.compose import ALL_GROUPS, Session
 from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import checked_config
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
@@ -92,10 +92,12 @@ def configs(config_dir: str | None, allowed: Sequence[str] = ()) -> Iterator[Con
             yield sources
 
 
-def checked_session(line: CommandLine, sources: ConfigSources) -> Session:
-    """The composed config, once the user folder and the overrides are clean (ConfigError
-    listing every problem otherwise)."""
-    session, problems = checked_config(line.overrides, sources)
+def checked_session(
+    line: CommandLine, sources: ConfigSources, reads: frozenset[str] = ALL_GROUPS
+) -> Session:
+    """The composed config, once the user folder, the overrides and the groups a command
+    reads are clean (ConfigError listing every problem otherwise)."""
+    session, problems = checked_config(line.overrides, sources, reads)
     raise_problems(problems)
     assert session is not None, "no session without a problem"
     return session

@@ -18,7 +18,7 @@ from pipeline.config.build import built
 from pipeline.config.drive_schemas import Placement
 from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evaluate, normalize
 from pipeline.config.links import links_of
-from pipeline.config.schema import GROUP_SCHEMAS, WorkloadConfig
+from pipeline.config.schema import GROUP_SCHEMAS, RuntimeConfig, WorkloadConfig
 from pipeline.config.sources import shipped_options
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 from pipeline.spec.cost import Case, Estimate, Links, estimate
@@ -26,11 +26,14 @@ from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import Ownership
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import Topology
+from pipeline.spec.topology import DeviceKind, Topology
 
 AUTO = "auto"
 """The strategy option that runs the winner (conf/strategy/auto.yaml is replicated's
 stages, which run only where no estimate can be made)."""
+DEVICE_LINKS = {DeviceKind.cpu: "cpu"}
+"""The links preset a device prices with where `runtime.links` keeps its default (the H200
+host's, which says nothing of a CPU run)."""
 Sibling = Callable[[str], DictConfig]
 
 
@@ -120,6 +123,22 @@ def case_of(
         store=storage.kind,
         window_pages=64 if window is None else window,  # the cuda default (see storage)
     )
+
+
+def device_links(cfg: DictConfig, named: set[str]) -> tuple[str, str] | None:
+    """(preset, why) where the device prices with its own links: `runtime.links` at its
+    default, not named on the command line (`named`: the keys the overrides set), on a
+    device with a preset of its own. None: runtime.links stands."""
+    default = RuntimeConfig().links
+    preset = DEVICE_LINKS.get(cfg.topology.device)
+    if preset is None or cfg.runtime.links != default or "runtime.links" in named:
+        return None
+    device = cfg.topology.device.value
+    why = (
+        f"runtime.links={preset}: topology.device={device}, and the default {default} preset "
+        f"prices an H200 host (runtime.links={default} on the command line keeps it)"
+    )
+    return preset, why
 
 
 def strategy_options() -> list[str]:

@@ -9,15 +9,20 @@ Nothing beyond the typed config is built: no stage runs, no device is touched.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pipeline.config.checked import strategy_stage_problems
-from pipeline.config.compose import Session
+from pipeline.config.compose import ALL_GROUPS, JOB_GROUPS, Session
 from pipeline.config.overrides import checked_overrides
 from pipeline.config.sources import ConfigSources
 from pipeline.spec.checks import ConfigError, Problem
 
 
-def config_problems(session: Session, strategies: set[str]) -> list[Problem]:
-    """Every problem of one composed config, each naming its key (no file yet)."""
+def config_problems(
+    session: Session, strategies: set[str], reads: frozenset[str] = ALL_GROUPS
+) -> list[Problem]:
+    """Every problem of one composed config in the groups `reads` names, each naming its key
+    (no file yet)."""
     cfg = session.cfg
     # the requested strategy's own stages, active or not (the job checks the effective one's)
     found = strategy_stage_problems(cfg)
@@ -27,7 +32,7 @@ def config_problems(session: Session, strategies: set[str]) -> list[Problem]:
         found.append(
             Problem("strategy.fallback", f"strategy.fallback: {fallback!r} is not one of {known}")
         )
-    _, problems, _ = session.checked
+    problems = session.problems(reads)
     said = {p.key for p in found}
     return found + [p for p in problems if not (p.key == "strategy.fallback" in said)]
 
@@ -82,11 +87,11 @@ def group_options(sources: ConfigSources) -> dict[str, list[str]]:
 
 
 def checked_config(
-    overrides: list[str], sources: ConfigSources
+    overrides: list[str], sources: ConfigSources, reads: frozenset[str] = ALL_GROUPS
 ) -> tuple[Session | None, list[Problem]]:
     """The session the overrides compose (None if even their clean part cannot), and every
-    problem of the config: the user folder's, the overrides', and the composed config's, each
-    in the file or override it comes from."""
+    problem of the config: the user folder's, the overrides', and the composed config's in
+    the groups a command reads (`reads`), each in the file or override it comes from."""
     options = group_options(sources)
     refused, kept = checked_overrides(overrides, options)
     found = [*sources.problems, *refused]
@@ -96,7 +101,7 @@ def checked_config(
         return None, in_order(found + e.problems)
     set_here = {o.lstrip("+~").partition("=")[0] for o in kept} - set(options)
     more = []
-    for problem in config_problems(session, set(options.get("strategy", []))):
+    for problem in config_problems(session, set(options.get("strategy", [])), reads):
         group, key = problem.key.partition(".")[0].split("[")[0], problem.key.split("[")[0]
         if any(key == k or key.startswith(k + ".") for k in set_here):
             problem = problem.at("overrides")
@@ -108,5 +113,15 @@ def checked_config(
 
 
 def validate_one(overrides: list[str], sources: ConfigSources) -> list[Problem]:
-    """The problems of the one config the overrides compose, each in the file it comes from."""
-    return checked_config(overrides, sources)[1]
+    """The problems of the one config the overrides compose, each in the file it comes from
+    (one that only bench, simulate or soak reads says so)."""
+    return [who_reads(p) for p in checked_config(overrides, sources)[1]]
+
+
+def who_reads(problem: Problem) -> Problem:
+    """A problem of a group that one command alone reads, saying that the others run."""
+    group = problem.key.partition(".")[0].split("[")[0]
+    if group in JOB_GROUPS or group not in ALL_GROUPS:
+        return problem
+    said = f" (only `{group}` reads {group}.*: run, plan, explain and the rest take this config)"
+    return dataclasses.replace(problem, message=problem.message + said)
