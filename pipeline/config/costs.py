@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from pipeline.config.build import built
@@ -142,9 +143,13 @@ def device_links(cfg: DictConfig, named: set[str]) -> tuple[str, str] | None:
 
 
 def strategy_options() -> list[str]:
-    """The shipped strategy options auto chooses among, replicated first."""
-    names = sorted(shipped_options()["strategy"] - {AUTO})
-    return sorted(names, key=lambda n: n != "replicated")
+    """The strategy options auto chooses among: the shipped ones, replicated first, then the
+    user's (those registered for this command), each once (ties go to the first)."""
+    shipped = sorted(shipped_options()["strategy"] - {AUTO}, key=lambda n: (n != "replicated", n))
+    loader = GlobalHydra.instance().config_loader()
+    known = loader.get_group_options("strategy")
+    users = sorted(n for n in known if n not in shipped and n != AUTO and not n.startswith("base_"))
+    return shipped + users
 
 
 def typed_groups(cfg: DictConfig) -> dict[str, object]:
@@ -170,8 +175,11 @@ def ranking(cfg: DictConfig, sibling: Sibling) -> Ranking:
     case = case_of(model, topology, g["workload"], storage, int(cfg.strategy.cuda_graph_cache))
     candidates = []
     for option in strategy_options():
-        node = sibling(option).strategy
-        rules = evaluate(list(node.requires), case.topology, model, storage)
+        try:
+            node = sibling(option).strategy
+            rules = evaluate(list(node.requires), case.topology, model, storage)
+        except (ConfigError, ValueError):  # a user's option with a mistake: validate says it
+            continue
         failed = tuple(r.name for r in rules if not r.passed)
         ownership = Ownership(node.ownership)
         candidates.append(Candidate(option, not failed, failed, estimate(case, ownership, links)))

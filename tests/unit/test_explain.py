@@ -230,3 +230,26 @@ def test_no_estimate_where_a_group_it_reads_has_a_mistake_and_auto_then_refuses(
     said = explained(sources, capsys, "runtime.links=nosuch")
     assert said["estimates"] is None
     assert [p["key"] for p in said["problems"]] == ["runtime.links"]
+
+
+def test_a_users_own_strategy_option_is_priced_beside_the_shipped_ones(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "prod.yaml").write_text(
+        "defaults: [rotating, _self_]\nname: prod\nchunk_pages: 16\n"
+    )
+    (tmp_path / "strategy" / "norules.yaml").write_text(
+        "defaults: [replicated, _self_]\nname: norules\nrequires: [no_such_rule]\n"
+    )
+    line = CommandLine(as_json=True, overrides=["strategy=prod", "topology=tp4"])
+    with configs(str(tmp_path)) as mine:
+        assert explain(Invocation(line, mine)) == 0
+    said = json.loads(capsys.readouterr().out)
+    by_name = {e["strategy"]: e for e in said["estimates"]["strategies"]}
+    assert list(by_name) == ["replicated", "rotating", "single_source", "prod"]
+    assert by_name["prod"]["active"] and by_name["prod"]["load"] == by_name["rotating"]["load"]
+    line = CommandLine(overrides=["strategy=prod", "topology=tp4"])
+    with configs(str(tmp_path)) as mine:
+        assert explain(Invocation(line, mine)) == 0
+    assert "\n  prod           yes " in capsys.readouterr().out
