@@ -14,7 +14,7 @@ from pipeline.cli.catalog import catalog_text, options_by_group
 from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
-from pipeline.config.compose import ALL_GROUPS, READS, Session
+from pipeline.config.compose import ALL_GROUPS, Session
 from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
@@ -192,10 +192,15 @@ def validate(inv: Invocation) -> int:
     """Every option of every group, or the one config the overrides compose."""
     if inv.line.overrides:
         checked = ["overrides: " + " ".join(inv.line.overrides)]
-        problems = validate_one(inv.line.overrides, inv.sources)
+        problems, warnings = validate_one(inv.line.overrides, inv.sources)
     else:
-        checked, problems = validate_all(inv.sources)
-    result = {"valid": not problems, "checked": checked, "errors": [p.as_dict() for p in problems]}
+        checked, problems, warnings = validate_all(inv.sources)
+    result = {
+        "valid": not problems,
+        "checked": checked,
+        "errors": [p.as_dict() for p in problems],
+        "warnings": [w.as_dict() for w in warnings],
+    }
     emit(inv, result, report.validate_text)
     return 0 if not problems else 1
 

@@ -12,12 +12,12 @@ import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 
-from pipeline.cli.commands import COMMANDS, READS, Handler, Invocation
+from pipeline.cli.commands import COMMANDS, Handler, Invocation
 from pipeline.cli.failure import failed
 from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
-from pipeline.config.compose import ALL_GROUPS
+from pipeline.config.compose import ALL_GROUPS, READS
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
 from pipeline.spec.checks import ConfigError

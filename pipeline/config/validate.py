@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pipeline.config.advice import page_warnings
 from pipeline.config.checked import strategy_stage_problems
 from pipeline.config.compose import ALL_GROUPS, JOB_GROUPS, Session
 from pipeline.config.overrides import checked_overrides
@@ -59,12 +60,12 @@ def consequences_dropped(said: list[Problem], more: list[Problem]) -> list[Probl
     return [p for p in more if (p.file, p.key) not in named]
 
 
-def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem]]:
-    """(checked files, problems) over every option of every group."""
+def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem], list[Problem]]:
+    """(checked files, problems, warnings) over every option of every group."""
     options = sources.options()
     strategies = {name for group, name, _ in options if group == "strategy"}
     checked = [path for _, _, path in options]
-    found = list(sources.problems)
+    found, warned = list(sources.problems), []
     checked += sorted({p.file for p in found if p.file and p.file not in checked})
     for group, option, path in options:
         try:
@@ -75,7 +76,9 @@ def validate_all(sources: ConfigSources) -> tuple[list[str], list[Problem]]:
         lines = sources.file_of(group, option)[1]
         more = [placed(p, path, lines, group) for p in config_problems(session, strategies)]
         found += consequences_dropped(found, more)
-    return checked, in_order(found)
+        if group == "model":
+            warned += [placed(w, path, lines, group) for w in page_warnings(session)]
+    return checked, in_order(found), in_order(warned)
 
 
 def group_options(sources: ConfigSources) -> dict[str, list[str]]:
@@ -100,22 +103,38 @@ def checked_config(
     except ConfigError as e:
         return None, in_order(found + e.problems)
     set_here = {o.lstrip("+~").partition("=")[0] for o in kept} - set(options)
-    more = []
-    for problem in config_problems(session, set(options.get("strategy", [])), reads):
-        group, key = problem.key.partition(".")[0].split("[")[0], problem.key.split("[")[0]
-        if any(key == k or key.startswith(k + ".") for k in set_here):
-            problem = problem.at("overrides")
-        elif group in session.choices:
-            path, lines = sources.file_of(group, session.choices[group])
-            problem = placed(problem, path, lines, group)
-        more.append(problem)
+    more = [
+        located(p, session, sources, set_here)
+        for p in config_problems(session, set(options.get("strategy", [])), reads)
+    ]
     return session, in_order(found + consequences_dropped(found, more))
 
 
-def validate_one(overrides: list[str], sources: ConfigSources) -> list[Problem]:
-    """The problems of the one config the overrides compose, each in the file it comes from
-    (one that only bench, simulate or soak reads says so)."""
-    return [who_reads(p) for p in checked_config(overrides, sources)[1]]
+def located(
+    problem: Problem, session: Session, sources: ConfigSources, set_here: set[str]
+) -> Problem:
+    """A problem of a composed config in the override that set its key (`set_here`: the keys
+    the overrides set), or else in the file of its group's option."""
+    group, key = problem.key.partition(".")[0].split("[")[0], problem.key.split("[")[0]
+    if any(key == k or key.startswith(k + ".") for k in set_here):
+        return problem.at("overrides")
+    if group in session.choices:
+        path, lines = sources.file_of(group, session.choices[group])
+        return placed(problem, path, lines, group)
+    return problem
+
+
+def validate_one(
+    overrides: list[str], sources: ConfigSources
+) -> tuple[list[Problem], list[Problem]]:
+    """(problems, warnings) of the one config the overrides compose, each in the file it
+    comes from (a problem that only bench, simulate or soak reads says so)."""
+    session, problems = checked_config(overrides, sources)
+    if session is None:
+        return problems, []
+    set_here = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    warnings = [located(w, session, sources, set_here) for w in page_warnings(session)]
+    return [who_reads(p) for p in problems], warnings
 
 
 def who_reads(problem: Problem) -> Problem:

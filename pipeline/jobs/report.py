@@ -201,6 +201,9 @@ def validate_text(result: dict[str, Any]) -> str:
     for e in result["errors"]:
         where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
         lines.append(printable(f"error: {where}: {e['message']}" if where else e["message"]))
+    for w in result["warnings"]:
+        where = f"{w['file']}:{w['line']}: " if w["line"] is not None else f"{w['file']}: "
+        lines.append(printable(f"warning: {where if w['file'] else ''}{w['message']}"))
     lines.append("valid" if result["valid"] else counted(len(result["errors"]), "error"))
     return "\n".join(lines)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.commands import READS
 from pipeline.cli.main import COMMANDS, run_command
 from pipeline.config.app import configs
+from pipeline.config.compose import READS
 from pipeline.config.validate import checked_config
 from pipeline.spec.checks import ConfigError
 
