@@ -15,11 +15,11 @@ from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
 from pipeline.config.compose import ALL_GROUPS, Session
+from pipeline.config.deployment import Configs
 from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
 from pipeline.config.links import links_of
-from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
@@ -50,7 +50,7 @@ class Invocation:
     """One subcommand's checked input: its command line and the options it may compose."""
 
     line: CommandLine
-    sources: ConfigSources
+    sources: Configs
     reads: frozenset[str] = ALL_GROUPS
     """The config groups the subcommand reads: it checks those (see `READS`)."""
 
