@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config.sources import ConfigSources, shipped_root
+from pipeline.config.deployment import Configs
+from pipeline.config.sources import shipped_root
 from pipeline.jobs.report import printable
 
 
@@ -32,12 +33,15 @@ def description(path: str, width: int = 100) -> str:
     return printable(sentence)
 
 
-def options_by_group(sources: ConfigSources) -> dict[str, list[dict]]:
-    """Per group, its options: name, description, whether it is the default, and where it
-    comes from (shipped, or the user's folder)."""
+def options_by_group(loaded: Configs) -> dict[str, list[dict]]:
+    """Per group, its options: name, description, whether it is the default (the user's
+    deployment chooses over conf/config.yaml), and where it comes from (shipped, or the
+    user's folder)."""
     chosen, shipped = defaults(), str(shipped_root())
+    if loaded.deployment is not None:
+        chosen |= loaded.deployment.choices
     groups: dict[str, list[dict]] = {}
-    for group, name, path in sources.options():
+    for group, name, path in loaded.sources.options():
         groups.setdefault(group, []).append(
             {
                 "name": printable(name),

@@ -14,12 +14,12 @@ from pipeline.cli.catalog import catalog_text, options_by_group
 from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
 from pipeline.config.app import CommandLine, checked_session
-from pipeline.config.compose import Session
+from pipeline.config.compose import ALL_GROUPS, Session
+from pipeline.config.deployment import Configs
 from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
 from pipeline.config.links import links_of
-from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import validate_all, validate_one
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
@@ -50,14 +50,17 @@ class Invocation:
     """One subcommand's checked input: its command line and the options it may compose."""
 
     line: CommandLine
-    sources: ConfigSources
+    sources: Configs
+    reads: frozenset[str] = ALL_GROUPS
+    """The config groups the subcommand reads: it checks those (see `READS`)."""
 
     def session(self) -> Session:
-        return checked_session(self.line, self.sources)
+        return checked_session(self.line, self.sources, self.reads)
 
     def job(self) -> Job:
-        """The whole config, checked (ConfigError before anything runs)."""
-        return self.session().job()
+        """The config, checked in every group the subcommand reads (ConfigError before
+        anything runs)."""
+        return self.session().job(self.reads)
 
     def config_text(self) -> str:
         """`--cfg job`: the config that runs, as YAML (`--json`: a JSON document)."""
@@ -120,7 +123,7 @@ def explain(inv: Invocation) -> int:
     """Verdict, effective strategy (or none) and every rule of the requested strategy and its
     fallbacks, and every problem a run would refuse: it answers for any config that composes
     (exit 0; strict: 1 when the requested strategy is inactive)."""
-    explanation = explained(inv.line.overrides, inv.sources)
+    explanation = explained(inv.line.overrides, inv.sources, inv.reads)
     if inv.line.as_json:
         print(json.dumps(explanation.as_dict(), indent=2))
     else:
@@ -189,10 +192,15 @@ def validate(inv: Invocation) -> int:
     """Every option of every group, or the one config the overrides compose."""
     if inv.line.overrides:
         checked = ["overrides: " + " ".join(inv.line.overrides)]
-        problems = validate_one(inv.line.overrides, inv.sources)
+        problems, warnings = validate_one(inv.line.overrides, inv.sources)
     else:
-        checked, problems = validate_all(inv.sources)
-    result = {"valid": not problems, "checked": checked, "errors": [p.as_dict() for p in problems]}
+        checked, problems, warnings = validate_all(inv.sources)
+    result = {
+        "valid": not problems,
+        "checked": checked,
+        "errors": [p.as_dict() for p in problems],
+        "warnings": [w.as_dict() for w in warnings],
+    }
     emit(inv, result, report.validate_text)
     return 0 if not problems else 1
 
@@ -218,6 +226,7 @@ def check_ordering(inv: Invocation) -> int:
         "broadcasts": sum(per_layer),
         "configured": configured,
         "designs": designs,
+        "notes": list(job.verdict.notes),
     }
     emit(inv, result, report.ordering_text)
     return 1 if designs[configured]["deadlock"] else 0
@@ -227,14 +236,14 @@ def bench(inv: Invocation) -> int:
     """Strategies side by side with a hand-written loop and the measured link floors; with
     `bench.stores`, their load-backs from L3 side by side instead."""
     session = inv.session()
-    kind = session.job().bench.kind
+    kind = inv.job().bench.kind
     if kind is not BenchKind.transfers:
         run, text = OTHER_BENCHES[kind]
         other = run(session)
         if other:  # {} on a torchrun rank other than 0
             emit(inv, other, text)
         return 0 if not other or other["ok"] else 1
-    out_dir, l3 = session.job().bench.out_dir, bool(session.job().bench.stores)
+    out_dir, l3 = inv.job().bench.out_dir, bool(inv.job().bench.stores)
     result = (run_l3_bench if l3 else run_bench)(session)  # checks every case first
     if not result:  # a torchrun rank other than 0
         return 0
@@ -253,7 +262,11 @@ def simulate(inv: Invocation) -> int:
     ranks = launch_ranks(simulate_rank, job)
     if ranks is None:
         return 0
-    result = {"predicate": job.simulate.predicate.value, **summarize_simulation(ranks)}
+    result = {
+        "predicate": job.simulate.predicate.value,
+        **summarize_simulation(ranks),
+        "notes": list(job.verdict.notes),
+    }
     emit(inv, result, report.simulate_text)
     return 0 if result["ok"] else 1
 
@@ -266,7 +279,7 @@ def soak(inv: Invocation) -> int:
     ranks = launch_ranks(soak_rank, job, job_s=job.runtime.timeout_s * (job.soak.cycles + 1))
     if ranks is None:
         return 0
-    result = summarize_soak(job, ranks)
+    result = {**summarize_soak(job, ranks), "notes": list(job.verdict.notes)}
     emit(inv, result, report.soak_text)
     return 0 if result["verified"] and result["flat"] else 1
 

@@ -17,6 +17,7 @@ from pipeline.cli.failure import failed
 from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
+from pipeline.config.compose import ALL_GROUPS, READS
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
 from pipeline.spec.checks import ConfigError
@@ -151,9 +152,10 @@ def run_command(handler: Handler, args: list[str], name: str = "") -> int:
             print(command_help(name) if name in HELP else USAGE)
             return 0
         with verbose(line.verbose):
+            reads = READS.get(name, ALL_GROUPS)
             if line.multirun:
-                return run_sweep(lambda one: run_parsed(handler, one), line)
-            return run_parsed(handler, line)
+                return run_sweep(lambda one: run_parsed(handler, one, reads), line)
+            return run_parsed(handler, line, reads)
     except (ConfigError, ValueError) as e:
         return failed(as_json, e, 2)
 
@@ -171,11 +173,11 @@ def verbose(on: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def run_parsed(handler: Handler, line: CommandLine) -> int:
+def run_parsed(handler: Handler, line: CommandLine, reads: frozenset[str] = ALL_GROUPS) -> int:
     """One job: 2 for a config mistake (one line), 1 for a failed rank, else the handler's."""
     try:
         with configs(line.config_dir, line.allowed_endpoints) as sources:
-            inv = Invocation(line, sources)
+            inv = Invocation(line, sources, reads)
             if line.cfg is not None:
                 print(inv.config_text())
                 return 0

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from hydra import initialize_config_module
 
-from pipeline.config.compose import Session
-from pipeline.config.sources import ConfigSources
+from pipeline.config.compose import ALL_GROUPS, Session
+from pipeline.config.deployment import Configs
 from pipeline.config.validate import checked_config
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
@@ -37,7 +37,8 @@ class CommandLine:
     cfg: str | None = None
     """`--cfg job`: print the composed config instead of running."""
     config_dir: str | None = None
-    """`--config-dir DIR`: the user's own options (`DIR/<group>/<name>.yaml`)."""
+    """`--config-dir DIR`: the user's own options (`DIR/<group>/<name>.yaml`) and their
+    deployment's defaults (`DIR/config.yaml`)."""
     allowed_endpoints: list[str] = field(default_factory=list)
     """`--allow-endpoint HOST:PORT` (repeatable): store addresses a config file may name."""
     overrides: list[str] = field(default_factory=list)
@@ -83,19 +84,22 @@ def refused_flag(arg: str) -> str:
 
 
 @contextlib.contextmanager
-def configs(config_dir: str | None, allowed: Sequence[str] = ()) -> Iterator[ConfigSources]:
-    """Hydra's compose API over the shipped options and the user's checked ones (`allowed`:
-    the store endpoints their files may name)."""
+def configs(config_dir: str | None, allowed: Sequence[str] = ()) -> Iterator[Configs]:
+    """Hydra's compose API over the shipped options and the user's checked ones, and the
+    user's deployment (`config.yaml`) if any (`allowed`: the store endpoints their files may
+    name)."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        sources = ConfigSources.load(config_dir, allowed)
-        with sources.registered():
-            yield sources
+        loaded = Configs.load(config_dir, allowed)
+        with loaded.registered():
+            yield loaded
 
 
-def checked_session(line: CommandLine, sources: ConfigSources) -> Session:
-    """The composed config, once the user folder and the overrides are clean (ConfigError
-    listing every problem otherwise)."""
-    session, problems = checked_config(line.overrides, sources)
+def checked_session(
+    line: CommandLine, loaded: Configs, reads: frozenset[str] = ALL_GROUPS
+) -> Session:
+    """The composed config, once the user folder, the overrides and the groups a command
+    reads are clean (ConfigError listing every problem otherwise)."""
+    session, problems = checked_config(line.overrides, loaded, reads)
     raise_problems(problems)
     assert session is not None, "no session without a problem"
     return session

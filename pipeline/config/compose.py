@@ -21,16 +21,26 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.config.build import built
-from pipeline.config.checked import job_of, unknown_keys
-from pipeline.config.costs import AUTO, Ranking, ranking
+from pipeline.config.checked import built_groups, job_of, typed_job, unknown_keys
+from pipeline.config.costs import AUTO, Ranking, device_links, ranking
 from pipeline.config.eligibility import Verdict
-from pipeline.config.job import Job
+from pipeline.config.job import Job, pool_problems
 from pipeline.config.schema import GROUP_SCHEMAS, Config
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.topology import Topology
 
 log = logging.getLogger("hicache-pipeline.config")
+ALL_GROUPS = frozenset(GROUP_SCHEMAS)
+"""What `validate` checks: every group (a command checks only those it reads)."""
+JOB_GROUPS = frozenset({"model", "topology", "strategy", "workload", "runtime", "storage"})
+"""What every command that composes a job reads; bench, simulate and soak add their own."""
+READS = {
+    **dict.fromkeys(("run", "plan", "explain", "check-ordering"), JOB_GROUPS),
+    **{driver: JOB_GROUPS | {driver} for driver in ("bench", "simulate", "soak")},
+    **dict.fromkeys(("validate", "list"), ALL_GROUPS),
+}
+"""The config groups each subcommand checks."""
 GROUP_CHOICE_PREFIXES = ("strategy=", "+strategy=", "++strategy=")
 HYDRA_SAYS = (
     (
@@ -110,6 +120,8 @@ class Session:
     fallback's); read only."""
     pick: Ranking | None = field(default=None, compare=False, repr=False)
     """With strategy=auto: the estimates that chose this session's strategy."""
+    links_note: str | None = None
+    """Why the cost model prices with the device's links instead of runtime.links' default."""
 
     @classmethod
     def compose(cls, overrides: list[str]) -> Session:
@@ -118,7 +130,12 @@ class Session:
         choices = {g: str(cfg.hydra.runtime.choices[g]) for g in GROUP_SCHEMAS}
         with open_dict(cfg):
             del cfg["hydra"]
-        session = cls(cfg, tuple(overrides), MappingProxyType(choices))
+        note = None
+        if found := device_links(cfg, {o.lstrip("+~").partition("=")[0] for o in overrides}):
+            preset, note = found  # every sibling and every bench case composes it too
+            cfg.runtime.links = preset
+            overrides = [*overrides, f"runtime.links={preset}"]
+        session = cls(cfg, tuple(overrides), MappingProxyType(choices), links_note=note)
         return session.picked() if choices["strategy"] == AUTO else session
 
     def picked(self) -> Session:
@@ -134,7 +151,7 @@ class Session:
         overrides = (*kept, f"strategy={winner}")
         choices = MappingProxyType({**self.choices, "strategy": winner})
         siblings = dict(self.siblings)
-        return Session(siblings.pop(winner), overrides, choices, siblings, pick)
+        return Session(siblings.pop(winner), overrides, choices, siblings, pick, self.links_note)
 
     @property
     def auto_note(self) -> str | None:
@@ -193,13 +210,42 @@ class Session:
     @functools.cached_property
     def checked(self) -> tuple[Job | None, list[Problem], Verdict | None]:
         """(Job, every problem, verdict) of this config: computed once per session."""
-        notes = () if self.auto_note is None else (self.auto_note,)
+        notes = tuple(n for n in (self.links_note, self.auto_note) if n is not None)
         return job_of(self.cfg, self.strategy_option, self.with_strategy, notes)
 
-    def job(self) -> Job:
-        """What runs, typed once and checked whole: the effective strategy's stages on the
-        normalized topology (ConfigError listing every problem otherwise)."""
-        job, problems, _ = self.checked
+    def problems(self, reads: frozenset[str] = ALL_GROUPS) -> list[Problem]:
+        """Every problem of the groups a command reads (another group's, such as the bench's
+        sizes in whole pages, is no reason to refuse a command that never reads it)."""
+        return self.checked_for(reads)[1]
+
+    def job(self, reads: frozenset[str] = ALL_GROUPS) -> Job:
+        """What runs, typed once and checked whole (the groups `reads` names): the effective
+        strategy's stages on the normalized topology (ConfigError listing every problem
+        otherwise)."""
+        job, problems = self.checked_for(reads)
         raise_problems(problems)
         assert job is not None, "no job without a problem"
         return job
+
+    def checked_for(self, reads: frozenset[str]) -> tuple[Job | None, list[Problem]]:
+        """(Job, problems) with only the problems of the groups in `reads`."""
+        job, problems, verdict = self.checked
+        own = [p for p in problems if read_by(p, reads)]
+        if job is not None or own or verdict is None:
+            return job, own
+        # every problem was another group's: the Job they held back, and the rules that
+        # waited for it (the pools are checked only once the sizes are whole pages)
+        strategy = self.cfg if verdict.active else self.with_strategy(verdict.effective_strategy)
+        groups = {**built_groups(self.cfg), **built_groups(strategy, ("strategy",))}
+        if any(b.obj is None for b in groups.values()):
+            return None, problems
+        job = typed_job(groups, verdict, bool(self.cfg.strict))
+        own = pool_problems(job)
+        return (None if own else job), own
+
+
+def read_by(problem: Problem, reads: frozenset[str]) -> bool:
+    """Whether a problem is of a group in `reads` (or of no group: a file, the command line,
+    `strict`)."""
+    group = problem.key.partition(".")[0].split("[")[0]
+    return group in reads or group not in ALL_GROUPS

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from pipeline.config.build import built
 from pipeline.config.drive_schemas import Placement
 from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evaluate, normalize
 from pipeline.config.links import links_of
-from pipeline.config.schema import GROUP_SCHEMAS, WorkloadConfig
+from pipeline.config.schema import GROUP_SCHEMAS, RuntimeConfig, WorkloadConfig
 from pipeline.config.sources import shipped_options
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 from pipeline.spec.cost import Case, Estimate, Links, estimate
@@ -26,11 +27,14 @@ from pipeline.spec.model import ModelGeometry
 from pipeline.spec.ownership import Ownership
 from pipeline.spec.storage import StorageConfig, StorageKind
 from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import Topology
+from pipeline.spec.topology import DeviceKind, Topology
 
 AUTO = "auto"
 """The strategy option that runs the winner (conf/strategy/auto.yaml is replicated's
 stages, which run only where no estimate can be made)."""
+DEVICE_LINKS = {DeviceKind.cpu: "cpu"}
+"""The links preset a device prices with where `runtime.links` keeps its default (the H200
+host's, which says nothing of a CPU run)."""
 Sibling = Callable[[str], DictConfig]
 
 
@@ -122,10 +126,30 @@ def case_of(
     )
 
 
+def device_links(cfg: DictConfig, named: set[str]) -> tuple[str, str] | None:
+    """(preset, why) where the device prices with its own links: `runtime.links` at its
+    default, not named on the command line (`named`: the keys the overrides set), on a
+    device with a preset of its own. None: runtime.links stands."""
+    default = RuntimeConfig().links
+    preset = DEVICE_LINKS.get(cfg.topology.device)
+    if preset is None or cfg.runtime.links != default or "runtime.links" in named:
+        return None
+    device = cfg.topology.device.value
+    why = (
+        f"runtime.links={preset}: topology.device={device}, and the default {default} preset "
+        f"prices an H200 host (runtime.links={default} on the command line keeps it)"
+    )
+    return preset, why
+
+
 def strategy_options() -> list[str]:
-    """The shipped strategy options auto chooses among, replicated first."""
-    names = sorted(shipped_options()["strategy"] - {AUTO})
-    return sorted(names, key=lambda n: n != "replicated")
+    """The strategy options auto chooses among: the shipped ones, replicated first, then the
+    user's (those registered for this command), each once (ties go to the first)."""
+    shipped = sorted(shipped_options()["strategy"] - {AUTO}, key=lambda n: (n != "replicated", n))
+    loader = GlobalHydra.instance().config_loader()
+    known = loader.get_group_options("strategy")
+    users = sorted(n for n in known if n not in shipped and n != AUTO and not n.startswith("base_"))
+    return shipped + users
 
 
 def typed_groups(cfg: DictConfig) -> dict[str, object]:
@@ -151,8 +175,11 @@ def ranking(cfg: DictConfig, sibling: Sibling) -> Ranking:
     case = case_of(model, topology, g["workload"], storage, int(cfg.strategy.cuda_graph_cache))
     candidates = []
     for option in strategy_options():
-        node = sibling(option).strategy
-        rules = evaluate(list(node.requires), case.topology, model, storage)
+        try:
+            node = sibling(option).strategy
+            rules = evaluate(list(node.requires), case.topology, model, storage)
+        except (ConfigError, ValueError):  # a user's option with a mistake: validate says it
+            continue
         failed = tuple(r.name for r in rules if not r.passed)
         ownership = Ownership(node.ownership)
         candidates.append(Candidate(option, not failed, failed, estimate(case, ownership, links)))

@@ -20,10 +20,11 @@ from pipeline.config.checked import (
     strategy_stage_problems,
     unknown_keys,
 )
+from pipeline.config.compose import READS
 from pipeline.config.costs import Ranking, ranking
+from pipeline.config.deployment import Configs
 from pipeline.config.eligibility import Chain, RuleResult, chain_of
 from pipeline.config.overrides import checked_overrides
-from pipeline.config.sources import ConfigSources
 from pipeline.config.validate import checked_config, group_options
 from pipeline.spec.checks import ConfigError, Problem
 from pipeline.spec.model import ModelGeometry
@@ -78,18 +79,20 @@ class Explanation:
         }
 
 
-def explained(overrides: list[str], sources: ConfigSources) -> Explanation:
-    """The verdict of the config these overrides compose (ConfigError where it cannot be
-    judged, listing every problem)."""
-    session, problems = checked_config(overrides, sources)
+def explained(
+    overrides: list[str], loaded: Configs, reads: frozenset[str] = READS["explain"]
+) -> Explanation:
+    """The verdict of the config these overrides compose, and every problem of the groups a
+    run reads (ConfigError where it cannot be judged, listing every problem)."""
+    session, problems = checked_config(overrides, loaded, reads)
     if session is None:
         raise ConfigError(problems)
-    refused, _ = checked_overrides(overrides, group_options(sources))
+    refused, _ = checked_overrides(overrides, group_options(loaded))
     cfg, option = session.cfg, session.strategy_option
     judged = built_groups(cfg, ("model", "topology", "storage"))
     storage = judged["storage"]
     if (
-        sources.problems
+        loaded.sources.problems
         or refused
         or unknown_keys(cfg)
         or rule_problems(cfg.strategy)
@@ -112,6 +115,6 @@ def explained(overrides: list[str], sources: ConfigSources) -> Explanation:
     except ConfigError:  # its problems are the config's own, listed in `problems`
         costs = None
     auto = session.pick is not None
-    if session.auto_note is not None:
-        chain = dataclasses.replace(chain, notes=(*chain.notes, session.auto_note))
+    said = tuple(n for n in (session.links_note, session.auto_note) if n is not None)
+    chain = dataclasses.replace(chain, notes=(*chain.notes, *said))
     return Explanation(chain, tuple(problems), model, topology, bool(cfg.strict), costs, auto)

@@ -142,7 +142,12 @@ def ordering_text(result: dict[str, Any]) -> str:
         mark = "  <- configured" if design == result["configured"] else ""
         lines.append(f"  {design:<15} {verdict:<9} ({finding['states']} states){mark}")
         lines += [f"      {w}" for w in finding["witness"]]
-    return "\n".join(lines)
+    return "\n".join(lines + notes_lines(result))
+
+
+def notes_lines(result: dict[str, Any]) -> list[str]:
+    """The verdict's notes (the links priced with, what strategy=auto picked, a fallback)."""
+    return [f"note: {printable(n)}" for n in result.get("notes", [])]
 
 
 def simulate_text(result: dict[str, Any]) -> str:
@@ -160,7 +165,7 @@ def simulate_text(result: dict[str, Any]) -> str:
             f"{agree:>11}  {same:>8}"
         )
     lines.append("ok" if result["ok"] else "FAILED")
-    return "\n".join(lines)
+    return "\n".join(lines + notes_lines(result))
 
 
 def soak_text(result: dict[str, Any]) -> str:
@@ -188,7 +193,7 @@ def soak_text(result: dict[str, Any]) -> str:
         lines.append(f"rank {rank} metrics: moved {moved}; mean latency {waits}")
         if any(metrics["l3"].values()):
             lines.append(f"rank {rank} L3: {l3}")
-    return "\n".join(lines)
+    return "\n".join(lines + notes_lines(result))
 
 
 def validate_text(result: dict[str, Any]) -> str:
@@ -196,6 +201,9 @@ def validate_text(result: dict[str, Any]) -> str:
     for e in result["errors"]:
         where = f"{e['file']}:{e['line']}" if e["line"] is not None else e["file"]
         lines.append(printable(f"error: {where}: {e['message']}" if where else e["message"]))
+    for w in result["warnings"]:
+        where = f"{w['file']}:{w['line']}: " if w["line"] is not None else f"{w['file']}: "
+        lines.append(printable(f"warning: {where if w['file'] else ''}{w['message']}"))
     lines.append("valid" if result["valid"] else counted(len(result["errors"]), "error"))
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ import pytest
 from pipeline.cli.commands import Invocation, explain
 from pipeline.cli.main import run_command
 from pipeline.config.app import CommandLine, configs
-from pipeline.config.sources import ConfigSources
+from pipeline.config.deployment import Configs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -23,13 +23,13 @@ def options(group: str) -> list[str]:
 
 
 @pytest.fixture
-def sources() -> Iterator[ConfigSources]:
+def sources() -> Iterator[Configs]:
     """One Hydra initialization for a test's cases (each composes in this process)."""
     with configs(None) as loaded:
         yield loaded
 
 
-def explained(sources: ConfigSources, capsys: pytest.CaptureFixture, *overrides: str) -> dict:
+def explained(sources: Configs, capsys: pytest.CaptureFixture, *overrides: str) -> dict:
     line = CommandLine(as_json=True, overrides=list(overrides))
     code = explain(Invocation(line, sources))
     out = capsys.readouterr().out
@@ -45,7 +45,7 @@ slow: each case composes the config once per strategy."""
 
 @pytest.mark.parametrize("topology", options("topology"))
 def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
-    topology: str, sources: ConfigSources, capsys: pytest.CaptureFixture
+    topology: str, sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     """Each topology a case of its own, so that the test workers share them out."""
     stores = options("storage")
@@ -63,7 +63,7 @@ def test_every_topology_strategy_and_store_of_conf_gets_a_json_verdict(
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", [t for t in options("topology") if t not in FULL])
 def test_every_strategy_and_store_of_the_other_topologies_gets_a_json_verdict(
-    topology: str, sources: ConfigSources, capsys: pytest.CaptureFixture
+    topology: str, sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     cases = [(topology, s, store) for s in options("strategy") for store in options("storage")]
     assert len(cases) == 12
@@ -71,7 +71,7 @@ def test_every_strategy_and_store_of_the_other_topologies_gets_a_json_verdict(
 
 
 def check_verdicts(
-    topology: str, cases: list[tuple[str, str, str]], sources: ConfigSources, capsys
+    topology: str, cases: list[tuple[str, str, str]], sources: Configs, capsys
 ) -> None:
     strategies = options("strategy")
     dead_ends = []
@@ -107,7 +107,7 @@ def check_verdicts(
 
 
 def test_a_config_no_strategy_runs_for_says_every_fix_with_its_other_problems(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     verdict = explained(
         sources,
@@ -131,7 +131,7 @@ def test_a_config_no_strategy_runs_for_says_every_fix_with_its_other_problems(
 
 
 def test_a_dead_end_fallback_shows_the_rules_of_every_strategy_tried(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     verdict = explained(
         sources, capsys, "topology=two_nodes_tp16", "strategy=rotating", "storage=file"
@@ -145,7 +145,7 @@ def test_a_dead_end_fallback_shows_the_rules_of_every_strategy_tried(
 
 
 def test_an_active_strategy_runs_and_a_fallback_is_listed_active(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     verdict = explained(sources, capsys, "strategy=rotating", "topology=tp1")
     assert verdict["effective_strategy"] == "replicated" and verdict["runs"]
@@ -178,13 +178,13 @@ def test_strict_exits_1_and_a_config_that_does_not_compose_exits_2(
 DEEPSEEK_16K = ["model=deepseek_v3", "workload.num_tokens=16384", "workload.device_tokens=65536"]
 
 
-def text_of(sources: ConfigSources, capsys: pytest.CaptureFixture, *overrides: str) -> str:
+def text_of(sources: Configs, capsys: pytest.CaptureFixture, *overrides: str) -> str:
     assert explain(Invocation(CommandLine(overrides=list(overrides)), sources)) == 0
     return capsys.readouterr().out
 
 
 def test_auto_explains_every_strategys_estimate_and_the_winner_in_json_and_text(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     verdict = explained(sources, capsys, "strategy=auto", "topology=tp2", *DEEPSEEK_16K)
     assert verdict["auto"] and verdict["strategy"] == "rotating" and verdict["runs"]
@@ -207,7 +207,7 @@ def test_auto_explains_every_strategys_estimate_and_the_winner_in_json_and_text(
 
 
 def test_a_dedup_strategy_expected_to_lose_is_warned_with_what_to_change(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     args = ("strategy=single_source", "topology=two_nodes_tp16", *DEEPSEEK_16K)
     verdict = explained(sources, capsys, *args)
@@ -222,7 +222,7 @@ def test_a_dedup_strategy_expected_to_lose_is_warned_with_what_to_change(
 
 
 def test_no_estimate_where_a_group_it_reads_has_a_mistake_and_auto_then_refuses(
-    sources: ConfigSources, capsys: pytest.CaptureFixture
+    sources: Configs, capsys: pytest.CaptureFixture
 ) -> None:
     verdict = explained(sources, capsys, "strategy=auto", "workload.num_tokens=0")
     assert verdict["estimates"] is None and not verdict["runs"]
@@ -230,3 +230,26 @@ def test_no_estimate_where_a_group_it_reads_has_a_mistake_and_auto_then_refuses(
     said = explained(sources, capsys, "runtime.links=nosuch")
     assert said["estimates"] is None
     assert [p["key"] for p in said["problems"]] == ["runtime.links"]
+
+
+def test_a_users_own_strategy_option_is_priced_beside_the_shipped_ones(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "prod.yaml").write_text(
+        "defaults: [rotating, _self_]\nname: prod\nchunk_pages: 16\n"
+    )
+    (tmp_path / "strategy" / "norules.yaml").write_text(
+        "defaults: [replicated, _self_]\nname: norules\nrequires: [no_such_rule]\n"
+    )
+    line = CommandLine(as_json=True, overrides=["strategy=prod", "topology=tp4"])
+    with configs(str(tmp_path)) as mine:
+        assert explain(Invocation(line, mine)) == 0
+    said = json.loads(capsys.readouterr().out)
+    by_name = {e["strategy"]: e for e in said["estimates"]["strategies"]}
+    assert list(by_name) == ["replicated", "rotating", "single_source", "prod"]
+    assert by_name["prod"]["active"] and by_name["prod"]["load"] == by_name["rotating"]["load"]
+    line = CommandLine(overrides=["strategy=prod", "topology=tp4"])
+    with configs(str(tmp_path)) as mine:
+        assert explain(Invocation(line, mine)) == 0
+    assert "\n  prod           yes " in capsys.readouterr().out
