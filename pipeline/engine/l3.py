@@ -203,7 +203,7 @@ class L3Tier:
             views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
             digests = [self.digest(v) for v in parts]
-            head = header(self.space, name, digests, obj.page_bytes, self.checks)
+            head = header(self.space, name, digests, [v.nbytes for v in parts], self.checks)
             self.store.put(name, [head, *parts])
 
     def write_back(
@@ -282,7 +282,7 @@ def open_tier(
     key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
     longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
     tier = L3Tier(
-        store=store or open_store(storage, largest_object(model)),
+        store=store or open_store(storage, largest_object(model), timeout_s=runtime.timeout_s),
         owns_store=store is None,
         space=space,
         obj=obj,
