@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import job_config
+
 from pipeline.cli.main import main
 from pipeline.spec.l3 import namespace
 

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pipeline.engine.stores.beneath import Beneath
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.ledger import Ledger, open_ledger, read_ledger, write_ledger
-from pipeline.engine.stores.owned import STALE_TEMPORARY_NS, Passed, Stored, unlink_unchanged, walk
+from pipeline.engine.stores.owned import (
+    STALE_TEMPORARY_NS,
+    Passed,
+    Stored,
+    unlink_unchanged,
+    walk,
+)
 
 LOCK_POLL_S = 0.01
 """How often a wait on the folder's lock tries again."""
@@ -175,28 +181,38 @@ def evict_pass(
         unlink_unchanged(beneath, left)
     held_bytes, held_objects = sum(s.size for s in found), len(found)
     candidates = sorted((s for s in found if s.name not in keep), key=lambda s: s.used_ns)
-    victims: list[Stored] = []
-    chosen = pending = objects = freed = 0
+    victims = 0  # the least recently used candidates[:victims] must go for all we know
+    objects = freed = 0
     while held_bytes > to_bytes:
-        while pending < held_bytes - to_bytes and chosen < len(candidates):
-            victims.append(candidates[chosen])
-            pending, chosen = pending + candidates[chosen].size, chosen + 1
+        victims = victims or _must_go(candidates, held_bytes - to_bytes)
         if not victims:
             break
-        victim = victims.pop()
-        pending -= victim.size
+        victims -= 1
+        victim = candidates.pop(victims)
         outcome = unlink_unchanged(beneath, victim)
-        if outcome == "kept":
+        if outcome == "kept":  # used since: no longer among the least recently used
+            victims = 0
             continue
-        if outcome == "refused":
+        if outcome == "refused":  # not counted: the others that must go are fewer
             refused.add((victim.name, victim.inode))
             log.warning(
                 "the file store cannot remove %s (%d B): left alone, not counted",
                 victim.name,
                 victim.size,
             )
+            victims = 0
         elif outcome == "removed":
             objects, freed = objects + 1, freed + victim.size
         held_bytes, held_objects = held_bytes - victim.size, held_objects - 1
     counters.add(evictions=objects, evicted_bytes=freed)
     return Evicted(objects, freed, held_objects, held_bytes)
+
+
+def _must_go(candidates: list[Stored], excess: int) -> int:
+    """How many of the least recently used `candidates` free at least `excess` bytes."""
+    total = 0
+    for count, stored in enumerate(candidates, 1):
+        total += stored.size
+        if total >= excess:
+            return count
+    return len(candidates)
