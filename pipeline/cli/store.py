@@ -151,10 +151,11 @@ def _checks_of(overrides: list[str]) -> Checks:
 def _text(action: str, result: dict) -> str:
     path = result["path"]
     if action == "evict":
-        return (
+        said = (
             f"{path}: evicted {result['evicted_objects']} objects ({result['evicted_bytes']} B);"
             f" {result['objects']} objects, {result['bytes']} B left"
         )
+        return "\n".join([said, *_left_alone(result)])
     if action == "stats":
         lines = [f"{path}: {result['objects']} objects, {result['bytes']} B"]
         for space, held in result["namespaces"].items():

@@ -158,4 +158,5 @@ def evict_store(path: str, to_bytes: int, timeout_s: float) -> dict:
         "evicted_bytes": done.bytes,
         "objects": done.held_objects,
         "bytes": done.held_bytes,
+        "left_alone": list(done.left_alone),
     }

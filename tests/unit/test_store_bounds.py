@@ -184,6 +184,7 @@ def test_a_failed_open_leaves_no_descriptor(tmp_path: Path, planted: str) -> Non
         (0o600, bytes(32), "not a secret (1 distinct byte values in 32)"),
         (0o400, b"hunter2" * 4, "not a secret (7 distinct byte values in 28)"),
     ],
+    ids=["world-readable", "group-writable", "zeros", "passphrase"],
 )
 def test_a_key_file_must_be_the_owners_and_a_secret(
     tmp_path: Path, mode: int, key: bytes, message: str

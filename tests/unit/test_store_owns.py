@@ -6,18 +6,26 @@ written or removed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from conftest import job_config
 
+import pipeline
 from pipeline.cli.main import main
-from pipeline.spec.l3 import namespace
+from pipeline.engine.stores import FileStore
+from pipeline.engine.stores.beneath import Beneath
+from pipeline.jobs import store_verify
+from pipeline.spec.l3 import MAX_OBJECT_BYTES, namespace
 
 FOUR_HOURS_NS = 4 * 3600 * 10**9
 
@@ -136,3 +144,180 @@ def test_a_bounded_run_evict_and_verify_leave_every_planted_file(
     code, evicted = cli(capsys, "evict", str(folder), "--to", "0")
     assert code == 0 and evicted["objects"] == 0 and evicted["evicted_objects"] == len(objects) - 1
     unchanged(planted, outside, moved=folder, to=aside)
+
+
+def write_objects(folder: Path, num_pages: int, *overrides: str) -> list[Path]:
+    """Back up and write back `num_pages` pages of random KV through a real engine (one
+    rank); the object files the folder then holds."""
+    base = ["topology=tp1", "workload.num_tokens=32", "storage=file", f"storage.path={folder}"]
+    engine = pipeline.create_engine(pipeline.compose([*base, *overrides]))
+    try:
+        for unit in engine.model.units:
+            layer = engine.device_pool.layer(unit)
+            layer[:num_pages] = torch.randn(layer[:num_pages].shape).to(layer.dtype)
+        slots = torch.arange(num_pages * engine.sizing.slots_per_page)
+        host = engine.host_slots.alloc(len(slots))
+        engine.backup(host, slots).wait()
+        engine.write_back(engine.l3_keys(list(range(len(slots)))), host).wait()
+        while engine.acks.pending:
+            engine.poll()
+    finally:
+        engine.close()
+    return sorted(p for p in folder.glob("v*/*/*") if p.is_file())
+
+
+def secret(path: Path) -> Path:
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_verify_with_a_wrong_or_no_key_removes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = tmp_path / "store"
+    folder.mkdir()
+    key, wrong = secret(tmp_path / "key"), secret(tmp_path / "wrong")
+    objects = write_objects(folder, 4, f"storage.auth_key_file={key}")
+    before = {p: p.read_bytes() for p in objects}
+    for args in ([f"storage.auth_key_file={wrong}"], []):
+        code, said = cli(capsys, "verify", str(folder), *args, "--remove")
+        assert code == 0 and (said["intact"], said["removed"], said["corrupt"]) == (0, 0, [])
+        reasons = {c["reason"] for c in said["not_checked"]}
+        assert len(said["not_checked"]) == 4 and len(reasons) == 1, reasons
+        assert reasons.pop().endswith("not checked" if args else "(give storage.auth_key_file=KEY)")
+    assert {p: p.read_bytes() for p in objects} == before
+    code, said = cli(capsys, "verify", str(folder), f"storage.auth_key_file={key}")
+    assert code == 0 and said["intact"] == 4 and said["not_checked"] == []
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_verify_reports_an_unreadable_object_and_removes_it_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = write_objects(tmp_path, 3)
+    locked = objects[0]
+    opened = Beneath.open
+
+    def unreadable(self: Beneath, parts: list[str], flags: int, mode: int = 0) -> int:
+        if parts and parts[-1] == locked.name:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return opened(self, parts, flags, mode)
+
+    monkeypatch.setattr(Beneath, "open", unreadable)
+    code, said = cli(capsys, "verify", str(tmp_path), "--remove")
+    assert code == 0 and said["removed"] == 0 and said["intact"] == 2
+    assert said["not_checked"] == [
+        {"name": str(locked.relative_to(tmp_path)), "reason": "unreadable (Permission denied)"}
+    ]
+    assert locked.exists()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_verify_checks_every_byte_without_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model named: a flipped payload byte is found from the header alone, read a piece
+    at a time."""
+    objects = write_objects(tmp_path, 3, "model=tiny_dsa")
+    data = bytearray(objects[1].read_bytes())
+    data[-700] ^= 0x10
+    objects[1].write_bytes(bytes(data))
+    monkeypatch.setattr(store_verify, "PIECE_BYTES", 64)
+    read = os.pread
+    sizes: list[int] = []
+
+    def counted(fd: int, size: int, at: int) -> bytes:
+        sizes.append(size)
+        return read(fd, size, at)
+
+    monkeypatch.setattr(os, "pread", counted)
+    code, said = cli(capsys, "verify", str(tmp_path))
+    assert code == 1 and said["intact"] == 2 and said["not_checked"] == []
+    ((corrupt),) = said["corrupt"]
+    assert corrupt["name"] == str(objects[1].relative_to(tmp_path))
+    assert re.fullmatch(r"unit \d+ \(\d+ B at byte \d+\) does not check", corrupt["reason"])
+    assert max(sizes) <= 64 + 200  # the header's names, then pieces
+
+
+def test_a_file_larger_than_any_object_is_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    name = f"v3-bf16-p4-{'0' * 16}/ab/{'ab' * 16}"
+    huge = tmp_path / name
+    huge.parent.mkdir(parents=True)
+    with huge.open("wb") as f:
+        f.write(b"HCPL3")
+        f.truncate(MAX_OBJECT_BYTES + 1)  # sparse: nothing on disk
+    for action in (["verify", "--remove"], ["stats"], ["evict", "--to", "0"]):
+        code, said = cli(capsys, action[0], str(tmp_path), *action[1:])
+        assert code == 0 and said["left_alone"] == [
+            f"{name}: larger than any object: not an object of this store (left alone)"
+        ], action
+    assert huge.stat().st_size == MAX_OBJECT_BYTES + 1
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_an_unreadable_folder_is_passed_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = write_objects(tmp_path, 4)
+    shut = objects[0].parent
+    scandir = os.scandir
+
+    def unreadable(fd: int) -> Any:
+        if isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}") == str(shut):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return scandir(fd)
+
+    monkeypatch.setattr(os, "scandir", unreadable)
+    note = f"{shut.relative_to(tmp_path)}: not read (Permission denied)"
+    inside = len([p for p in objects if p.parent == shut])
+    for action in (["stats"], ["verify", "--remove"], ["evict", "--to", "0"]):
+        code, said = cli(capsys, action[0], str(tmp_path), *action[1:])
+        assert code == 0 and said["left_alone"] == [note], action
+    assert said["evicted_objects"] == 4 - inside
+    store = FileStore(str(tmp_path), capacity_bytes=1 << 20)  # a bounded run's store
+    assert store.stats()["objects"] == 0
+    store.close()
+    assert all(p.exists() for p in objects if p.parent == shut)
+
+
+@pytest.mark.parametrize("planted", ["link", "folder", "foreign", "empty"])
+def test_a_ledger_that_is_not_the_stores_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture, planted: str
+) -> None:
+    (tmp_path / f"v3-bf16-p4-{'0' * 16}").mkdir()
+    ledger = tmp_path / ".usage"
+    if planted == "link":
+        (tmp_path.parent / "elsewhere").write_bytes(b"")
+        ledger.symlink_to(tmp_path.parent / "elsewhere")
+    elif planted == "folder":
+        ledger.mkdir()
+    else:
+        ledger.write_bytes(b"" if planted == "empty" else b"disk usage notes, mine")
+    kept = None if planted in ("link", "folder") else ledger.read_bytes()
+    for action in (["stats"], ["verify", "--remove"], ["evict", "--to", "0"]):
+        code, said = cli(capsys, action[0], str(tmp_path), *action[1:])
+        assert code == 2 and f"{tmp_path}: .usage" in said["error"], (action, said)
+        assert "\n" not in said["error"]
+    if kept is not None:
+        assert ledger.read_bytes() == kept
+
+
+def test_a_folder_of_hidden_names_only_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / ".tmp-12345678").write_bytes(b"x")
+    old(tmp_path / ".tmp-12345678")
+    (tmp_path / ".cache").mkdir()
+    for action in (["stats"], ["verify", "--remove"], ["evict", "--to", "0"]):
+        code, said = cli(capsys, action[0], str(tmp_path), *action[1:])
+        assert code == 2 and "not a store's folder (it holds .cache, .tmp-12345678" in said["error"]
+    assert (tmp_path / ".tmp-12345678").read_bytes() == b"x"
+    assert not (tmp_path / ".usage").exists()
+    empty = tmp_path / ".cache"
+    code, said = cli(capsys, "evict", str(empty), "--to", "0")
+    assert code == 2 and "it holds no namespace folder" in said["error"]
+    assert list(empty.iterdir()) == []

@@ -51,6 +51,8 @@ class Evicted:
     bytes: int
     held_objects: int
     held_bytes: int
+    left_alone: tuple[str, ...] = ()
+    """What the pass's count left alone, and why (`owned.Passed.notes`)."""
 
 
 class Bound:
@@ -205,7 +207,7 @@ def evict_pass(
             objects, freed = objects + 1, freed + victim.size
         held_bytes, held_objects = held_bytes - victim.size, held_objects - 1
     counters.add(evictions=objects, evicted_bytes=freed)
-    return Evicted(objects, freed, held_objects, held_bytes)
+    return Evicted(objects, freed, held_objects, held_bytes, tuple(passed.notes))
 
 
 def _must_go(candidates: list[Stored], excess: int) -> int:
