@@ -313,3 +313,11 @@ def largest_object(model: ModelGeometry) -> int:
     """At least the bytes of any object of `model`'s pages, header included (a namespace and
     a name take far less than the room left for them)."""
     return 4096 + 16 * len(model.units) + sum(u.page_bytes for u in model.units)
+
+
+def object_bytes(model: ModelGeometry) -> int:
+    """The most bytes one object of `model`'s pages takes: its payload and its longest
+    header (keyed digests, a share's name): what a write-back's worth of capacity counts."""
+    obj = PageObject("-s999of999", model.units)
+    space = namespace(model)
+    return obj.header_size(space, obj.name(space, "0" * 32), Checks(b"widest")) + obj.page_bytes

@@ -16,7 +16,7 @@ import torch
 import pipeline
 from pipeline.cli.main import main
 from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.capacity import walk
+from pipeline.engine.stores.owned import walk
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

@@ -25,7 +25,7 @@ from pipeline.cli.main import main
 from pipeline.engine.stores import FileStore
 from pipeline.engine.stores.beneath import Beneath
 from pipeline.jobs import store_verify
-from pipeline.spec.l3 import MAX_OBJECT_BYTES, namespace
+from pipeline.spec.l3 import MAX_OBJECT_BYTES, namespace, object_bytes
 
 FOUR_HOURS_NS = 4 * 3600 * 10**9
 
@@ -117,11 +117,17 @@ def test_a_bounded_run_evict_and_verify_leave_every_planted_file(
     for path in (key, wrong):
         path.write_bytes(os.urandom(32))
         path.chmod(0o600)
-    store = ["storage=file", f"storage.path={folder}", "storage.capacity_bytes=100KiB"]
+    # a write-back of the default workload: 64 objects of 1458 B (108 KB, of 1528 B at most)
+    store = ["storage=file", f"storage.path={folder}", "storage.capacity_bytes=160KiB"]
     done = run(*store, "workload.cycles=3", f"storage.auth_key_file={key}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "verified: bit-exact (2 ranks)" in done.stdout
     unchanged(planted, outside, moved=folder, to=folder)
+    written = [
+        p for p in folder.glob(f"{namespace(job_config().model)}/*/*") if p.stat().st_size > 1000
+    ]
+    assert 64 <= len(written) < 3 * 64  # evicted down to the capacity, one write-back kept
+    assert max(p.stat().st_size for p in written) <= object_bytes(job_config().model)
     # the store commands refuse a folder with a user's files at its top, before any byte
     code, said = cli(capsys, "evict", str(folder), "--to", "0")
     assert code == 2 and "not a store's folder" in said["error"]
@@ -321,3 +327,12 @@ def test_a_folder_of_hidden_names_only_is_refused(
     code, said = cli(capsys, "evict", str(empty), "--to", "0")
     assert code == 2 and "it holds no namespace folder" in said["error"]
     assert list(empty.iterdir()) == []
+
+
+def test_a_run_whose_write_back_cannot_fit_fails_naming_the_capacity(tmp_path: Path) -> None:
+    """Below one write-back's worth, a write-back keeps its prefix's head and fails (or the
+    config is refused), naming storage.capacity_bytes; it never evicts its own head."""
+    store = ["storage=file", f"storage.path={tmp_path}", "storage.capacity_bytes=64KiB"]
+    done = run(*store, "workload.cycles=1")
+    assert done.returncode != 0 and "storage.capacity_bytes" in done.stderr
+    assert "verified: bit-exact" not in done.stdout

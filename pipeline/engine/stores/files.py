@@ -17,11 +17,11 @@ from pathlib import Path
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.capacity import Bound, CapacityFull
 from pipeline.engine.stores.counters import Counters
-from pipeline.engine.stores.direct import DirectReads
+from pipeline.engine.stores.direct import DirectReads, in_memory
 from pipeline.engine.stores.file_parts import FileParts
 from pipeline.engine.stores.keys import read_key_file
 from pipeline.engine.stores.ledger import ledger_capacity
-from pipeline.engine.stores.owned import TEMPORARY, peek
+from pipeline.engine.stores.owned import TEMPORARY, own_size
 from pipeline.engine.stores.parts import (
     IOV_MAX,
     Check,
@@ -30,7 +30,7 @@ from pipeline.engine.stores.parts import (
     advance,
     bytes_views,
 )
-from pipeline.spec.l3_owned import is_object_name, name_bytes, names_itself
+from pipeline.spec.l3_owned import is_object_name
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
@@ -282,7 +282,7 @@ class FileStore:
             except OSError:  # absent, or not a real folder: nothing of ours to remove
                 continue
             try:
-                size = _own_size(folder, leaf, name)
+                size = own_size(folder, leaf, name)
                 if size is not None:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(leaf, dir_fd=folder)
@@ -294,7 +294,7 @@ class FileStore:
     def forget_cached(self, names: list[str]) -> bool:
         """Ask the OS to drop these objects from its page cache (a cold read next); False
         where it cannot say it did (the folder is in memory: tmpfs keeps every page)."""
-        dropped = not _in_memory(self.root)
+        dropped = not in_memory(self.root)
         for name in names:
             with contextlib.suppress(OSError, ValueError):
                 fd = self._open(name)
@@ -317,37 +317,8 @@ class FileStore:
         self.beneath.close()
 
 
-def _own_size(folder: int, leaf: str, name: str) -> int | None:
-    """The size of the object `leaf` in `folder` if it is a regular file whose header names
-    it `name`; else None."""
-    try:
-        fd = peek(folder, leaf)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        ours = stat.S_ISREG(info.st_mode) and names_itself(os.pread(fd, name_bytes(name), 0), name)
-        return info.st_size if ours else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def used(fd: int, mtime_ns: int) -> None:
     """Mark the object open at `fd` used now: its access time, which eviction orders by (its
     modification time kept). A store another user owns is read without it."""
     with contextlib.suppress(OSError):
         os.utime(fd, ns=(time.time_ns(), mtime_ns))
-
-
-def _in_memory(path: Path) -> bool:
-    """Whether `path` lies on a file system that lives in memory (tmpfs, ramfs)."""
-    best, kind = "", ""
-    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            point = fields[1]
-            if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, kind = point, fields[2]
-    return kind in ("tmpfs", "ramfs")

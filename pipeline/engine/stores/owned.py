@@ -191,3 +191,20 @@ def unlink_unchanged(beneath: Beneath, stored: Stored) -> str:
         return "refused"
     finally:
         os.close(folder)
+
+
+def own_size(folder: int, leaf: str, name: str) -> int | None:
+    """The size of the object `leaf` in `folder` if it is a regular file whose header names
+    it `name`; else None."""
+    try:
+        fd = peek(folder, leaf)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        ours = stat.S_ISREG(info.st_mode) and names_itself(os.pread(fd, name_bytes(name), 0), name)
+        return info.st_size if ours else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
