@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cli.main import main
 from pipeline.engine.stores import FileStore, open_store
 from pipeline.engine.stores.files import read_key_file
 from pipeline.spec.storage import StorageConfig, StorageKind
@@ -134,7 +136,9 @@ def test_a_store_without_a_capacity_keeps_the_ledgers(tmp_path: Path) -> None:
     second.close()
 
 
-def test_a_held_lock_is_a_named_error_after_the_timeout(tmp_path: Path) -> None:
+def test_a_held_lock_is_a_named_error_after_the_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     FileStore(str(tmp_path), capacity_bytes=1 << 20).close()
     holder = os.open(tmp_path / ".usage", os.O_RDWR)
     fcntl.flock(holder, fcntl.LOCK_EX)
@@ -148,6 +152,12 @@ def test_a_held_lock_is_a_named_error_after_the_timeout(tmp_path: Path) -> None:
         config = StorageConfig(kind=StorageKind.file, path=str(tmp_path), capacity_bytes="1MiB")
         with pytest.raises(TimeoutError, match=re.escape(message)):
             open_store(config, 4096, timeout_s=0.2)
+        (tmp_path / SPACE).mkdir()
+        args = ["store", "evict", str(tmp_path), "--to", "0", "runtime.timeout_s=0.2", "--json"]
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        said = json.loads(capsys.readouterr().out)
+        assert exited.value.code == 2 and said["error"] == message
     finally:
         os.close(holder)
 

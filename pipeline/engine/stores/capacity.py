@@ -101,7 +101,6 @@ class Bound:
 
     def _held(self) -> TimeoutError:
         return TimeoutError(
-            errno.ETIMEDOUT,
             f"the file store's lock on {self.path}/.usage is held by another process for "
             f"{self.timeout_s:g} s; raise runtime.timeout_s or stop that process",
         )
