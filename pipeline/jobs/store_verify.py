@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import crc32c
 
 from pipeline.engine.stores.beneath import Beneath
+from pipeline.engine.stores.ledger import LEDGER
 from pipeline.engine.stores.owned import PEEK_FLAGS, Passed, Stored, unlink_unchanged, walk
 from pipeline.jobs.store_admin import evict_store, open_folder
 from pipeline.spec.l3 import (
@@ -68,7 +69,7 @@ def verify_store(path: str, checks: Checks, *, remove: bool, timeout_s: float) -
                 removed += 1
     finally:
         folder.close()
-    if removed:
+    if removed and os.path.lexists(os.path.join(path, LEDGER)):
         evict_store(path, 1 << 62, timeout_s)  # nothing evicted: the ledger counted again
     return {
         "path": path,

@@ -62,8 +62,11 @@ def open_ledger(beneath: Beneath, path: str, capacity: int) -> int:
     `capacity`) where there is none; ValueError naming the path where `.usage` is not this
     store's ledger (a link, a folder, another file)."""
     try:
-        _make(beneath, capacity)
-        fd = beneath.open([LEDGER], os.O_RDWR | os.O_NONBLOCK)
+        try:
+            fd = beneath.open([LEDGER], os.O_RDWR | os.O_NONBLOCK)
+        except FileNotFoundError:
+            _make(beneath, capacity)
+            fd = beneath.open([LEDGER], os.O_RDWR | os.O_NONBLOCK)
     except OSError as e:
         raise ValueError(
             f"storage.path={path}: {LEDGER} is not this store's ledger ({e.strerror})"
