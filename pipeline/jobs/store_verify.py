@@ -92,7 +92,7 @@ def _verdict(folder: Beneath, stored: Stored, checks: Checks) -> tuple[Verdict, 
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_OBJECT_BYTES:
-            return Verdict("not an object of this store (left alone)", checked=False), None
+            return Verdict("not an object of this store", checked=False), None
         verdict = _check(fd, stored.name, info.st_size, checks)
         return verdict, Stored(stored.name, info.st_size, info.st_atime_ns, info.st_ino)
     except OSError as e:
@@ -114,7 +114,7 @@ def _open(folder: Beneath, name: str) -> int:
 def _check(fd: int, name: str, size: int, checks: Checks) -> Verdict:
     head = os.pread(fd, name_bytes(name) + KEY_ID, 0)
     if not names_itself(head, name):
-        return Verdict("not an object of this store (left alone)", checked=False)
+        return Verdict("not an object of this store", checked=False)
     _, version, _, _, kind, units, payload, check = HEADER.unpack_from(head)
     if version != FORMAT_VERSION:
         why = f"format version {version} (this build checks {FORMAT_VERSION}): not checked"

@@ -97,9 +97,7 @@ def test_verify_finds_each_kind_of_damage_and_removes_only_those(
     assert re.fullmatch(r"unit 4 \(\d+ B at byte \d+\) does not check", reasons[names[0]])
     assert reasons[names[1]] == "its header does not check (damaged)"
     assert re.fullmatch(r"\d+ bytes where its header says \d+", reasons[names[2]])
-    assert found["left_alone"] == [
-        f"{names[3]}: no header naming it: not an object of this store (left alone)"
-    ]
+    assert found["left_alone"] == [f"{names[3]}: no header naming it: not an object of this store"]
     code, removed = cli(capsys, "verify", str(tmp_path), "--remove")
     assert code == 0 and removed["removed"] == 3
     assert sorted(s.name for s in stored(tmp_path)) == sorted(names[4:])

@@ -144,11 +144,11 @@ def _proven(fd: int, leaf: str, name: str) -> Stored | str:
     try:
         info = os.fstat(opened)
         if not stat.S_ISREG(info.st_mode):
-            return "not a regular file (left alone)"
+            return "not a regular file"
         if info.st_size > MAX_OBJECT_BYTES:
-            return "larger than any object: not an object of this store (left alone)"
+            return "larger than any object: not an object of this store"
         if not names_itself(os.pread(opened, name_bytes(name), 0), name):
-            return "no header naming it: not an object of this store (left alone)"
+            return "no header naming it: not an object of this store"
         info = os.fstat(opened)  # after the read: an access time the read may have moved
         return Stored(name, info.st_size, info.st_atime_ns, info.st_ino)
     except OSError as e:
