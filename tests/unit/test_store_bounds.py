@@ -55,6 +55,7 @@ def test_a_capacity_below_one_write_back_names_the_minimum() -> None:
 def test_a_capacity_above_the_free_disk_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"storage.capacity_bytes=\d+: more than the folder"):
         FileStore(str(tmp_path), capacity_bytes=10**17)
+    assert list(tmp_path.iterdir()) == []  # no ledger left saying so
 
 
 def test_a_write_back_never_evicts_its_own_objects(tmp_path: Path) -> None:

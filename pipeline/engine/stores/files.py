@@ -21,7 +21,7 @@ from pipeline.engine.stores.direct import DirectReads, in_memory
 from pipeline.engine.stores.file_parts import FileParts
 from pipeline.engine.stores.keys import read_key_file
 from pipeline.engine.stores.ledger import ledger_capacity
-from pipeline.engine.stores.owned import TEMPORARY, own_size
+from pipeline.engine.stores.owned import TEMPORARY, own_size, walk
 from pipeline.engine.stores.parts import (
     IOV_MAX,
     Check,
@@ -89,18 +89,16 @@ class FileStore:
         its disk can hold (its free space and what its objects take)."""
         if not capacity:
             return None
-        bound = Bound(
-            self.beneath, self.counters, path=str(self.root), capacity=capacity, timeout_s=timeout_s
-        )
-        disk = os.statvfs(self.beneath.fd)
-        room = disk.f_bavail * disk.f_frsize + bound.held()[0]
+        disk = os.statvfs(self.beneath.fd)  # checked before a ledger is made or changed
+        room = disk.f_bavail * disk.f_frsize + sum(s.size for s in walk(self.beneath))
         if capacity > room:
-            bound.close()
             raise ValueError(
                 f"storage.capacity_bytes={capacity}: more than the folder {self.root} can hold "
                 f"({room} B: its disk's free space and its objects); lower it, or free space"
             )
-        return bound
+        return Bound(
+            self.beneath, self.counters, path=str(self.root), capacity=capacity, timeout_s=timeout_s
+        )
 
     def stats(self) -> dict[str, int | None]:
         """This process's counts (`counters.COUNTED`), and what the folder holds: `objects`

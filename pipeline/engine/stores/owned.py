@@ -58,7 +58,11 @@ def walk(beneath: Beneath, passed: Passed | None = None) -> Iterator[Stored]:
     """Every object below the root: namespace/prefix/key files whose header names them,
     found without following a link; one that goes while the walk runs is left out."""
     passed = passed if passed is not None else Passed()
-    for space in _folders(beneath.fd, "", NAMESPACE, passed):
+    try:
+        spaces = _folders(beneath.fd, "", NAMESPACE, passed)
+    except ValueError as e:
+        raise ValueError(f"storage.path={beneath.path}: {e}") from e
+    for space in spaces:
         with _opened(beneath.fd, space, passed) as inner:
             if inner is not None:
                 yield from _prefixes(inner, space, passed)
