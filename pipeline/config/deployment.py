@@ -63,7 +63,7 @@ def read_deployment(
     data, lines, found = read_yaml(path)  # a link, a FIFO or a refused token: not read
     if data is None:
         return None, found
-    found = top_problems(data) + section_problems(data, options, endpoints)
+    found = top_problems(data) + section_problems(data, options, path.parent, endpoints)
     choices, refused = chosen(data.get("defaults", []), options)
     found += refused
     knobs = {k: v for k, v in data.items() if k in TOP_KEYS and k != "defaults"}
@@ -88,7 +88,10 @@ def top_problems(data: dict[str, Any]) -> list[Problem]:
 
 
 def section_problems(
-    data: dict[str, Any], options: Mapping[str, Sequence[str]], endpoints: Sequence[str]
+    data: dict[str, Any],
+    options: Mapping[str, Sequence[str]],
+    root: Path,
+    endpoints: Sequence[str],
 ) -> list[Problem]:
     """Each group's section, checked as an option file of the group (no defaults list of its
     own: the top-level one chooses options)."""
@@ -104,7 +107,7 @@ def section_problems(
         if not isinstance(section, dict):
             found.append(Problem(group, f"{group}: must be a mapping of {group}.* knobs"))
             continue
-        found += option_problems(group, section, set(options.get(group, ())), endpoints)
+        found += option_problems(group, section, set(options.get(group, ())), root, endpoints)
     return found
 
 

@@ -185,7 +185,7 @@ def open_tier(
     longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
     with contextlib.ExitStack() as undo:  # what is opened closes again if a later step fails
         if store is None:
-            opened = open_store(storage, largest_object(model))
+            opened = open_store(storage, largest_object(model), timeout_s=runtime.timeout_s)
             undo.callback(opened.close)
         stream = WorkerStream(f"l3-{runtime.rank}", runtime.timeout_s)
         undo.callback(stream.close)

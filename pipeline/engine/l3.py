@@ -199,7 +199,7 @@ class L3Tier:
             views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
             digests = [self.digest(v) for v in parts]
-            head = header(self.space, name, digests, obj.page_bytes, self.checks)
+            head = header(self.space, name, digests, [v.nbytes for v in parts], self.checks)
             self.store.put(name, [head, *parts])
 
     def write_back(

@@ -11,7 +11,9 @@ what any other wrote (MLA/DSA: every rank's share is the whole KV). The replica 
 rank writes it; under rotating the other owners send it their layers first. A reader reads the
 byte ranges of the units it loads (rotating: its own layers) and checks them alone: the header
 carries a CRC-32C per unit and one over itself. Anything that does not match is a
-miss, never bytes.
+miss, never bytes. The header also says each unit's length, so an object checks itself whole
+without the model (`hicache-pipeline store verify`), and names itself, so the store removes
+only what proves to be its own.
 """
 
 from __future__ import annotations
@@ -30,14 +32,25 @@ from pipeline.spec.model import ModelGeometry, Unit
 from pipeline.spec.ownership import OwnerMap
 from pipeline.spec.topology import Topology
 
-FORMAT_VERSION = 2
-"""2: one object per page for every strategy, a CRC-32C per unit (1: one object per writer,
-CRC-32 over the payload; its namespace differs, so its objects are never found)."""
+FORMAT_VERSION = 3
+"""3: the header says each unit's length and which key checks it (2: one object per page for
+every strategy, a CRC-32C per unit; 1: one object per writer, CRC-32 over the payload; their
+namespaces differ, so their objects are never found)."""
 MAGIC = b"HCPL3"
 HEADER = struct.Struct("<5sHHHBIQ16s")
 """magic, format version, namespace length, name length, check kind (`Checks.kind`), units,
-payload length, and the check of the whole header (these fields with it zero, then the
-namespace, the name and one digest per unit)."""
+payload length, and the check of the whole header (these fields with it zero, then the rest:
+the namespace, the name, the key's id (`Checks.key_id`), and per unit its digest and its
+length in bytes). Versions 2 and 3 share these fields and start the rest with the names."""
+KEY_ID = 8
+"""Bytes of the key's id in the header."""
+UNIT_BYTES = struct.Struct("<I")
+"""A unit's length, after its digest."""
+MAX_UNITS = 1 << 16
+"""The most units an object may have (a model has layers x pools: hundreds)."""
+MAX_OBJECT_BYTES = 1 << 30
+"""Larger than any object can be (deepseek_v3's page of 64 tokens: 2.6 MB): a file this
+large is not an object, and nothing reads it."""
 
 
 def namespace(model: ModelGeometry) -> str:
@@ -121,8 +134,10 @@ class PageObject:
         return {u.ordinal: i for i, u in enumerate(self.units)}
 
     def header_size(self, space: str, name: str, checks: Checks | None = None) -> int:
-        width = (checks or Checks()).width
-        return HEADER.size + len(space.encode()) + len(name.encode()) + width * len(self.units)
+        row = (checks or Checks()).width + UNIT_BYTES.size
+        return (
+            HEADER.size + len(space.encode()) + len(name.encode()) + KEY_ID + row * len(self.units)
+        )
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:
@@ -170,6 +185,16 @@ class Checks:
     def width(self) -> int:
         """Bytes of one digest in the header."""
         return 4 if self.key is None else 16
+
+    @property
+    def key_id(self) -> bytes:
+        """Which key checks an object (zeros: none), so a reader with another key can tell
+        "not my key" from "damaged": a keyed digest of a constant, which says nothing of the key."""
+        if self.key is None:
+            return bytes(KEY_ID)
+        return hashlib.blake2b(
+            b"hicache-pipeline key id", key=self.key, digest_size=KEY_ID
+        ).digest()
 
     def unit(self) -> Callable[[memoryview | bytes], int]:
         """The digest of one unit's bytes. CRC-32C is the CPU's own instruction (zlib's
@@ -229,24 +254,32 @@ class CrcRuns:
 
 
 def header(
-    space: str, name: str, digests: Sequence[int], payload_bytes: int, checks: Checks
+    space: str, name: str, digests: Sequence[int], unit_bytes: Sequence[int], checks: Checks
 ) -> bytes:
-    """What comes before an object's payload: the fixed fields, the namespace, the name, one
-    digest per unit, with the check of all of it in the fixed fields."""
+    """What comes before an object's payload: the fixed fields, the namespace, the name, the
+    key's id, each unit's digest and length, with the check of all of it in the fixed fields."""
     ns, nm = space.encode(), name.encode()
-    table = b"".join(d.to_bytes(checks.width, "little") for d in digests)
-    fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), checks.kind, len(digests), payload_bytes)
-    rest = ns + nm + table
-    check = checks.unit()(HEADER.pack(*fields, bytes(16)) + rest).to_bytes(16, "little")
-    return HEADER.pack(*fields, check) + rest
+    rows = b"".join(
+        d.to_bytes(checks.width, "little") + UNIT_BYTES.pack(n)
+        for d, n in zip(digests, unit_bytes, strict=True)
+    )
+    fields = (MAGIC, FORMAT_VERSION, len(ns), len(nm), checks.kind, len(digests), sum(unit_bytes))
+    rest = ns + nm + checks.key_id + rows
+    return HEADER.pack(*fields, header_check(fields, rest, checks)) + rest
+
+
+def header_check(fields: Sequence[object], rest: bytes, checks: Checks) -> bytes:
+    """The check of a header: its fixed `fields` with the check zero, then the `rest`."""
+    return checks.unit()(HEADER.pack(*fields, bytes(16)) + rest).to_bytes(16, "little")
 
 
 def unit_digests(
     head: bytes | bytearray | memoryview, obj: PageObject, space: str, name: str, checks: Checks
 ) -> list[int] | None:
     """The digest table of `head` if it is exactly a header of object `name` of `space` with
-    `obj`'s units and length, checked as `checks` says, and its own check holds; None
-    otherwise (a miss: another kind of check, with or without a key, is one too)."""
+    `obj`'s units and lengths, checked as `checks` says, and its own check holds; None
+    otherwise (a miss: another kind of check, with or without a key or another key, is one
+    too)."""
     head = bytes(head)
     if len(head) != obj.header_size(space, name, checks):
         return None
@@ -254,15 +287,37 @@ def unit_digests(
     ns, nm = space.encode(), name.encode()
     want = [MAGIC, FORMAT_VERSION, len(ns), len(nm), checks.kind, len(obj.units), obj.page_bytes]
     rest = head[HEADER.size :]
-    if fields != want or not rest.startswith(ns + nm):
+    if fields != want or not rest.startswith(ns + nm + checks.key_id):
         return None
-    if checks.unit()(HEADER.pack(*fields, bytes(16)) + rest).to_bytes(16, "little") != check:
+    if header_check(fields, rest, checks) != check:
         return None
-    table, width = rest[len(ns) + len(nm) :], checks.width
-    return [int.from_bytes(table[i : i + width], "little") for i in range(0, len(table), width)]
+    rows = unit_rows(rest[len(ns) + len(nm) + KEY_ID :], checks.width)
+    if [n for _, n in rows] != [u.page_bytes for u in obj.units]:
+        return None
+    return [d for d, _ in rows]
+
+
+def unit_rows(table: bytes, width: int) -> list[tuple[int, int]]:
+    """(digest, length) of each unit, from a header's table of digests `width` bytes wide."""
+    row = width + UNIT_BYTES.size
+    return [
+        (
+            int.from_bytes(table[i : i + width], "little"),
+            UNIT_BYTES.unpack_from(table, i + width)[0],
+        )
+        for i in range(0, len(table), row)
+    ]
 
 
 def largest_object(model: ModelGeometry) -> int:
     """At least the bytes of any object of `model`'s pages, header included (a namespace and
     a name take far less than the room left for them)."""
     return 4096 + 16 * len(model.units) + sum(u.page_bytes for u in model.units)
+
+
+def object_bytes(model: ModelGeometry) -> int:
+    """The most bytes one object of `model`'s pages takes: its payload and its longest
+    header (keyed digests, a share's name): what a write-back's worth of capacity counts."""
+    obj = PageObject("-s999of999", model.units)
+    space = namespace(model)
+    return obj.header_size(space, obj.name(space, "0" * 32), Checks(b"widest")) + obj.page_bytes

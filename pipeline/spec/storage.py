@@ -21,6 +21,12 @@ METADATA_URL = re.compile(r"https?://[\w.-]+:\d+(/[\w./-]*)?|" + P2P_METADATA)
 """A metadata server's URL (scheme, host, port, path; no user or password), or P2PHANDSHAKE."""
 
 
+def minimum_capacity(object_bytes: int, objects: int, evict_to: float) -> int:
+    """The least storage.capacity_bytes that holds one write-back of `objects` objects of up
+    to `object_bytes` each under `evict_to` of it."""
+    return math.ceil(objects * object_bytes / evict_to)
+
+
 def shown_url(url: str) -> str:
     """`url` as it may be printed: any user and password replaced."""
     return re.sub(r"//[^/@]*@", "//***@", url)
@@ -178,6 +184,20 @@ class StorageConfig:
             )
             found.append(Problem(key, message))
         return found
+
+    def capacity_problem(self, object_bytes: int, objects: int) -> str | None:
+        """Why capacity_bytes is too small for a write-back of `objects` objects of up to
+        `object_bytes` each (None where it is not): they must all fit under evict_to of it
+        (what an eviction leaves), or a write-back could not keep its own prefix's head."""
+        capacity = self.capacity
+        least = minimum_capacity(object_bytes, objects, self.evict_to)
+        if capacity is None or capacity >= least:
+            return None
+        return (
+            f"storage.capacity_bytes={self.capacity_bytes}: one write-back of {objects} objects "
+            f"of up to {object_bytes} B must fit under storage.evict_to={self.evict_to} of it; "
+            f"raise it to at least {least} B"
+        )
 
     @property
     def capacity(self) -> int | None:

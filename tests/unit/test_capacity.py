@@ -9,6 +9,7 @@ import hashlib
 import multiprocessing
 import os
 import re
+import struct
 import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
@@ -21,21 +22,27 @@ from hydra import initialize_config_module
 import pipeline
 from pipeline.config.compose import Session
 from pipeline.engine.stores import FileStore, open_store
-from pipeline.engine.stores.capacity import LEDGER, walk
+from pipeline.engine.stores.ledger import LEDGER
+from pipeline.engine.stores.owned import walk
 from pipeline.spec.checks import ConfigError
 from pipeline.spec.storage import StorageConfig, StorageKind
 
 OBJECT_BYTES = 4096
+SPACE = "v3-bf16-p4-0123456789abcdef"
 
 
 def blob(name: str, size: int = OBJECT_BYTES) -> bytes:
-    """Bytes drawn from the object's name: any reader can tell a whole one from a torn one."""
+    """A header that names the object (the store evicts only what proves to be its own),
+    then bytes drawn from its name: any reader can tell a whole one from a torn one."""
+    ns, nm = SPACE.encode(), name.encode()
+    head = struct.pack("<5sHHHBIQ16s", b"HCPL3", 3, len(ns), len(nm), 0, 0, 0, bytes(16))
     seed = hashlib.sha256(name.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
+    return (head + ns + nm + seed * (size // len(seed) + 1))[:size]
 
 
 def name_of(i: int, writer: str = "w") -> str:
-    return f"ns/{i % 7:02d}/{writer}{i:05d}"
+    key = hashlib.sha256(f"{writer}{i}".encode()).hexdigest()[:32]
+    return f"{SPACE}/{key[:2]}/{key}"
 
 
 def held_bytes(root: Path) -> int:
@@ -112,17 +119,20 @@ def test_a_new_store_learns_what_the_folder_holds(tmp_path: Path) -> None:
     unbounded.close()
     store = FileStore(str(tmp_path), capacity_bytes=20 * OBJECT_BYTES, evict_to=0.5)
     assert store.stats()["objects"] == 30 and store.stats()["bytes"] == 30 * OBJECT_BYTES
-    store.put("ns/00/new", [blob("ns/00/new")])
+    new = name_of(99, "new")
+    store.put(new, [blob(new)])
     assert held_bytes(tmp_path) <= 10 * OBJECT_BYTES
-    assert read_back(store, "ns/00/new") == blob("ns/00/new")
+    assert read_back(store, new) == blob(new)
     assert store.stats()["evictions"] == 30 - 9
     store.close()
 
 
 def test_an_eviction_removes_what_a_crashed_writer_left(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path), capacity_bytes=4 * OBJECT_BYTES, evict_to=0.5)
-    store.put("ns/00/a", [blob("ns/00/a")])
-    left, writing = tmp_path / "ns" / "00" / ".tmp-0123", tmp_path / "ns" / "00" / ".tmp-4567"
+    first = name_of(0, "a")
+    store.put(first, [blob(first)])
+    prefix = (tmp_path / first).parent
+    left, writing = prefix / ".tmp-0123456789abcdef", prefix / ".tmp-456789abcdef0123"
     left.write_bytes(b"half an object")
     writing.write_bytes(b"a write in flight")
     two_hours_ago = time.time_ns() - 2 * 3600 * 10**9
@@ -136,9 +146,10 @@ def test_an_eviction_removes_what_a_crashed_writer_left(tmp_path: Path) -> None:
 
 def test_a_removed_object_leaves_the_ledger(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path), capacity_bytes=1 << 20)
-    store.put("ns/00/a", [blob("ns/00/a")])
-    store.put("ns/00/b", [blob("ns/00/b")])
-    store.remove(["ns/00/a", "ns/00/never"])
+    a, b = name_of(0, "a"), name_of(0, "b")
+    store.put(a, [blob(a)])
+    store.put(b, [blob(b)])
+    store.remove([a, name_of(0, "never")])
     assert (store.stats()["objects"], store.stats()["bytes"]) == (1, OBJECT_BYTES)
     store.close()
 
@@ -192,17 +203,18 @@ def test_two_processes_writing_and_evicting_one_folder(tmp_path: Path) -> None:
 def test_a_planted_ledger_is_refused(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").write_bytes(b"")
     (tmp_path / LEDGER).symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(OSError, match="link"):
+    with pytest.raises(ValueError, match=re.escape(f"storage.path={tmp_path}: {LEDGER}")):
         FileStore(str(tmp_path), capacity_bytes=1 << 20)
     (tmp_path / LEDGER).unlink()
     os.mkfifo(tmp_path / LEDGER)
-    with pytest.raises(ValueError, match=re.escape(f"storage.path: {LEDGER}")):
+    with pytest.raises(ValueError, match=re.escape(f"storage.path={tmp_path}: {LEDGER}")):
         FileStore(str(tmp_path), capacity_bytes=1 << 20)
 
 
 def test_a_capacity_below_one_object_is_refused(tmp_path: Path) -> None:
     config = StorageConfig(kind=StorageKind.file, path=str(tmp_path), capacity_bytes="64KiB")
-    with pytest.raises(ValueError, match=r"storage.capacity_bytes=64KiB: an object .* 1048576 B"):
+    message = r"storage.capacity_bytes=64KiB: one write-back of 1 objects of up to 1048576 B"
+    with pytest.raises(ValueError, match=message):
         open_store(config, largest_object=1 << 20)
 
 

@@ -53,6 +53,9 @@ DSA = ModelGeometry(
     indexer=IndexerConfig(row_bytes=8, layers=[0, 2, 4]),
 )
 SPACE = namespace(DSA)
+OWN_NAME = PageObject("", DSA.units).name(SPACE, "ab" * 16)
+"""An object's name: a file store removes only what lies there and names itself so."""
+OWN = header(SPACE, OWN_NAME, [0] * len(DSA.units), [u.page_bytes for u in DSA.units], Checks())
 READ, HITS, PLAN = (
     {"_target_": "stages.read_objects.ReadObjects"},
     {"_target_": "stages.agree_on_hits.AgreeOnHits"},
@@ -99,7 +102,8 @@ def test_a_header_is_trusted_only_when_it_is_exactly_the_one_asked_for(checks: C
     obj = PageObject("", DSA.units)
     name = obj.name(SPACE, "0" * 32)
     digests = list(range(1, len(DSA.units) + 1))
-    head = header(SPACE, name, digests, obj.page_bytes, checks)
+    lengths = [u.page_bytes for u in DSA.units]
+    head = header(SPACE, name, digests, lengths, checks)
     assert len(head) == obj.header_size(SPACE, name, checks)
     assert unit_digests(head, obj, SPACE, name, checks) == digests
     for i in range(len(head)):  # any flipped bit, in a field, the name or the table
@@ -110,8 +114,10 @@ def test_a_header_is_trusted_only_when_it_is_exactly_the_one_asked_for(checks: C
     assert unit_digests(head, obj, SPACE, obj.name(SPACE, "1" * 32), checks) is None  # another's
     other = namespace(dataclasses.replace(DSA, page_size=8))
     assert unit_digests(head, obj, other, name, checks) is None
-    longer = header(SPACE, name, digests, obj.page_bytes + 1, checks)
+    longer = header(SPACE, name, digests, [*lengths[:-1], lengths[-1] + 1], checks)
     assert unit_digests(longer, obj, SPACE, name, checks) is None  # another length
+    other_key = header(SPACE, name, digests, lengths, Checks(b"o" * 32))
+    assert checks.key is None or unit_digests(other_key, obj, SPACE, name, checks) is None
     assert digest(b"a" * 100) != digest(b"a" * 99 + b"b")
 
 
@@ -123,9 +129,11 @@ def test_a_keyed_store_trusts_only_objects_made_with_its_key() -> None:
     mine, theirs, plain = Checks(b"m" * 32), Checks(b"t" * 32), Checks()
     payload = [b"x" * u.page_bytes for u in DSA.units]
     for made in (theirs, plain):
-        forged = header(SPACE, name, [made.unit()(p) for p in payload], obj.page_bytes, made)
+        lengths = [u.page_bytes for u in DSA.units]
+        forged = header(SPACE, name, [made.unit()(p) for p in payload], lengths, made)
         assert unit_digests(forged, obj, SPACE, name, mine) is None
-    good = header(SPACE, name, [mine.unit()(p) for p in payload], obj.page_bytes, mine)
+    lengths = [u.page_bytes for u in DSA.units]
+    good = header(SPACE, name, [mine.unit()(p) for p in payload], lengths, mine)
     table = unit_digests(good, obj, SPACE, name, mine)
     assert table is not None and table[0] == mine.unit()(payload[0]) != plain.unit()(payload[0])
     assert unit_digests(good, obj, SPACE, name, plain) is None  # no key: not readable either
@@ -196,23 +204,24 @@ def test_each_store_writes_parts_reads_ranges_and_removes(kind: StorageKind) -> 
     with concrete(StorageConfig(kind=kind, segment_bytes=64 << 20)) as storage:
         store = open_store(storage, 1 << 20)
         try:
-            parts = [memoryview(bytes([i]) * 4096) for i in range(40)]
-            store.put("ns/ab/key", parts)
+            named = OWN[:4096] + bytes(4096 - len(OWN[:4096]))  # a header naming it: the
+            parts = [memoryview(named), *(memoryview(bytes([i]) * 4096) for i in range(1, 40))]
+            store.put(OWN_NAME, parts)  # file store removes only what proves to be its own
             into = [memoryview(bytearray(4096)) for _ in range(40)]
-            assert store.read("ns/ab/key", 40 * 4096, [(0, into)])
-            assert b"".join(into) == b"".join(parts) == store.get("ns/ab/key")
+            assert store.read(OWN_NAME, 40 * 4096, [(0, into)])
+            assert b"".join(into) == b"".join(parts) == store.get(OWN_NAME)
             ranged = [memoryview(bytearray(4096)) for _ in range(2)]
             assert store.read(
-                "ns/ab/key", 40 * 4096, [(4096 * 3, ranged[:1]), (4096 * 39, ranged[1:])]
+                OWN_NAME, 40 * 4096, [(4096 * 3, ranged[:1]), (4096 * 39, ranged[1:])]
             )
             assert [bytes(v)[0] for v in ranged] == [3, 39]
-            assert not store.read("ns/ab/key", 39 * 4096, [(0, into[1:])])  # another length
+            assert not store.read(OWN_NAME, 39 * 4096, [(0, into[1:])])  # another length
             assert (
                 not store.read("ns/ab/none", 40 * 4096, [(0, into)])
                 and store.get("ns/ab/none") is None
             )
-            store.remove(["ns/ab/key", "ns/ab/none"])  # just read, and absent: both fine
-            assert store.exists(["ns/ab/key"]) == [False]
+            store.remove([OWN_NAME, "ns/ab/none"])  # just read, and absent: both fine
+            assert store.exists([OWN_NAME]) == [False]
         finally:
             store.close()
 
@@ -370,12 +379,12 @@ def test_the_file_store_never_follows_a_link_nor_reads_what_is_not_a_regular_fil
 
 
 def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:
-    """Format 1 named one object per writer under a 'v1-' namespace; format 2's names live
-    under 'v2-', so a store holding both serves each form to its own readers only."""
+    """Format 1 named one object per writer under a 'v1-' namespace; format 3's names live
+    under 'v3-', so a store holding both serves each form to its own readers only."""
     key = "ab" * 16
     current = PageObject("", DSA.units).name(SPACE, key)
-    assert SPACE.startswith("v2-") and current.startswith(SPACE + "/")
-    first = SPACE.replace("v2-", "v1-", 1)
+    assert SPACE.startswith("v3-") and current.startswith(SPACE + "/")
+    first = SPACE.replace("v3-", "v1-", 1)
     assert all(not current.startswith(first) for first in (f"{first}/ab/{key}/all", f"{first}/"))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import pipeline
 from pipeline.cli.main import main
 from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.capacity import walk
+from pipeline.engine.stores.owned import walk
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 
@@ -81,8 +82,10 @@ def test_stats_counts_objects_and_bytes_per_namespace(
 def test_verify_finds_each_kind_of_damage_and_removes_only_those(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """Every byte checked from the header alone (no model named); a file whose header names
+    another object is not this object: left alone, never removed."""
     names = write_prefixes(tmp_path, 6)
-    assert cli(capsys, "verify", str(tmp_path))[1]["units_checked"] == 6  # model=tiny_mla
+    assert cli(capsys, "verify", str(tmp_path))[1]["intact"] == 6
     payload, header, short, moved = (tmp_path / n for n in names[:4])
     flip(payload, -3)  # the last unit's bytes
     flip(header, 26)  # the header's own digest
@@ -90,37 +93,36 @@ def test_verify_finds_each_kind_of_damage_and_removes_only_those(
     moved.write_bytes((tmp_path / names[5]).read_bytes())  # another object's bytes
     code, found = cli(capsys, "verify", str(tmp_path))
     reasons = {c["name"]: c["reason"] for c in found["corrupt"]}
-    assert code == 1 and found["objects"] == 6 and found["intact"] == 2
-    assert reasons[names[0]].startswith("unit 4 (layer 4, kv) does not check")
-    assert reasons[names[1]].startswith("its header does not check")
-    assert "bytes where its header says" in reasons[names[2]]
-    assert reasons[names[3]].startswith("its header names another object")
-    header_only = cli(capsys, "verify", str(tmp_path), "model=tiny_dsa")[1]  # other units
-    assert sorted(c["name"] for c in header_only["corrupt"]) == sorted(names[1:4])
+    assert code == 1 and found["objects"] == 5 and found["intact"] == 2
+    assert re.fullmatch(r"unit 4 \(\d+ B at byte \d+\) does not check", reasons[names[0]])
+    assert reasons[names[1]] == "its header does not check (damaged)"
+    assert re.fullmatch(r"\d+ bytes where its header says \d+", reasons[names[2]])
+    assert found["left_alone"] == [f"{names[3]}: no header naming it: not an object of this store"]
     code, removed = cli(capsys, "verify", str(tmp_path), "--remove")
-    assert code == 0 and removed["removed"] == 4
+    assert code == 0 and removed["removed"] == 3
     assert sorted(s.name for s in stored(tmp_path)) == sorted(names[4:])
+    assert moved.read_bytes() == (tmp_path / names[5]).read_bytes()
     code, clean = cli(capsys, "verify", str(tmp_path))
     assert code == 0 and (clean["objects"], clean["intact"], clean["corrupt"]) == (2, 2, [])
 
 
-def test_keyed_objects_are_checked_with_the_key_and_skipped_without(
+def test_keyed_objects_are_checked_with_the_key_and_not_without(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     key = tmp_path / "key"
     key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
     folder = tmp_path / "store"
     folder.mkdir()
     names = write_prefixes(folder, 2, f"storage.auth_key_file={key}")
     code, without = cli(capsys, "verify", str(folder))
-    assert (
-        code == 0
-        and [s["reason"] for s in without["skipped"]]
-        == ["keyed (give storage.auth_key_file=KEY to check it)"] * 2
-    )
+    assert code == 0 and without["intact"] == 0
+    assert [s["reason"] for s in without["not_checked"]] == [
+        "keyed: not checked (give storage.auth_key_file=KEY)"
+    ] * 2
     flip(folder / names[0], -1)
     code, keyed = cli(capsys, "verify", str(folder), f"storage.auth_key_file={key}")
-    assert code == 1 and keyed["intact"] == 1 and keyed["skipped"] == []
+    assert code == 1 and keyed["intact"] == 1 and keyed["not_checked"] == []
     assert [c["name"] for c in keyed["corrupt"]] == [names[0]]
 
 
@@ -136,7 +138,8 @@ def test_evict_removes_the_least_recently_used_first(
     code, done = cli(capsys, "evict", str(tmp_path), "--to", str(2 * size))
     assert code == 0 and (done["evicted_objects"], done["objects"]) == (4, 2)
     assert sorted(s.name for s in stored(tmp_path)) == sorted(read)
-    assert cli(capsys, "stats", str(tmp_path))[1]["ledger"] == {"objects": 2, "bytes": 2 * size}
+    after = cli(capsys, "stats", str(tmp_path))[1]
+    assert after["objects"] == 2 and after["ledger"] is None  # no ledger made: not bounded
 
 
 def test_a_wrong_folder_is_refused_before_a_byte_moves(

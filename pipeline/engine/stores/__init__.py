@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pipeline.engine.stores.direct import DirectReads
-from pipeline.engine.stores.files import FileStore
+from pipeline.engine.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range
 from pipeline.spec.storage import StorageConfig, StorageKind
@@ -84,21 +84,24 @@ class ObjectStore(Protocol):
 
 
 def open_store(
-    config: StorageConfig, largest_object: int = 1 << 20, *, timeout_s: float = 120.0
+    config: StorageConfig, largest_object: int = 1 << 20, *, timeout_s: float = TIMEOUT_S
 ) -> ObjectStore:
     """The store a config names (its master and folder already resolved by the job), for
-    objects of at most `largest_object` bytes moved `storage.io_threads` at a time, each wait
-    on a Mooncake master bounded by `timeout_s` (runtime.timeout_s)."""
+    objects of at most `largest_object` bytes moved `storage.io_threads` at a time; a wait on
+    a file store's lock or on a Mooncake master lasts at most `timeout_s` (runtime.timeout_s)."""
     if config.kind is StorageKind.file:
         assert config.path is not None, "the job gives a file store its folder"
-        capacity = config.capacity
-        if capacity is not None and largest_object > config.evict_to * capacity:
-            raise ValueError(
-                f"storage.capacity_bytes={config.capacity_bytes}: an object of this model "
-                f"takes up to {largest_object} B, more than storage.evict_to of it"
-            )
+        problem = config.capacity_problem(largest_object, 1)
+        if problem is not None:
+            raise ValueError(problem)
         direct = DirectReads(largest_object, config.io_threads) if config.direct_io else None
-        return FileStore(config.path, direct, capacity_bytes=capacity, evict_to=config.evict_to)
+        return FileStore(
+            config.path,
+            direct,
+            capacity_bytes=config.capacity,
+            evict_to=config.evict_to,
+            timeout_s=timeout_s,
+        )
     assert config.kind is StorageKind.mooncake and config.metadata_server is not None
     in_flight = 2 * config.io_threads * largest_object  # puts stage through it
     return MooncakeStore(

@@ -31,6 +31,7 @@ class Beneath:
     """A folder kept open, and the paths below it opened with no link followed."""
 
     def __init__(self, root: str) -> None:
+        self.path = root
         self.fd = os.open(root, FOLDER_FLAGS & ~os.O_NOFOLLOW)  # the operator's own path
         self._syscall = ctypes.CDLL(None, use_errno=True).syscall
         self._syscall.restype = ctypes.c_long

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import queue
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -37,3 +39,15 @@ class DirectReads:
             return copy_out(staging, ranges, check)
         finally:
             self._free.put(staging)
+
+
+def in_memory(path: Path) -> bool:
+    """Whether `path` lies on a file system that lives in memory (tmpfs, ramfs)."""
+    best, kind = "", ""
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1]
+            if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind in ("tmpfs", "ramfs")

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import errno
 import os
+import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.engine.stores.capacity import COMPONENT, TEMPORARY, Bound
+from pipeline.engine.stores.capacity import Bound, CapacityFull
 from pipeline.engine.stores.counters import Counters
-from pipeline.engine.stores.direct import DirectReads
+from pipeline.engine.stores.direct import DirectReads, in_memory
 from pipeline.engine.stores.file_parts import FileParts
+from pipeline.engine.stores.keys import read_key_file
+from pipeline.engine.stores.ledger import ledger_capacity
+from pipeline.engine.stores.owned import TEMPORARY, own_size, walk
 from pipeline.engine.stores.parts import (
     IOV_MAX,
     Check,
@@ -23,36 +30,21 @@ from pipeline.engine.stores.parts import (
     advance,
     bytes_views,
 )
+from pipeline.spec.l3_owned import is_object_name
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+COMPONENT = re.compile(r"[\w-][\w.-]*")
+"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
+TIMEOUT_S = 120.0
+"""The longest a wait on the folder's lock lasts where the caller does not say
+(`runtime.timeout_s`'s default)."""
+RECENT_LISTS = 8
+"""The name lists of the latest `exists` calls kept: a write-back's, and lookups beside it."""
 
-
-KEY_BYTES = (16, 64)
-"""A MAC key's length in bytes: at least 128 bits, at most what BLAKE2b takes."""
-
-
-def read_key_file(path: str) -> bytes:
-    """The key in the regular file `path` (its raw bytes), opened without following a link;
-    ValueError naming storage.auth_key_file otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ValueError(f"storage.auth_key_file={path}: {e.strerror}") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"storage.auth_key_file={path}: not a regular file")
-        key = os.read(fd, KEY_BYTES[1] + 1)
-    finally:
-        os.close(fd)
-    if not KEY_BYTES[0] <= len(key) <= KEY_BYTES[1]:
-        raise ValueError(
-            f"storage.auth_key_file={path}: {len(key)} bytes; a key is {KEY_BYTES[0]} to "
-            f"{KEY_BYTES[1]} bytes (e.g. head -c 32 /dev/urandom > key)"
-        )
-    return key
+__all__ = ["FileStore", "read_key_file"]
 
 
 class FileStore:
@@ -60,9 +52,11 @@ class FileStore:
     file in the same folder, then a rename). Every open below the root is relative to its
     folder's descriptor and follows no link; only regular files are read. With `direct`,
     reads bypass the page cache (for objects that are not cached: a cold store). With
-    `capacity_bytes`, a write that would pass it first evicts the least recently used
-    objects until they take `evict_to` of it (`capacity.Bound`, shared with every process
-    that writes the folder)."""
+    `capacity_bytes` (or, without, where the folder's ledger bounds it), a write that would
+    pass it first evicts the least recently used objects until they take `evict_to` of it
+    (`capacity.Bound`, shared with every process that writes the folder), never the objects
+    of the write-back it belongs to: a write-back first asks which of its objects `exists`,
+    and the names of a recent such call that holds the object being written are kept."""
 
     def __init__(
         self,
@@ -71,16 +65,40 @@ class FileStore:
         *,
         capacity_bytes: int | None = None,
         evict_to: float = 0.9,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.root = Path(root)
         self.direct = direct
         self.beneath = Beneath(root)
         """The root, kept open: every path below it is opened without following a link."""
         self.counters = Counters()
-        self.capacity_bytes = capacity_bytes
-        self.target_bytes = int(evict_to * capacity_bytes) if capacity_bytes else 0
-        """What an eviction leaves the folder holding, at most."""
-        self.bound = Bound(self.beneath, self.counters) if capacity_bytes else None
+        self._lists: collections.deque[frozenset[str]] = collections.deque(maxlen=RECENT_LISTS)
+        self._lists_lock = threading.Lock()
+        try:
+            capacity = capacity_bytes or ledger_capacity(self.beneath, root)
+            self.capacity_bytes = capacity
+            self.target_bytes = int(evict_to * capacity) if capacity else 0
+            """What an eviction leaves the folder holding, at most."""
+            self.bound = self._bound(capacity, timeout_s)
+        except BaseException:
+            self.beneath.close()
+            raise
+
+    def _bound(self, capacity: int | None, timeout_s: float) -> Bound | None:
+        """The folder's bound, where it has one; ValueError where the capacity is more than
+        its disk can hold (its free space and what its objects take)."""
+        if not capacity:
+            return None
+        disk = os.statvfs(self.beneath.fd)  # checked before a ledger is made or changed
+        room = disk.f_bavail * disk.f_frsize + sum(s.size for s in walk(self.beneath))
+        if capacity > room:
+            raise ValueError(
+                f"storage.capacity_bytes={capacity}: more than the folder {self.root} can hold "
+                f"({room} B: its disk's free space and its objects); lower it, or free space"
+            )
+        return Bound(
+            self.beneath, self.counters, path=str(self.root), capacity=capacity, timeout_s=timeout_s
+        )
 
     def stats(self) -> dict[str, int | None]:
         """This process's counts (`counters.COUNTED`), and what the folder holds: `objects`
@@ -129,32 +147,53 @@ class FileStore:
     def put(self, name: str, parts: Sequence[Part]) -> None:
         folders, leaf = self._split(name)
         folder = self._folder(folders, create=True)
-        tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
         try:
-            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
             try:
-                with os.fdopen(fd, "wb", buffering=0) as f:
-                    views = bytes_views(parts)
-                    size = sum(v.nbytes for v in views)
-                    while views:  # one gathering write per IOV_MAX parts, however partial
-                        views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
-                    now = time.time_ns()  # its first use, to the nanosecond (the file system's
-                    os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
-                with self._room(size):
-                    os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
-                self.counters.add(writes=1, written_bytes=size)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=folder)
+                self._put(folder, leaf, name, parts)
+            except CapacityFull:
                 raise
+            except OSError as e:  # a full disk: make room once, then write again
+                if e.errno != errno.ENOSPC or self.bound is None:
+                    raise
+                held = self.bound.held()[0]
+                size = sum(memoryview(p).nbytes for p in parts)
+                margin = max(size, (self.capacity_bytes or 0) - self.target_bytes)
+                self.bound.evict(held - margin, self._keep(name))
+                self._put(folder, leaf, name, parts)
         finally:
             os.close(folder)
 
-    def _room(self, size: int) -> contextlib.AbstractContextManager[None]:
+    def _put(self, folder: int, leaf: str, name: str, parts: Sequence[Part]) -> None:
+        tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                views = bytes_views(parts)
+                size = sum(v.nbytes for v in views)
+                while views:  # one gathering write per IOV_MAX parts, however partial
+                    views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
+                now = time.time_ns()  # its first use, to the nanosecond (the file system's
+                os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
+            with self._room(size, name):
+                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+            self.counters.add(writes=1, written_bytes=size)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+
+    def _room(self, size: int, name: str) -> contextlib.AbstractContextManager[None]:
         """Where the store is bounded: room for `size` more bytes, for the block."""
-        if self.bound is None or self.capacity_bytes is None:
+        if self.bound is None:
             return contextlib.nullcontext()
-        return self.bound.admit(size, self.capacity_bytes, self.target_bytes)
+        return self.bound.admit(size, self.target_bytes, self._keep(name))
+
+    def _keep(self, name: str) -> frozenset[str]:
+        """What a write of `name` must not evict: the names of the latest `exists` call that
+        holds it (its write-back's objects), and itself."""
+        with self._lists_lock:
+            found = next((names for names in reversed(self._lists) if name in names), None)
+        return found or frozenset([name])
 
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
@@ -218,6 +257,8 @@ class FileStore:
         return bytes(blob) if self.read(name, size, [(0, [memoryview(blob)])]) else None
 
     def exists(self, names: list[str]) -> list[bool]:
+        with self._lists_lock:
+            self._lists.append(frozenset(names))
         found = []
         for name in names:
             try:
@@ -228,25 +269,30 @@ class FileStore:
         return found
 
     def remove(self, names: list[str]) -> None:
+        """Drop these objects: only where the name is an object's and its header names it
+        (anything else under such a name is not the store's, and stays)."""
         for name in names:
             folders, leaf = self._split(name)
+            if not is_object_name(name):
+                continue
             try:
                 folder = self._folder(folders, create=False)
             except OSError:  # absent, or not a real folder: nothing of ours to remove
                 continue
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    size = os.stat(leaf, dir_fd=folder, follow_symlinks=False).st_size
-                    os.unlink(leaf, dir_fd=folder)
-                    if self.bound is not None:
-                        self.bound.removed(size)
+                size = own_size(folder, leaf, name)
+                if size is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(leaf, dir_fd=folder)
+                        if self.bound is not None:
+                            self.bound.removed(size)
             finally:
                 os.close(folder)
 
     def forget_cached(self, names: list[str]) -> bool:
         """Ask the OS to drop these objects from its page cache (a cold read next); False
         where it cannot say it did (the folder is in memory: tmpfs keeps every page)."""
-        dropped = not _in_memory(self.root)
+        dropped = not in_memory(self.root)
         for name in names:
             with contextlib.suppress(OSError, ValueError):
                 fd = self._open(name)
@@ -274,15 +320,3 @@ def used(fd: int, mtime_ns: int) -> None:
     modification time kept). A store another user owns is read without it."""
     with contextlib.suppress(OSError):
         os.utime(fd, ns=(time.time_ns(), mtime_ns))
-
-
-def _in_memory(path: Path) -> bool:
-    """Whether `path` lies on a file system that lives in memory (tmpfs, ramfs)."""
-    best, kind = "", ""
-    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            point = fields[1]
-            if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, kind = point, fields[2]
-    return kind in ("tmpfs", "ramfs")

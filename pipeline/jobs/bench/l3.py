@@ -121,7 +121,7 @@ def bench_l3_rank(
     with contextlib.ExitStack() as stack:
         stack.callback(runtime.close)
         stores = {
-            kind: stack.enter_context(_opened(storage, base.model))
+            kind: stack.enter_context(_opened(storage, base.model, runtime.timeout_s))
             for kind, storage in _stores(cases)
         }
         result: dict[str, Any] = {"rank": rank, "cases": []}
@@ -199,8 +199,10 @@ def _stores(cases: list[tuple[Job, dict]]) -> list[tuple[str, StorageConfig]]:
 
 
 @contextlib.contextmanager
-def _opened(storage: StorageConfig, model: ModelGeometry) -> Iterator[ObjectStore]:
-    store = open_store(storage, largest_object(model))
+def _opened(
+    storage: StorageConfig, model: ModelGeometry, timeout_s: float
+) -> Iterator[ObjectStore]:
+    store = open_store(storage, largest_object(model), timeout_s=timeout_s)
     try:
         yield store
     finally:

@@ -102,7 +102,7 @@ def bench_ttft_rank(
     with contextlib.ExitStack() as stack:
         stack.callback(runtime.close)
         stores = {
-            kind: stack.enter_context(_opened(storage, base.model))
+            kind: stack.enter_context(_opened(storage, base.model, runtime.timeout_s))
             for kind, storage in _largest_segments(cases)
         }
         result: dict[str, Any] = {"rank": rank, "cases": []}
@@ -163,8 +163,10 @@ def _largest_segments(cases: list[tuple[Job, dict]]) -> list[tuple[str, StorageC
 
 
 @contextlib.contextmanager
-def _opened(storage: StorageConfig, model: ModelGeometry) -> Iterator[ObjectStore]:
-    store = open_store(storage, largest_object(model))
+def _opened(
+    storage: StorageConfig, model: ModelGeometry, timeout_s: float
+) -> Iterator[ObjectStore]:
+    store = open_store(storage, largest_object(model), timeout_s=timeout_s)
     try:
         yield store
     finally:
