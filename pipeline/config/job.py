@@ -18,7 +18,7 @@ from pipeline.config.schema import (
 from pipeline.engine.factory import EngineRecipe
 from pipeline.engine.strategy import Strategy
 from pipeline.spec.checks import Problem
-from pipeline.spec.l3 import largest_object
+from pipeline.spec.l3 import object_bytes
 from pipeline.spec.model import ModelGeometry
 from pipeline.spec.sizing import (
     DEFAULT_HOST_RATIO,
@@ -115,11 +115,8 @@ def pool_problems(job: Job) -> list[Problem]:
         exchange_staging_bytes(config, model, sizing.owners)
     except ValueError as e:
         found.append(Problem("strategy.staging_bytes", str(e)))
-    storage, largest = job.storage, largest_object(model)
-    if storage.capacity is not None and largest > storage.evict_to * storage.capacity:
-        message = (
-            f"storage.capacity_bytes={storage.capacity_bytes}: an object of this model takes "
-            f"up to {largest} B, more than storage.evict_to={storage.evict_to} of it; raise it"
-        )
-        found.append(Problem("storage.capacity_bytes", message))
+    # a write-back of the workload's prefix must fit whole, or it would evict its own head
+    pages = -(-workload.num_tokens // sizing.slots_per_page)
+    if problem := job.storage.capacity_problem(object_bytes(model), pages):
+        found.append(Problem("storage.capacity_bytes", problem))
     return found

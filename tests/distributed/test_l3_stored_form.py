@@ -76,6 +76,7 @@ def test_a_keyed_store_serves_its_objects_only_to_readers_with_its_key(tmp_path:
     for name in ("ours", "theirs"):
         keys[name] = tmp_path / name
         keys[name].write_bytes(os.urandom(32))
+        keys[name].chmod(0o600)  # a key file others may read is refused
 
     def keyed(key: str | None) -> Job:
         job = grid_job(2, "rotating", store)

@@ -104,6 +104,7 @@ def test_a_config_file_may_name_a_key_file_inside_its_folder(world) -> None:
     key = world["dir"] / "keys" / "l3.key"
     key.parent.mkdir(parents=True)
     key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
     text = "defaults: [base_storage]\nkind: file\nauth_key_file: keys/l3.key\n"
     args = option(world, "storage", "mine", text)
     job = pipeline.compose(["storage=mine"], config_dir=args[1])
