@@ -50,7 +50,8 @@ HELP: dict[str, tuple[str, str, str]] = {
     ),
     "validate": (
         "check every shipped config (and --config-dir), or the one the overrides compose",
-        "--config-dir DIR (your options, DIR/<group>/<name>.yaml), --json (file, key, line)",
+        "--config-dir DIR (your options, DIR/<group>/<name>.yaml; your deployment's defaults, "
+        "DIR/config.yaml), --json (file, key, line)",
         "hicache-pipeline validate --config-dir my_conf --json",
     ),
     "check-ordering": (
