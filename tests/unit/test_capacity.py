@@ -244,10 +244,12 @@ def test_a_capacity_reads_as_bytes() -> None:
     assert job.storage.capacity == 64 << 30 and job.storage.evict_to == 0.9
 
 
-def test_a_capacity_below_one_object_is_a_config_error_in_the_parent() -> None:
-    """Refused by `compose` (exit 2, before a rank starts), naming the key to raise."""
+def test_a_capacity_below_one_write_back_is_a_config_error_in_the_parent() -> None:
+    """Refused by `compose` (exit 2, before a rank starts), naming the key and its least value:
+    the workload's write-back must fit whole, or it would evict its own prefix's head."""
     with pytest.raises(ConfigError) as refused:
         pipeline.compose(["storage=file", "storage.capacity_bytes=1KiB"])
     ((key, message),) = [(p.key, p.message) for p in refused.value.problems]
     assert key == "storage.capacity_bytes"
-    assert message.endswith("more than storage.evict_to=0.9 of it; raise it"), message
+    assert "one write-back of 64 objects" in message, message
+    assert message.endswith("raise it to at least 108658 B"), message

@@ -164,7 +164,7 @@ FILE_ATTACKS = {
     "primary_config": (
         "config.yaml",
         "defaults: [base_config]\n",
-        "not an option of a config group",
+        "defaults: each entry is GROUP: OPTION, or _self_",
     ),
     "defaults_reach_hydra": (
         "strategy/evil.yaml",

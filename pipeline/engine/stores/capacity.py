@@ -217,3 +217,20 @@ def _must_go(candidates: list[Stored], excess: int) -> int:
         if total >= excess:
             return count
     return len(candidates)
+
+
+def open_bound(
+    beneath: Beneath, counters: Counters, path: str, capacity: int | None, timeout_s: float
+) -> Bound | None:
+    """The bound of the folder open at `beneath`, where it has a capacity; ValueError where the
+    capacity is more than its disk can hold (its free space and what its objects take)."""
+    if not capacity:
+        return None
+    disk = os.statvfs(beneath.fd)  # checked before a ledger is made or changed
+    room = disk.f_bavail * disk.f_frsize + sum(s.size for s in walk(beneath))
+    if capacity > room:
+        raise ValueError(
+            f"storage.capacity_bytes={capacity}: more than the folder {path} can hold "
+            f"({room} B: its disk's free space and its objects); lower it, or free space"
+        )
+    return Bound(beneath, counters, path=path, capacity=capacity, timeout_s=timeout_s)

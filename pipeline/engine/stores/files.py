@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.engine.stores.capacity import Bound, CapacityFull
+from pipeline.engine.stores.capacity import CapacityFull, open_bound
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.direct import DirectReads, in_memory
 from pipeline.engine.stores.file_parts import FileParts
 from pipeline.engine.stores.keys import read_key_file
 from pipeline.engine.stores.ledger import ledger_capacity
-from pipeline.engine.stores.owned import TEMPORARY, own_size, walk
+from pipeline.engine.stores.owned import TEMPORARY, own_size
 from pipeline.engine.stores.parts import (
     IOV_MAX,
     Check,
@@ -29,6 +29,7 @@ from pipeline.engine.stores.parts import (
     Range,
     advance,
     bytes_views,
+    read_ranges,
 )
 from pipeline.spec.l3_owned import is_object_name
 
@@ -79,26 +80,10 @@ class FileStore:
             self.capacity_bytes = capacity
             self.target_bytes = int(evict_to * capacity) if capacity else 0
             """What an eviction leaves the folder holding, at most."""
-            self.bound = self._bound(capacity, timeout_s)
+            self.bound = open_bound(self.beneath, self.counters, root, capacity, timeout_s)
         except BaseException:
             self.beneath.close()
             raise
-
-    def _bound(self, capacity: int | None, timeout_s: float) -> Bound | None:
-        """The folder's bound, where it has one; ValueError where the capacity is more than
-        its disk can hold (its free space and what its objects take)."""
-        if not capacity:
-            return None
-        disk = os.statvfs(self.beneath.fd)  # checked before a ledger is made or changed
-        room = disk.f_bavail * disk.f_frsize + sum(s.size for s in walk(self.beneath))
-        if capacity > room:
-            raise ValueError(
-                f"storage.capacity_bytes={capacity}: more than the folder {self.root} can hold "
-                f"({room} B: its disk's free space and its objects); lower it, or free space"
-            )
-        return Bound(
-            self.beneath, self.counters, path=str(self.root), capacity=capacity, timeout_s=timeout_s
-        )
 
     def stats(self) -> dict[str, int | None]:
         """This process's counts (`counters.COUNTED`), and what the folder holds: `objects`
@@ -230,17 +215,7 @@ class FileStore:
                 return False
             if self.direct is not None:
                 return self.direct.read(fd, size, ranges, check)
-            for i, (offset, buffers) in enumerate(ranges):
-                views, at = list(buffers), offset
-                while views:  # one scattering read per IOV_MAX buffers, however partial
-                    got = os.preadv(fd, views[:IOV_MAX], at)
-                    if got == 0:
-                        return False
-                    at += got
-                    views = advance(views, got) if len(views) > 1 or got < views[0].nbytes else []
-                if check is not None and not check(i):
-                    return False
-            return True
+            return read_ranges(fd, ranges, check)
         except OSError:
             return False
 

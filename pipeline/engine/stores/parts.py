@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
@@ -44,6 +45,23 @@ def copy_out(staging: np.ndarray, ranges: Sequence[Range], check: Check | None) 
         for view in buffers:
             np.frombuffer(view, np.uint8)[:] = staging[at : at + view.nbytes]
             at += view.nbytes
+        if check is not None and not check(i):
+            return False
+    return True
+
+
+def read_ranges(fd: int, ranges: Sequence[Range], check: Check | None) -> bool:
+    """Read each range from the file open at `fd` into its buffers (one scattering read per
+    IOV_MAX buffers, however partial), checking each as it lands; False at a short file or a
+    failed check."""
+    for i, (offset, buffers) in enumerate(ranges):
+        views, at = list(buffers), offset
+        while views:
+            got = os.preadv(fd, views[:IOV_MAX], at)
+            if got == 0:
+                return False
+            at += got
+            views = advance(views, got) if len(views) > 1 or got < views[0].nbytes else []
         if check is not None and not check(i):
             return False
     return True
