@@ -263,6 +263,8 @@ def listener(address: str, port: int, app: Any) -> WSGIServer:
     family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
 
     class Server(_BoundedServer):
+        """This listener's server: its address family, its own count of clients."""
+
         address_family = family
         active = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
