@@ -70,7 +70,9 @@ def null_section_problems(kept: list[tuple[Any, str]]) -> list[Problem]:
         (o.key_or_group, section)
         for o, _ in kept
         for section in NULL_SECTIONS
-        if not o.is_delete() and (o.key_or_group + ".").startswith(section + ".")
+        if not o.is_delete()
+        and (o.key_or_group + ".").startswith(section + ".")
+        and not (o.key_or_group == section and o.value() is None)  # null stays null
     ]
     if not inside:
         return []
