@@ -6,16 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.cli.catalog import catalog_text, options_by_group
 from pipeline.cli.explain import explanation_text
 from pipeline.cli.failure import Refused, failed
-from pipeline.config.app import CommandLine, checked_session
-from pipeline.config.compose import ALL_GROUPS, Session
-from pipeline.config.deployment import Configs
+from pipeline.cli.invocation import Handler, Invocation, emit
 from pipeline.config.drive_schemas import BenchKind
 from pipeline.config.explain import explained
 from pipeline.config.job import Job
@@ -43,36 +40,6 @@ from pipeline.jobs.spawn import RankFn
 from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
-
-
-@dataclasses.dataclass(frozen=True)
-class Invocation:
-    """One subcommand's checked input: its command line and the options it may compose."""
-
-    line: CommandLine
-    sources: Configs
-    reads: frozenset[str] = ALL_GROUPS
-    """The config groups the subcommand reads: it checks those (see `READS`)."""
-
-    def session(self) -> Session:
-        return checked_session(self.line, self.sources, self.reads)
-
-    def job(self) -> Job:
-        """The config, checked in every group the subcommand reads (ConfigError before
-        anything runs)."""
-        return self.session().job(self.reads)
-
-    def config_text(self) -> str:
-        """`--cfg job`: the config that runs, as YAML (`--json`: a JSON document)."""
-        session = self.session()
-        return json.dumps(session.as_plain(), indent=2) if self.line.as_json else session.as_yaml()
-
-
-Handler = Callable[[Invocation], int]
-
-
-def emit(inv: Invocation, result: dict, text: Callable[[dict], str]) -> None:
-    print(json.dumps(result, indent=2) if inv.line.as_json else text(result))
 
 
 def launch_ranks(fn: RankFn, job: Job, *, job_s: float | None = None) -> list[Any] | None:

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 
-from pipeline.cli.commands import COMMANDS, Handler, Invocation
+from pipeline.cli.commands import COMMANDS
+from pipeline.cli.invocation import Handler, Invocation
 from pipeline.cli.failure import failed
 from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep

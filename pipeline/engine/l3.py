@@ -35,9 +35,9 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
+from pipeline.spec.crc_runs import CrcRuns
 from pipeline.spec.l3 import (
     Checks,
-    CrcRuns,
     PageObject,
     PageRoles,
     check_keys,

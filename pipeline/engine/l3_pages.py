@@ -20,7 +20,8 @@ import torch
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.stacks import stack_views
 from pipeline.engine.stores.parts import Check, Range
-from pipeline.spec.l3 import CrcRuns, PageObject
+from pipeline.spec.crc_runs import CrcRuns
+from pipeline.spec.l3 import PageObject
 from pipeline.spec.model import Unit, by_pool_kind
 
 Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.commands import Invocation, explain
+from pipeline.cli.commands import explain
+from pipeline.cli.invocation import Invocation
 from pipeline.cli.main import run_command
 from pipeline.config.app import CommandLine, configs
 from pipeline.config.deployment import Configs

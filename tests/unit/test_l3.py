@@ -25,9 +25,9 @@ from pipeline.jobs import l3_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
 from pipeline.spec.checks import ConfigError
+from pipeline.spec.crc_runs import CrcRuns
 from pipeline.spec.l3 import (
     Checks,
-    CrcRuns,
     PageObject,
     check_keys,
     digest,
