@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from importlib.metadata import version
 
 from pipeline.cli.commands import COMMANDS
-from pipeline.cli.invocation import Handler, Invocation
 from pipeline.cli.failure import failed
+from pipeline.cli.invocation import Handler, Invocation
 from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
