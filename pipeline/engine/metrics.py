@@ -108,6 +108,12 @@ SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read
         "L3 objects whose header or a unit's CRC-32C did not match",
         _op("l3_corrupt"),
     ),
+    "l3_forged_objects": (
+        CounterMetricFamily,
+        "L3 objects the store's key does not authenticate: written without it, with another "
+        "key, or forged",
+        _op("l3_forged"),
+    ),
     "l3_fallbacks": (
         CounterMetricFamily,
         "L3 loads whose ranks disagreed on the plan and read every unit",

@@ -56,3 +56,24 @@ def test_check_ordering_names_what_auto_picked(capsys: pytest.CaptureFixture) ->
     code, out, err = in_process(capsys, "check-ordering", "strategy=auto", "topology.device=cpu")
     assert code == 0, err
     assert "note: strategy=auto picked" in out and "(links cpu)" in out
+
+
+def test_bench_md_names_the_links_its_estimates_used() -> None:
+    from pipeline.jobs.bench.output import markdown
+
+    result = {
+        "model": "tiny_mla",
+        "topology": "tp2",
+        "ranks": 2,
+        "device_name": "cpu",
+        "floors": {
+            **{f"{way}_{when}_gbps": [1.0] for way in ("h2d", "d2h") for when in ("alone", "all")},
+            "broadcast_gbps": None,
+        },
+        "rows": [],
+        "links": "cpu",
+    }
+    lines = markdown(result).splitlines()
+    assert lines[1] == "estimates priced with the `cpu` links"
+    del result["links"]  # no estimates: no links to name
+    assert "links" not in markdown(result)

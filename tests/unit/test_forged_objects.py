@@ -75,6 +75,7 @@ def test_an_object_not_made_with_the_key_is_counted_forged(tmp_path: Path, write
     assert (found, hits) == (PAGES, 0)  # there, and not loaded
     assert counts == {"l3_forged": 1, "l3_corrupt": 0, "l3_miss": 1}
     assert stats["hicache_l3_corrupt_objects_total"] == 0
+    assert stats["hicache_l3_forged_objects_total"] == 1
     assert stats["hicache_l3_read_misses_total"] == 1
 
 

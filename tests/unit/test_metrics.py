@@ -78,6 +78,7 @@ def test_a_scrape_shows_what_stats_says_and_what_moved(one_rank: None, tmp_path:
     assert stats['hicache_bytes_total{direction="load",tier="host"}'] == moved + 3 * PAGE_BYTES
     assert (stats["hicache_l3_hits_total"], stats["hicache_l3_misses_total"]) == (4, 1)
     assert stats["hicache_l3_corrupt_objects_total"] == 1
+    assert stats["hicache_l3_forged_objects_total"] == 0  # unkeyed: damage is corruption
     assert stats["hicache_l3_read_misses_total"] == 1
     assert stats["hicache_l3_evictions_total"] == 0
     for op in ("backup", "load", "write_back", "fetch"):

@@ -45,6 +45,7 @@ def markdown(result: dict[str, Any]) -> str:
     turn."""
     lines = [
         f"{result['model']} on {result['topology']}: {result['ranks']} x {result['device_name']}",
+        *([f"estimates priced with the `{result['links']}` links"] if "links" in result else []),
         "",
         *_floors(result["floors"]),
         "",
