@@ -105,7 +105,8 @@ def test_a_spawned_run_leaves_no_leaked_semaphore_warning() -> None:
 def test_validate_counts_one_config_and_one_error_in_the_singular() -> None:
     one = {"file": "overrides", "line": None, "message": "x"}
     assert (
-        validate_text({"checked": ["a"], "errors": [], "warnings": [], "valid": True}) == "checked 1 config\nvalid"
+        validate_text({"checked": ["a"], "errors": [], "warnings": [], "valid": True})
+        == "checked 1 config\nvalid"
     )
     text = validate_text({"checked": ["a", "b"], "errors": [one], "warnings": [], "valid": False})
     assert text.startswith("checked 2 configs\n") and text.endswith("\n1 error")
