@@ -1,18 +1,18 @@
-"""The issue-49 tree (new) against b65eb10 (old), ABBA on one host: each tree's mean issue ms.
-
-Run from anywhere: python docs/benchmarks/results/2026-12-05-h200-after-issue-49/abba.py
+"""An ABBA table from a result folder's four bench runs (bench_1_old, bench_2_new, bench_3_new,
+bench_4_old): each tree's mean issue ms. Run: python docs/benchmarks/results/abba.py FOLDER OLD NEW
+(OLD, NEW: the column names of the two trees, e.g. d61fd63 5112da9).
 """
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
 OLD, NEW = ("bench_1_old", "bench_4_old"), ("bench_2_new", "bench_3_new")
 
 
-def rows(name: str) -> list[dict]:
-    with open(HERE / f"{name}.json") as f:
+def rows(folder: Path, name: str) -> list[dict]:
+    with open(folder / f"{name}.json") as f:
         return json.load(f)["rows"]
 
 
@@ -26,14 +26,15 @@ def ops(row: dict) -> str:
     return " + ".join(f"{n} {op}" for op, n in row["ops"][0].items()) if "ops" in row else "?"
 
 
-def main() -> None:
+def main(folder: Path, old_name: str, new_name: str) -> None:
     table: dict[tuple, dict[str, dict]] = {}
     for name in OLD + NEW:
-        for row in rows(name):
+        for row in rows(folder, name):
             table.setdefault(case(row), {})[name] = row
     print(
-        "| tokens (pages) | direction | placement | io | graphs | chunk | b65eb10 issue ms "
-        "| issue 49 issue ms | new / old | x floor (new) | copy calls old / new | bit-exact |"
+        "| tokens (pages) | direction | placement | io | graphs | chunk "
+        f"| {old_name} issue ms | {new_name} issue ms | new / old | x floor (new) "
+        "| copy calls old / new | bit-exact |"
     )
     print("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
     for (tokens, *rest), runs in table.items():
@@ -48,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
