@@ -50,7 +50,7 @@ HELP: dict[str, tuple[str, str, str]] = {
         "hicache-pipeline plan strategy=rotating topology=tp8 model=deepseek_v3",
     ),
     "validate": (
-        "check every shipped config (and --config-dir), or the one the overrides compose",
+        "check every shipped config (or those of --config-dir), or the one the overrides compose",
         "--config-dir DIR (your options, DIR/<group>/<name>.yaml; your deployment's defaults, "
         "DIR/config.yaml), --json (file, key, line)",
         "hicache-pipeline validate --config-dir my_conf --json",

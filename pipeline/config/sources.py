@@ -46,13 +46,15 @@ class ConfigSources:
     user: tuple[UserOption, ...] = ()
     problems: tuple[Problem, ...] = ()
     """Every problem of the user folder, with file, key and line."""
+    folder: str | None = None
+    """The user folder (`--config-dir`), if any."""
 
     @classmethod
     def load(cls, config_dir: str | None, allowed: Sequence[str] = ()) -> ConfigSources:
         if config_dir is None:
             return cls()
         options, problems = read_config_dir(config_dir, shipped_options(), allowed)
-        return cls(tuple(options), tuple(problems))
+        return cls(tuple(options), tuple(problems), config_dir)
 
     def options(self) -> list[tuple[str, str, str]]:
         """(group, option, file) of every option: shipped first, then the user's."""
@@ -62,7 +64,11 @@ class ConfigSources:
             for group, names in shipped_options().items()
             for name in sorted(names)
         ]
-        return shipped + [(o.group, o.name, o.path) for o in self.user]
+        return shipped + self.own_options()
+
+    def own_options(self) -> list[tuple[str, str, str]]:
+        """(group, option, file) of the user folder's options."""
+        return [(o.group, o.name, o.path) for o in self.user]
 
     def file_of(self, group: str, option: str) -> tuple[str, dict[str, int]]:
         """(path, key lines) of one option's file."""

@@ -61,14 +61,16 @@ def consequences_dropped(said: list[Problem], more: list[Problem]) -> list[Probl
 
 
 def validate_all(loaded: Configs) -> tuple[list[str], list[Problem], list[Problem]]:
-    """(checked files, problems, warnings) over every option of every group, each alone, and
-    the user's deployment."""
+    """(checked files, problems, warnings): every option, each composed alone over the
+    shipped defaults; with a user folder, its own options and deployment only (a shipped
+    option composes the same with or without the folder: `validate` alone checks those)."""
     sources = loaded.sources
     options = sources.options()
     strategies = {name for group, name, _ in options if group == "strategy"}
-    checked = [path for _, _, path in options]
+    own = options if sources.folder is None else sources.own_options()
+    checked = [path for _, _, path in own]
     found, warned = list(sources.problems), []
-    for group, option, path in options:
+    for group, option, path in own:
         try:
             session = Session.compose([f"{group}={option}"])
         except ConfigError as e:

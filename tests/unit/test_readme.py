@@ -76,6 +76,7 @@ def test_the_outputs_readme_shows_are_what_the_commands_print(tmp_path: Path) ->
         "explain",
         "explain",
         "plan",
+        "validate",
         "check-ordering",
     ]
     for command, shown in blocks:
@@ -88,3 +89,4 @@ def test_the_outputs_readme_shows_are_what_the_commands_print(tmp_path: Path) ->
         )
         assert done.returncode in (0, 1), done.stderr  # check-ordering: 1 for the deadlock
         assert done.stdout == shown, command
+    assert list(tmp_path.iterdir()) == []  # none of them writes a file
