@@ -43,11 +43,24 @@ def master(caplog: pytest.LogCaptureFixture) -> Iterator[tuple[StorageConfig, in
 
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[None]:
+    """The master stopped for the block: SIGSTOP is delivered asynchronously, so wait until
+    each of its threads is seen stopped (state T) before the block asks it anything."""
     os.kill(pid, signal.SIGSTOP)
     try:
+        assert eventually(lambda: all(state == "T" for state in thread_states(pid)))
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state of each of the process's threads (from /proc)."""
+    tasks = f"/proc/{pid}/task"
+    states = []
+    for task in os.listdir(tasks):
+        with open(f"{tasks}/{task}/stat") as stat:
+            states.append(stat.read().rpartition(")")[2].split()[0])
+    return states
 
 
 def silent(storage: StorageConfig) -> str:
