@@ -78,7 +78,7 @@ def issue_fns(engine: pipeline.Engine, placement: str, tokens: int):
     pick = None if placement == "contiguous" else random.Random(0)
     device = PageAllocator(engine.sizing.device_pages)
     source, target = device.alloc(pages, pick), device.alloc(pages, pick)
-    host = PageAllocator(engine.sizing.host.num_pages).alloc(pages, pick)
+    host = engine.host_allocator.alloc(pages, pick)
     host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
     forward = engine.runtime.forward_stream
 

@@ -48,7 +48,7 @@ def _backed_up(engine: Engine, num_pages: int) -> tuple[list[int], list[int], di
     source = list(range(num_pages))
     fill_random(engine, source, 7)
     expected = snapshot(engine, source)
-    host = list(range(num_pages))
+    host = engine.host_allocator.claim(list(range(num_pages)))
     size = engine.sizing.slots_per_page
     engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
     return host, source, expected
@@ -156,10 +156,11 @@ def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str
                     call(hosts, devices)
                 except ValueError as e:
                     said.append(str(e))
-        try:  # host pages 9 and 10 were never backed up
-            engine.load(page_tokens([9, 10], size), page_tokens([1, 2], size))
-        except ValueError as e:
-            said.append(str(e))
+        for call in (engine.load, engine.backup):  # host pages 9 and 10: never allocated
+            try:
+                call(page_tokens([9, 10], size), page_tokens([1, 2], size))
+            except ValueError as e:
+                said.append(str(e))
         engine.runtime.load_stream.synchronize()
         engine.runtime.write_stream.synchronize()
 
@@ -184,6 +185,7 @@ def no_sync_on_issue(job: Job, rank: int, world_size: int, local_rank: int) -> s
         expected = snapshot(engine, source)
         target = [p + 8 for p in source]
         poison(engine, target)
+        engine.host_allocator.claim(source)  # the host pages, as the device's
         size = engine.sizing.slots_per_page
         hosts, sources, targets = (page_tokens(p, size) for p in (source, source, target))
         forward_stream = engine.runtime.forward_stream
@@ -275,7 +277,7 @@ def graph_replays(
         for round_, count in enumerate(counts):
             source = pick.sample(range(pages // 2), count)
             target = pick.sample(range(pages // 2, pages), count)
-            host = pick.sample(range(engine.sizing.host.num_pages), count)
+            host = engine.host_allocator.alloc(count, pick)
             fill_random(engine, source, round_)
             expected = snapshot(engine, source)
             poison(engine, target)
@@ -287,6 +289,7 @@ def graph_replays(
             handle.done(forward_stream).wait()
             mismatches.append(first_mismatch(engine, target, expected))
             ops.append(engine.trace.ops[first_op:])
+            engine.host_allocator.free(host)
         return {
             "mismatches": mismatches,
             "captures": engine.graphs.captures,
@@ -323,6 +326,7 @@ def failed_then_next(args: tuple[Job, str], rank: int, world_size: int, local_ra
         pages = list(range(4))
         fill_random(engine, pages, 11)
         expected = snapshot(engine, pages)
+        engine.host_allocator.claim([p + 20 for p in pages])  # what `_round_trip` backs up into
         clean = engine.strategy
         faulty = clean.backup if where == "backup" else clean.load
         faulty = dataclasses.replace(faulty, per_step=(Fault(rank=0, layer=0), *faulty.per_step))
@@ -436,6 +440,7 @@ def adopted_round_trips(
         engine = pipeline.create_engine(job, device_kv=tensors)
         try:
             slots = torch.arange(0, 7 * job.model.page_size)  # a partial last batch
+            engine.host_allocator.claim(list(range(7)))
             engine.backup(slots, slots).wait()
             for t in tensors.values():
                 t.zero_()

@@ -97,7 +97,8 @@ class Engine:
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
         """Copy device slots to host slots (logical slot indices, CPU int64); the ack event.
-        ValueError naming the argument for malformed slots or a prefetch's (`host_slots`)."""
+        The host slots are the caller's (`host_slots.alloc`): ValueError naming the argument
+        for malformed slots, or host slots not allocated or lent to a prefetch."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
@@ -254,8 +255,8 @@ class Engine:
         )
         if load:  # pages with data (`require_data` says why not: lent, not allocated)
             self.host_allocator.require_data("host_indices", plan.host_pages)
-        elif self.host_allocator.lending:  # (plan.host_pages is made on demand)
-            self.host_allocator.require_unlent("host_indices", plan.host_pages)
+        else:  # pages this caller allocated and has not lent to a prefetch
+            self.host_allocator.require_own("host_indices", plan.host_pages)
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)

@@ -155,6 +155,17 @@ class PageAllocator:
         self._own[pages] = True
         return pages
 
+    def claim(self, pages: list[int]) -> list[int]:
+        """Allocate the named free pages (a caller that places its pages itself); ValueError
+        naming those that are not free."""
+        if taken := [p for p in pages if p not in self._free]:
+            raise ValueError(f"pages {taken[:8]} are not free (or out of range)")
+        if len(set(pages)) != len(pages):
+            raise ValueError("pages repeat in one claim")
+        self._free.difference_update(pages)
+        self._own[pages] = True
+        return list(pages)
+
     def free(self, pages: list[int]) -> None:
         taken = [p for p in pages if p in self._free or not 0 <= p < self.num_pages]
         if taken or len(set(pages)) != len(pages):

@@ -139,6 +139,7 @@ def round_trip(
     """Back up `source`'s device pages to `host` and load them into `target`, the forward
     stream waiting for each (no host wait)."""
     size, forward = engine.sizing.slots_per_page, engine.runtime.forward_stream
+    engine.host_allocator.claim(host)
     host_t, source_t, target_t = (page_tokens(p, size) for p in (host, source, target))
     forward.wait_event(engine.backup(host_t, source_t))
     handle = engine.load(host_t, target_t)

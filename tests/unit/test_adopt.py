@@ -33,6 +33,7 @@ def round_trip(tensors: Kv, pages_of: Callable[[torch.Tensor], torch.Tensor]) ->
     try:
         assert engine.sizing.device_pages == PAGES
         slots = torch.arange(0, 3 * PAGE)
+        engine.host_allocator.claim([0, 1, 2])
         engine.backup(slots, slots).wait()
         for t in tensors.values():
             t.zero_()

@@ -88,7 +88,7 @@ def test_transfers_with_lent_buffers_move_their_own_pages_bit_exact() -> None:
     size, rng = engine.sizing.slots_per_page, random.Random(3)
     try:
         for _ in range(4):
-            host = rng.sample(range(engine.sizing.host.num_pages), 3)
+            host = engine.host_allocator.alloc(3, rng)
             source = rng.sample(range(engine.sizing.device_pages), 3)
             target = rng.sample(
                 [p for p in range(engine.sizing.device_pages) if p not in source], 3
@@ -100,6 +100,7 @@ def test_transfers_with_lent_buffers_move_their_own_pages_bit_exact() -> None:
             engine.backup(page_tokens(host, size), page_tokens(source, size)).wait()
             engine.load(page_tokens(host, size), page_tokens(target, size)).done().wait()
             assert all(torch.equal(layer[target], w) for layer, w in zip(layers, want, strict=True))
+            engine.host_allocator.free(host)
         engine.poll()
     finally:
         engine.close()

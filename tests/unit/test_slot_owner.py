@@ -190,6 +190,7 @@ def test_host_slots_never_allocated_are_refused_by_every_call(tmp_path: Path) ->
             "load_from_l3": lambda: engine.load_from_l3(keys, loose, device),
             "write_back": lambda: engine.write_back(keys, loose),
             "load": lambda: engine.load(loose, device),
+            "backup": lambda: engine.backup(loose, device),
             "free": lambda: slots.free(loose),
             "reuse": lambda: slots.reuse(loose),
         }

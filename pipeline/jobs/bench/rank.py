@@ -116,7 +116,7 @@ class CasePages:
         pick = None if contiguous else random.Random(0)
         device_alloc = PageAllocator(engine.sizing.device_pages)
         source = device_alloc.alloc(num_pages, pick)
-        host = PageAllocator(engine.sizing.host.num_pages).alloc(num_pages, pick)
+        host = engine.host_allocator.alloc(num_pages, pick)  # the engine's own, as backup asks
         target = device_alloc.alloc(num_pages, pick)
         fill_random(engine, source, seed=engine.runtime.replica_group[0])
         return cls(source, host, target, snapshot(engine, source))
