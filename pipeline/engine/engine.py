@@ -96,9 +96,8 @@ class Engine:
         return HostSlots(self.host_allocator, self.sizing.slots_per_page)
 
     def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
-        """Copy device slots to host slots (logical slot indices, CPU int64); the ack event.
-        The host slots are the caller's (`host_slots.alloc`): ValueError naming the argument
-        for malformed slots, or host slots not allocated or lent to a prefetch."""
+        """Copy device slots to host slots of the caller's (`host_slots.alloc`); the ack. ValueError
+        naming the argument for malformed slots, or host slots not allocated or lent."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)

@@ -153,7 +153,7 @@ def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
     """`engine`'s pools and buffers under other knobs of the same strategy (its own graphs),
     so both sides of an in-turn comparison move the same bytes between the same memory."""
     graphs = strategy.config.cuda_graph_cache if engine.graphs is not None else 0
-    return Engine(
+    twin = Engine(
         strategy=strategy,
         runtime=engine.runtime,
         model=engine.model,
@@ -163,6 +163,8 @@ def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:
         acks=engine.acks,
         graphs=TransferGraphs(graphs) if graphs else None,
     )
+    twin.host_allocator = engine.host_allocator  # the same host pages, the same owner
+    return twin
 
 
 def open_tier(

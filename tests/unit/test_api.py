@@ -214,6 +214,7 @@ def test_adopted_kv_backs_up_and_loads_back_bit_exact_chunked_or_not(
     engine = pipeline.create_engine(job, device_kv=tensors)
     try:
         slots = torch.arange(0, 7 * job.model.page_size)  # 7 pages: a partial last batch
+        engine.host_allocator.claim(list(range(7)))
         engine.backup(slots, slots).wait()
         for t in tensors.values():
             t.zero_()
