@@ -1,8 +1,12 @@
 """Ack tracking: every rank releases the same finished transfers in the same scheduler step.
 
 Acks queue in submission order. `poll()` counts the leading acks whose event has fired on this
-rank, MIN-reduces that count over the group and pops exactly that many everywhere. The reduce
-costs a collective per step even when nothing is in flight; the idle-sync skip leaves it out
+rank, all-gathers that count over the group (with the poll's sequence number and the acks
+outstanding, so that ranks that poll a different number of times, or with different work
+outstanding, are named instead of pairing the wrong collectives) and pops the smallest count
+everywhere. `poll()` is a collective: every rank calls it the same number of times, in the
+same order as the engine's other collectives; a rank-local wait is `Event.query()`. The
+gather costs a collective per step even when nothing is in flight; the idle-sync skip leaves it out
 while the ledger is empty and no storage backend is attached. The skip decision may read only
 rank-replicated state (the ledger, never an event's status, an allocation outcome or the time):
 `rank_consensus` checks that in debug mode, and every `max_skips` skips one sync is forced that
@@ -39,6 +43,11 @@ class Ack:
     """What the caller releases when the ack pops (pages, a request)."""
     submitted_s: float = field(default_factory=time.monotonic)
     """When it was submitted (the latency metrics time it to its release)."""
+
+    def query(self) -> bool:
+        """Has this rank's part completed? Rank-local, no collective: a rank may wait on it
+        alone; the ack is released (on every rank alike) by `Engine.poll`."""
+        return self.event.query()
 
 
 IdleCheck = Callable[["AckLedger"], tuple[bool, tuple]]
@@ -103,6 +112,9 @@ class AckLedger:
         self.idle = idle
         self.pending: deque[Ack] = deque()
         self.stats = PollStats()
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self._agreed = 0
+        """The last poll every rank joined."""
         self._next_seq = 0
         self._skips = 0
 
@@ -113,7 +125,10 @@ class AckLedger:
         return ack
 
     def poll(self, state_digest: Callable[[], int]) -> list[Ack]:
-        """Pop the acks every rank has seen complete; the same ones on every rank."""
+        """Pop the acks every rank has seen complete; the same ones on every rank (a
+        collective: RuntimeError naming each rank's poll count and outstanding acks where
+        they differ, or naming this rank's where a peer does not join within the group's
+        timeout)."""
         start = time.perf_counter()
         idle, inputs = self.idle(self)
         if self.debug_consensus:
@@ -130,19 +145,49 @@ class AckLedger:
                 break
             ready += 1
         digest = state_digest() if forced else 0
-        # one MIN reduce: the common ready count, and min/max of the digest (as +d and -d)
-        values = torch.tensor([ready, digest, -digest], dtype=torch.int64)
-        dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self.group)
+        mine = (self.stats.polls + 1, len(self.pending), ready, digest)
+        rows = self._gathered(mine)
         self.stats.reduces += 1
+        if len({row[:2] for row in rows}) > 1:
+            per_rank = "; ".join(
+                f"rank {r}: poll #{p} with {n} acks outstanding"
+                for r, (p, n, *_) in enumerate(rows)
+            )
+            raise RuntimeError(
+                f"poll: the ranks are not at the same poll ({per_rank}). poll() is a "
+                "collective: every rank must call it the same number of times, with the "
+                "same transfers submitted; wait on one rank with Event.query() / "
+                "LoadHandle.query() instead, then poll on every rank"
+            )
         if forced:
             self.stats.forced += 1
-            if int(values[1]) != -int(values[2]):
+            if len({row[3] for row in rows}) > 1:
                 raise RuntimeError(
                     "forced sync after idle skips: ranks hold different replicated state "
                     "(host allocator free list or ack ledger digests differ)"
                 )
-        popped = [self.pending.popleft() for _ in range(int(values[0]))]
+        popped = [self.pending.popleft() for _ in range(min(row[2] for row in rows))]
+        self._agreed = self.stats.polls + 1
         return self._done(start, skipped=False, popped=popped)
+
+    def _gathered(self, mine: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every rank's (poll #, acks outstanding, acks ready, digest), in rank order; a peer
+        that does not join within the group's timeout is named as the poll it was last seen
+        at, never as slow."""
+        rows = [torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size)]
+        try:
+            dist.all_gather(rows, torch.tensor(mine, dtype=torch.int64), group=self.group)
+        except RuntimeError as e:
+            peers = ", ".join(str(r) for r in range(self.size) if r != self.rank)
+            raise RuntimeError(
+                f"poll: this rank (rank {self.rank}) is at poll #{mine[0]} with {mine[1]} acks "
+                f"outstanding, and rank(s) {peers} did not join it: all {self.size} ranks were "
+                f"last together at poll #{self._agreed}. poll() is a collective: every rank must "
+                "call it the same number of times (a rank-local loop such as `while not "
+                "ack.query(): engine.poll()` breaks that: wait with Event.query() / "
+                f"LoadHandle.query(), then poll on every rank) ({e})"
+            ) from e
+        return [tuple(int(v) for v in row) for row in rows]
 
     def _done(self, start: float, *, skipped: bool, popped: list[Ack]) -> list[Ack]:
         stats = self.stats

@@ -176,7 +176,15 @@ class LoadHandle:
         consumer.wait_event(self.transfer.layer_events[layer])
 
     def ready(self, layer: int) -> bool:
+        """Has `layer` landed on this rank? Rank-local, like `query`."""
         return self.transfer.layer_events[layer].query()
+
+    def query(self) -> bool:
+        """Has the whole load landed on this rank? Rank-local, no collective: one rank may
+        wait on it alone (`Engine.poll`, a collective, then releases the ack on every rank).
+        Under `strategy.ordering=forward_stream` the exchanges are issued by the waits, so
+        call `done()` first or this never turns true."""
+        return self.transfer.done.query()
 
     def done(self, consumer: Stream | None = None) -> Event:
         """The ack: completes after the whole exchange (what is left is issued on `consumer`,
