@@ -130,8 +130,7 @@ class StorageConfig:
             stream_layers=0,
             min_hit_pages=1,
         )
-        found += finite("storage", self, "evict_to") + self._capacity_problems()
-        found += self._name_problems()
+        found += finite("storage", self, "evict_to") + self._capacity_problems() + self._names()
         timeout = self.prefetch_timeout_s
         if isinstance(timeout, int | float) and (not math.isfinite(timeout) or timeout <= 0):
             message = f"storage.prefetch_timeout_s={timeout}: seconds, > 0"
@@ -172,7 +171,7 @@ class StorageConfig:
             )
         raise_problems(found)
 
-    def _name_problems(self) -> list[Problem]:
+    def _names(self) -> list[Problem]:
         found = []
         for key, value in (("model_revision", self.model_revision), ("tenant", self.tenant)):
             if not isinstance(value, str) or not NAME.fullmatch(value):
