@@ -10,6 +10,12 @@ whose ranks are the TP ranks of one pipeline stage (rank r is TP rank r). Then, 
 moves); `create_engine` makes this rank's groups, streams and pools. Index tensors of
 `Engine.backup` / `Engine.load` hold token slots (CPU int64, whole pages: page p is slots
 p*page_size .. p*page_size+page_size-1), never KV data.
+
+A scheduler (a process with no rank) keys pages and asks the store what the ranks can load:
+
+    keys = pipeline.page_keys(job, block_hashes)  # or view.keys(token_ids)
+    with pipeline.open_store(job) as view:
+        hit_pages = view.lookup(keys)
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from pipeline.config.job import Job
 from pipeline.engine.adopt import Adopted
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
+from pipeline.engine.store_view import StoreView, open_view
+from pipeline.spec.l3 import namespace
+from pipeline.spec.l3_keys import BlockHash, block_keys
 from pipeline.spec.storage import StorageKind
 
 
@@ -58,15 +67,40 @@ def create_engine(
     leaves the caller's process group alone."""
     if not dist.is_initialized():
         raise RuntimeError("create_engine runs inside a process group: call init_process_group")
+    _check_store_given(job)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gpus = torch.cuda.device_count()
+    local = local_rank if local_rank is not None else rank % gpus if gpus else 0
+    return open_engine(job.recipe(), rank, world, local, device_kv=device_kv)
+
+
+def page_keys(job: Job, hashes: Sequence[BlockHash]) -> list[str]:
+    """The page keys of a serving engine's own block hashes, one per page in order, for
+    `Engine.write_back`, `lookup`, `load_from_l3`, `prefetch` and `open_store`'s view:
+    SGLang's hex strings, vLLM's ints or bytes (pass an older vLLM's `BlockHashType.hash_value`).
+    Each hash must already name its whole prefix (both engines chain them); the same hash
+    gives the same key in every process, of this job's namespace (`storage.model_revision`,
+    `storage.tenant`). ValueError naming the first hash that is not a non-empty str or bytes,
+    or an int."""
+    return block_keys(hashes, namespace(job.model, job.storage.model_revision, job.storage.tenant))
+
+
+def open_store(job: Job) -> StoreView:
+    """A view of the job's L3 store for a process with no rank (a scheduler): no process
+    group, no engine. `view.lookup(keys)` answers what `Engine.lookup` answers on the ranks,
+    locally; `view.keys(tokens)` makes `Engine.l3_keys`'s keys; close it (or use `with`)."""
+    if not job.storage.attached:
+        raise ValueError("storage=none: pick storage=file or mooncake to look up L3 pages")
+    _check_store_given(job)
+    return open_view(job.model, job.topology, job.storage, timeout_s=job.runtime.timeout_s)
+
+
+def _check_store_given(job: Job) -> None:
     if _unresolved_store(job):
         raise ValueError(
             "storage: a library caller gives the store (storage.path=DIR, or storage.master "
             "and storage.metadata_server of a running Mooncake master)"
         )
-    rank, world = dist.get_rank(), dist.get_world_size()
-    gpus = torch.cuda.device_count()
-    local = local_rank if local_rank is not None else rank % gpus if gpus else 0
-    return open_engine(job.recipe(), rank, world, local, device_kv=device_kv)
 
 
 def _unresolved_store(job: Job) -> bool:

@@ -117,6 +117,6 @@ def pool_problems(job: Job) -> list[Problem]:
         found.append(Problem("strategy.staging_bytes", str(e)))
     # a write-back of the workload's prefix must fit whole, or it would evict its own head
     pages = -(-workload.num_tokens // sizing.slots_per_page)
-    if problem := job.storage.capacity_problem(object_bytes(model), pages):
+    if problem := job.storage.capacity_problem(object_bytes(model, job.storage.tenant), pages):
         found.append(Problem("storage.capacity_bytes", problem))
     return found

@@ -182,7 +182,7 @@ def open_tier(
     if storage is None or not storage.attached:
         return None
     obj = PageObject(share_of(topology, model, runtime.rank), model.units)
-    space = namespace(model)
+    space = namespace(model, storage.model_revision, storage.tenant)
     key = read_key_file(storage.auth_key_file) if storage.auth_key_file else None
     longest = obj.header_size(space, obj.name(space, "0" * 32), Checks(b"longest digests"))
     with contextlib.ExitStack() as undo:  # what is opened closes again if a later step fails

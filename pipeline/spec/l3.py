@@ -53,12 +53,16 @@ MAX_OBJECT_BYTES = 1 << 30
 large is not an object, and nothing reads it."""
 
 
-def namespace(model: ModelGeometry) -> str:
-    """The objects of one model geometry (name, KV dtype, page size, every unit's shape)."""
+def namespace(model: ModelGeometry, revision: str = "", tenant: str = "") -> str:
+    """The objects of one model geometry (name, KV dtype, page size, every unit's shape), of
+    one weights `revision` and one `tenant` (`storage.model_revision`, `storage.tenant`:
+    empty ones leave the name as it was before they existed, so stored objects stay found)."""
     units = [(u.ordinal, u.layer, u.pool, u.rows_per_page, u.row_bytes) for u in model.units]
     identity = repr((model.name, model.kv_dtype.value, model.page_size, units))
+    identity += f"|revision={revision}" if revision else ""
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return f"v{FORMAT_VERSION}-{model.kv_dtype.value}-p{model.page_size}-{digest}"
+    mine = f"-t{tenant}" if tenant else ""  # in the folder's name: a tenant's objects are its own
+    return f"v{FORMAT_VERSION}-{model.kv_dtype.value}-p{model.page_size}-{digest}{mine}"
 
 
 def prefix_keys(tokens: Sequence[int] | np.ndarray, slots_per_page: int, space: str) -> list[str]:
@@ -276,9 +280,10 @@ def largest_object(model: ModelGeometry) -> int:
     return 4096 + 16 * len(model.units) + sum(u.page_bytes for u in model.units)
 
 
-def object_bytes(model: ModelGeometry) -> int:
-    """The most bytes one object of `model`'s pages takes: its payload and its longest
-    header (keyed digests, a share's name): what a write-back's worth of capacity counts."""
+def object_bytes(model: ModelGeometry, tenant: str = "") -> int:
+    """The most bytes one object of `model`'s pages takes (of `tenant`, whose name is in
+    its namespace): its payload and its longest header (keyed digests, a share's name): what
+    a write-back's worth of capacity counts."""
     obj = PageObject("-s999of999", model.units)
-    space = namespace(model)
+    space = namespace(model, tenant=tenant)
     return obj.header_size(space, obj.name(space, "0" * 32), Checks(b"widest")) + obj.page_bytes

@@ -9,9 +9,10 @@ import re
 import struct
 
 from pipeline.spec.l3 import HEADER, MAGIC
+from pipeline.spec.storage import MAX_NAME_CHARS
 
-NAMESPACE = re.compile(r"v\d+-\w+-p\d+-[0-9a-f]{16}")
-"""A namespace's name (`namespace`), of any format version."""
+NAMESPACE = re.compile(rf"v\d+-\w+-p\d+-[0-9a-f]{{16}}(-t[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}})?")
+"""A namespace's name (`namespace`), of any format version, a tenant's or not."""
 PREFIX = re.compile(r"[0-9a-f]{2}")
 """The folder of the objects whose keys start with it (`PageObject.name`)."""
 LEAF = re.compile(r"([0-9a-f]{32})(-s\d+of\d+)?")

@@ -15,6 +15,10 @@ from pipeline.spec.checks import Problem, at_least, finite, raise_problems
 from pipeline.spec.sizing import parse_bytes
 
 MAX_IO_THREADS = 64
+MAX_NAME_CHARS = 64
+"""The longest storage.model_revision or storage.tenant (a SHA-256 in hex fits)."""
+NAME = re.compile(rf"[A-Za-z0-9._-]{{0,{MAX_NAME_CHARS}}}")
+"""What storage.model_revision and storage.tenant may hold: they go into object names."""
 P2P_METADATA = "P2PHANDSHAKE"
 """Mooncake's metadata without a server: the clients exchange it directly."""
 METADATA_URL = re.compile(r"https?://[\w.-]+:\d+(/[\w./-]*)?|" + P2P_METADATA)
@@ -107,6 +111,14 @@ class StorageConfig:
     min_hit_pages: int = 1
     """A lookup or prefetched load that finds fewer leading pages reports 0 (loads none):
     below it a hit is not worth a load."""
+    model_revision: str = ""
+    """Which weights wrote the KV (e.g. a checkpoint's hash): another revision's objects are
+    never found, since another checkpoint's KV differs for the same tokens. Letters, digits,
+    '.', '_', '-'; at most 64. Empty: one revision."""
+    tenant: str = ""
+    """Whose objects these are: another tenant's prefixes are never found (a lookup is a
+    miss), so no tenant learns which prompts another sent. Letters, digits, '.', '_', '-';
+    at most 64. Empty: no tenant."""
 
     def __post_init__(self) -> None:
         found = at_least(
@@ -118,7 +130,7 @@ class StorageConfig:
             stream_layers=0,
             min_hit_pages=1,
         )
-        found += finite("storage", self, "evict_to") + self._capacity_problems()
+        found += finite("storage", self, "evict_to") + self._capacity_problems() + self._names()
         timeout = self.prefetch_timeout_s
         if isinstance(timeout, int | float) and (not math.isfinite(timeout) or timeout <= 0):
             message = f"storage.prefetch_timeout_s={timeout}: seconds, > 0"
@@ -158,6 +170,17 @@ class StorageConfig:
                 )
             )
         raise_problems(found)
+
+    def _names(self) -> list[Problem]:
+        found = []
+        for key, value in (("model_revision", self.model_revision), ("tenant", self.tenant)):
+            if not isinstance(value, str) or not NAME.fullmatch(value):
+                message = (
+                    f"storage.{key}={value!r}: letters, digits, '.', '_' and '-' only, at most "
+                    f"{MAX_NAME_CHARS} (it goes into the store's object names)"
+                )
+                found.append(Problem(f"storage.{key}", message))
+        return found
 
     def _capacity_problems(self) -> list[Problem]:
         found = []

@@ -65,10 +65,22 @@ def test_the_public_names_resolve_to_their_homes() -> None:
     from pipeline.config.job import Job
     from pipeline.engine.engine import Engine
     from pipeline.engine.executor import LoadHandle
+    from pipeline.engine.store_view import StoreView
 
     assert (pipeline.compose, pipeline.create_engine) == (api.compose, api.create_engine)
+    assert (pipeline.page_keys, pipeline.open_store) == (api.page_keys, api.open_store)
     assert (pipeline.Engine, pipeline.LoadHandle, pipeline.Job) == (Engine, LoadHandle, Job)
-    assert sorted(pipeline.__all__) == ["Engine", "Job", "LoadHandle", "compose", "create_engine"]
+    assert pipeline.StoreView is StoreView
+    assert sorted(pipeline.__all__) == [
+        "Engine",
+        "Job",
+        "LoadHandle",
+        "StoreView",
+        "compose",
+        "create_engine",
+        "open_store",
+        "page_keys",
+    ]
 
 
 def test_imports_go_downward_only() -> None:
