@@ -102,13 +102,15 @@ def test_the_example_scheduler_runs_on_two_ranks_under_torchrun() -> None:
     assert hits + misses == 40 and hits > 0
 
 
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+
 @pytest.mark.distributed
 def test_the_asynchronous_loop_runs_on_two_ranks_under_torchrun() -> None:
     """examples/async_loop.py (README's loop, as README shows it): each rank waits on its own
     ack with query(), every rank polls once a step; every ack released, every load exact."""
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        + ["examples/async_loop.py", "strategy=rotating"],
+        [*TORCHRUN_2, "examples/async_loop.py", "strategy=rotating"],
         capture_output=True,
         text=True,
         timeout=180,
