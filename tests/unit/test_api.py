@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,11 @@ def test_the_asynchronous_loop_runs_on_two_ranks_under_torchrun() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["released 8 backups, 8 of 8 loads bit-exact"] * 2
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index("The loop of\n`examples/async_loop.py`") :]
+    shown = after[after.index("```python\n") + 10 : after.index("```\n", 10)]
+    example = (ROOT / "examples/async_loop.py").read_text()
+    assert textwrap.indent(shown, " " * 12) in example  # README shows it as it runs
 
 
 def tiny_job() -> pipeline.Job:
