@@ -119,4 +119,6 @@ def pool_problems(job: Job) -> list[Problem]:
     pages = -(-workload.num_tokens // sizing.slots_per_page)
     if problem := job.storage.capacity_problem(object_bytes(model, job.storage.tenant), pages):
         found.append(Problem("storage.capacity_bytes", problem))
+    if problem := job.storage.quota_problem(object_bytes(model, job.storage.tenant), pages):
+        found.append(Problem("storage.tenant_quota_bytes", problem))
     return found

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.config.schema import MAX_TOKENS
 from pipeline.config.schema_check import shown
-from pipeline.spec.checks import Problem
+from pipeline.spec.checks import LARGEST_NUMBER, Problem
 from pipeline.spec.model import MAX_LAYERS
 from pipeline.spec.topology import MAX_RANKS, Topology
 
@@ -100,6 +100,7 @@ RANGES: dict[str, Range] = {
     "storage.evict_to": Range(0.01, 1, "a fraction of capacity_bytes"),
     "storage.prefetch_timeout_s": Range(0.001, WEEK_S, "seconds: at most a week"),
     "storage.min_hit_pages": Range(1, MAX_TOKENS, "pages"),
+    "storage.tenant_quota_bytes": Range(0, int(LARGEST_NUMBER), "bytes, at most capacity_bytes"),
 }
 """Dotted knob -> its range (a list knob: each of its values)."""
 

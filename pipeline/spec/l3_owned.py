@@ -19,6 +19,15 @@ LEAF = re.compile(r"([0-9a-f]{32})(-s\d+of\d+)?")
 """An object's own name: its key and, for a share, which (`PageObject.name`)."""
 
 
+def tenant_of(space: str) -> str | None:
+    """The tenant whose namespace folder `space` is ('' for no tenant's); None where `space`
+    is no namespace's name."""
+    found = NAMESPACE.fullmatch(space)
+    if found is None:
+        return None
+    return found.group(1)[2:] if found.group(1) else ""
+
+
 def is_object_name(name: str) -> bool:
     """Whether `name` is where `PageObject.name` puts an object: namespace/prefix/key[share]."""
     parts = name.split("/")

@@ -119,6 +119,11 @@ class StorageConfig:
     """Whose objects these are: another tenant's prefixes are never found (a lookup is a
     miss), so no tenant learns which prompts another sent. Letters, digits, '.', '_', '-';
     at most 64. Empty: no tenant."""
+    tenant_quota_bytes: int = 0
+    """file with capacity_bytes and a tenant: the most bytes this tenant's objects may take
+    in the folder (at most capacity_bytes); a write that would pass it first removes the
+    tenant's own least recently used objects, down to evict_to of it, never another's.
+    0: no quota."""
 
     def __post_init__(self) -> None:
         found = at_least(
@@ -183,7 +188,7 @@ class StorageConfig:
         return found
 
     def _capacity_problems(self) -> list[Problem]:
-        found = []
+        found = self._quota_problems()
         evict_to = self.evict_to
         if isinstance(evict_to, int | float) and math.isfinite(evict_to) and not 0 < evict_to <= 1:
             message = f"storage.evict_to={self.evict_to}: a fraction of capacity_bytes in (0, 1]"
@@ -207,6 +212,35 @@ class StorageConfig:
             )
             found.append(Problem(key, message))
         return found
+
+    def _quota_problems(self) -> list[Problem]:
+        quota, key = self.tenant_quota_bytes, "storage.tenant_quota_bytes"
+        if not isinstance(quota, int) or quota <= 0:  # 0: no quota
+            return at_least("storage", self, tenant_quota_bytes=0)
+        if not self.tenant:
+            return [Problem(key, f"{key}={quota}: a tenant's bound; set storage.tenant too")]
+        try:
+            capacity = self.capacity
+        except ValueError:  # capacity_bytes' own problem
+            return []
+        if capacity is None:
+            message = f"{key}={quota}: a tenant's share of a bounded store; set capacity_bytes"
+            return [Problem(key, message)]
+        if quota > capacity:
+            message = f"{key}={quota}: more than storage.capacity_bytes={capacity} B"
+            return [Problem(key, message)]
+        return []
+
+    def quota_problem(self, object_bytes: int, objects: int) -> str | None:
+        """Why tenant_quota_bytes is too small for a write-back (as `capacity_problem`)."""
+        least = minimum_capacity(object_bytes, objects, self.evict_to)
+        if not 0 < self.tenant_quota_bytes < least:
+            return None
+        return (
+            f"storage.tenant_quota_bytes={self.tenant_quota_bytes}: one write-back of {objects} "
+            f"objects of up to {object_bytes} B must fit under storage.evict_to={self.evict_to} "
+            f"of it; raise it to at least {least} B"
+        )
 
     def capacity_problem(self, object_bytes: int, objects: int) -> str | None:
         """Why capacity_bytes is too small for a write-back of `objects` objects of up to

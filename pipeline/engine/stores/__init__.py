@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from pipeline.engine.stores.capacity import Quota
 from pipeline.engine.stores.direct import DirectReads
 from pipeline.engine.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
@@ -91,7 +92,8 @@ def open_store(
     a file store's lock or on a Mooncake master lasts at most `timeout_s` (runtime.timeout_s)."""
     if config.kind is StorageKind.file:
         assert config.path is not None, "the job gives a file store its folder"
-        problem = config.capacity_problem(largest_object, 1)
+        one_object = (largest_object, 1)
+        problem = config.capacity_problem(*one_object) or config.quota_problem(*one_object)
         if problem is not None:
             raise ValueError(problem)
         direct = DirectReads(largest_object, config.io_threads) if config.direct_io else None
@@ -101,6 +103,7 @@ def open_store(
             capacity_bytes=config.capacity,
             evict_to=config.evict_to,
             timeout_s=timeout_s,
+            quota=tenant_quota(config),
         )
     assert config.kind is StorageKind.mooncake and config.metadata_server is not None
     in_flight = 2 * config.io_threads * largest_object  # puts stage through it
@@ -113,3 +116,11 @@ def open_store(
         num_staging=config.io_threads,
         timeout_s=timeout_s,
     )
+
+
+def tenant_quota(config: StorageConfig) -> Quota | None:
+    """The bound of this tenant's objects a config sets (None: no quota)."""
+    quota = config.tenant_quota_bytes
+    if not quota:
+        return None
+    return Quota(config.tenant, quota, int(config.evict_to * quota))

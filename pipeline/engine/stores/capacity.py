@@ -8,6 +8,10 @@ updates and eviction passes across processes, never a read: a reader that opened
 reads all of it even when an eviction unlinks it meanwhile (POSIX keeps an open file), and
 one that comes later finds nothing, a miss. Only the store's own objects are counted and
 removed (`owned`); every wait on the lock ends after `runtime.timeout_s`.
+
+A tenant's quota (`storage.tenant_quota_bytes`): its writes evict only its own objects, which
+are counted from its namespace folders under the lock (every process sees one count), where
+the ledger says the folder would pass the quota.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pipeline.engine.stores.owned import (
     unlink_unchanged,
     walk,
 )
+from pipeline.spec.l3_owned import tenant_of
 
 LOCK_POLL_S = 0.01
 """How often a wait on the folder's lock tries again."""
@@ -41,6 +46,15 @@ log = logging.getLogger("hicache-pipeline")
 
 class CapacityFull(OSError):
     """A write that cannot fit under the capacity without evicting what it must keep."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """The bytes a tenant's objects may take, and what evicting them leaves, at most."""
+
+    tenant: str
+    bytes: int
+    target: int
 
 
 @dataclass(frozen=True)
@@ -62,10 +76,17 @@ class Bound:
     across restarts, whatever wrote the folder before."""
 
     def __init__(
-        self, beneath: Beneath, counters: Counters, *, path: str, capacity: int, timeout_s: float
+        self,
+        beneath: Beneath,
+        counters: Counters,
+        *,
+        path: str,
+        capacity: int,
+        timeout_s: float,
+        quota: Quota | None = None,
     ) -> None:
         self.beneath, self.counters, self.path = beneath, counters, path
-        self.capacity, self.timeout_s = capacity, timeout_s
+        self.capacity, self.timeout_s, self.quota = capacity, timeout_s, quota
         self._threads = threading.Lock()
         self._refused: set[tuple[str, int]] = set()
         """Objects (name, inode) that could not be removed: warned about once, not counted."""
@@ -118,14 +139,20 @@ class Bound:
         return sum(s.size for s in found), len(found)
 
     @contextlib.contextmanager
-    def admit(self, size: int, target: int, keep: Collection[str] = ()) -> Iterator[None]:
+    def admit(
+        self, size: int, target: int, keep: Collection[str] = (), name: str = ""
+    ) -> Iterator[None]:
         """For the block that renames an object of `size` bytes in: the ledger counts it
         (first, so a crash between the two counts too much, never too little), and where the
         folder would then pass the capacity, objects go, least recently used first and never
         those named in `keep`, until it holds at most `target` bytes with this one;
-        CapacityFull where `keep` alone leaves no room."""
+        CapacityFull where `keep` alone leaves no room. Where `name` is the quota's tenant's,
+        its own objects go first until the tenant is within its quota (`_within_quota`)."""
         with self.locked():
             held_bytes, held_objects = self.held()
+            if self.quota and tenant_of(name.split("/")[0]) == self.quota.tenant:
+                held = self._within_quota(self.quota, size, keep, held_bytes, held_objects)
+                held_bytes, held_objects = held
             if held_bytes + size > self.capacity:
                 done = self._evict(target - size, keep)
                 held_bytes, held_objects = done.held_bytes, done.held_objects
@@ -138,6 +165,34 @@ class Bound:
                     )
             self._write(held_bytes + size, held_objects + 1)
             yield
+
+    def _within_quota(
+        self, quota: Quota, size: int, keep: Collection[str], held_bytes: int, held_objects: int
+    ) -> tuple[int, int]:
+        """Where the tenant's objects and `size` bytes more would pass its quota: its own
+        least recently used objects (never those named in `keep`) go until it holds at most
+        the quota's target with this one; what the folder holds then. CapacityFull where
+        `keep` alone leaves no room."""
+        if held_bytes + size <= quota.bytes:  # the whole folder fits: so does the tenant
+            return held_bytes, held_objects
+        mine = sum(s.size for s in walk(self.beneath, tenant=quota.tenant))
+        if mine + size <= quota.bytes:
+            return held_bytes, held_objects
+        done = evict_pass(
+            self.beneath,
+            quota.target - size,
+            self.counters,
+            keep=keep,
+            refused=self._refused,
+            tenant=quota.tenant,
+        )
+        if done.held_bytes + size > quota.bytes:
+            raise CapacityFull(
+                errno.ENOSPC,
+                f"storage.tenant_quota_bytes={quota.bytes}: tenant {quota.tenant}'s objects "
+                f"this write must keep ({done.held_bytes} B) leave no room for {size} B more",
+            )
+        return max(held_bytes - done.bytes, 0), max(held_objects - done.objects, 0)
 
     def removed(self, size: int) -> None:
         """An object of `size` bytes is gone (a caller's remove)."""
@@ -167,16 +222,18 @@ def evict_pass(
     *,
     keep: Collection[str] = (),
     refused: set[tuple[str, int]] | None = None,
+    tenant: str | None = None,
 ) -> Evicted:
     """The folder counted again (other processes' writes, crashes, a replaced object: a
     ledger is exact after each pass), stale temporary files removed, then the least recently
     used objects not named in `keep` until it holds at most `to_bytes`. Of those that must
     go, the newest is removed first: one that cannot be removed is then left out of the
     count (and of later passes': `refused`, said once), and the older ones go only if still
-    needed, so it is never a reason to remove all others."""
+    needed, so it is never a reason to remove all others. With `tenant`, only that tenant's
+    namespaces are counted and evicted (what it holds is said, not the folder)."""
     refused = set() if refused is None else refused
     passed = Passed()
-    found = [s for s in walk(beneath, passed) if (s.name, s.inode) not in refused]
+    found = [s for s in walk(beneath, passed, tenant) if (s.name, s.inode) not in refused]
     stale = time.time_ns() - STALE_TEMPORARY_NS
     for left in (t for t in passed.temporaries if t.used_ns < stale):
         unlink_unchanged(beneath, left)
@@ -220,7 +277,12 @@ def _must_go(candidates: list[Stored], excess: int) -> int:
 
 
 def open_bound(
-    beneath: Beneath, counters: Counters, path: str, capacity: int | None, timeout_s: float
+    beneath: Beneath,
+    counters: Counters,
+    path: str,
+    capacity: int | None,
+    timeout_s: float,
+    quota: Quota | None = None,
 ) -> Bound | None:
     """The bound of the folder open at `beneath`, where it has a capacity; ValueError where the
     capacity is more than its disk can hold (its free space and what its objects take)."""
@@ -233,4 +295,4 @@ def open_bound(
             f"storage.capacity_bytes={capacity}: more than the folder {path} can hold "
             f"({room} B: its disk's free space and its objects); lower it, or free space"
         )
-    return Bound(beneath, counters, path=path, capacity=capacity, timeout_s=timeout_s)
+    return Bound(beneath, counters, path=path, capacity=capacity, timeout_s=timeout_s, quota=quota)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.engine.stores.capacity import CapacityFull, open_bound
+from pipeline.engine.stores.capacity import CapacityFull, Quota, open_bound
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.direct import DirectReads, in_memory
 from pipeline.engine.stores.file_parts import FileParts
@@ -57,7 +57,8 @@ class FileStore:
     pass it first evicts the least recently used objects until they take `evict_to` of it
     (`capacity.Bound`, shared with every process that writes the folder), never the objects
     of the write-back it belongs to: a write-back first asks which of its objects `exists`,
-    and the names of a recent such call that holds the object being written are kept."""
+    and the names of a recent such call that holds the object being written are kept. A
+    `quota` bounds one tenant's objects within the folder (`capacity.Bound.admit`)."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class FileStore:
         capacity_bytes: int | None = None,
         evict_to: float = 0.9,
         timeout_s: float = TIMEOUT_S,
+        quota: Quota | None = None,
     ) -> None:
         self.root = Path(root)
         self.direct = direct
@@ -80,7 +82,7 @@ class FileStore:
             self.capacity_bytes = capacity
             self.target_bytes = int(evict_to * capacity) if capacity else 0
             """What an eviction leaves the folder holding, at most."""
-            self.bound = open_bound(self.beneath, self.counters, root, capacity, timeout_s)
+            self.bound = open_bound(self.beneath, self.counters, root, capacity, timeout_s, quota)
         except BaseException:
             self.beneath.close()
             raise
@@ -171,7 +173,7 @@ class FileStore:
         """Where the store is bounded: room for `size` more bytes, for the block."""
         if self.bound is None:
             return contextlib.nullcontext()
-        return self.bound.admit(size, self.target_bytes, self._keep(name))
+        return self.bound.admit(size, self.target_bytes, self._keep(name), name)
 
     def _keep(self, name: str) -> frozenset[str]:
         """What a write of `name` must not evict: the names of the latest `exists` call that

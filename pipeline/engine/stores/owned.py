@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.spec.l3 import MAX_OBJECT_BYTES
-from pipeline.spec.l3_owned import LEAF, NAMESPACE, PREFIX, name_bytes, names_itself
+from pipeline.spec.l3_owned import LEAF, NAMESPACE, PREFIX, name_bytes, names_itself, tenant_of
 
 TEMPORARY = ".tmp-"
 """How a write in flight is named (`FileStore.put`), beside the object it becomes."""
@@ -54,14 +54,19 @@ class Passed:
     one (left alone, never counted)."""
 
 
-def walk(beneath: Beneath, passed: Passed | None = None) -> Iterator[Stored]:
+def walk(
+    beneath: Beneath, passed: Passed | None = None, tenant: str | None = None
+) -> Iterator[Stored]:
     """Every object below the root: namespace/prefix/key files whose header names them,
-    found without following a link; one that goes while the walk runs is left out."""
+    found without following a link; one that goes while the walk runs is left out. With
+    `tenant`, only the objects of that tenant's namespaces."""
     passed = passed if passed is not None else Passed()
     try:
         spaces = _folders(beneath.fd, "", NAMESPACE, passed)
     except ValueError as e:
         raise ValueError(f"storage.path={beneath.path}: {e}") from e
+    if tenant is not None:
+        spaces = [space for space in spaces if tenant_of(space) == tenant]
     for space in spaces:
         with _opened(beneath.fd, space, passed) as inner:
             if inner is not None:
