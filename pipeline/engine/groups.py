@@ -8,7 +8,10 @@ global ranks torch's `src=` / `dst=` take.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
@@ -57,6 +60,57 @@ def engine_ranks(
                 "none (the engine makes its own)"
             )
     return ranks
+
+
+@dataclass(frozen=True)
+class EngineGroups:
+    """The groups an engine runs on."""
+
+    transfer: dist.ProcessGroup | None
+    """The replica group's, for broadcasts (None when it has one rank)."""
+    cpu: dist.ProcessGroup
+    """Gloo, for host-side agreement: the caller's `cpu_group`, or one made."""
+    l3: dist.ProcessGroup
+    """Gloo, for the L3 write-back thread."""
+    made: tuple[dist.ProcessGroup, ...]
+    """The ones made here, which the engine destroys as it closes (never the caller's)."""
+
+
+def make_groups(
+    ranks: tuple[int, ...],
+    replica: tuple[int, ...],
+    *,
+    cpu_group: dist.ProcessGroup | None,
+    device: torch.device,
+    backend: str,
+    timeout_s: float,
+) -> EngineGroups:
+    """The engine's groups, made by its `ranks` alone (every one of them makes the same
+    groups in the same order: `replica`'s, in TP ranks, then the gloo ones)."""
+    timeout = timedelta(seconds=timeout_s)
+
+    def made_of(tp_ranks: Sequence[int], backend: str) -> dist.ProcessGroup:
+        members = [ranks[r] for r in tp_ranks]
+        return dist.new_group(
+            members, backend=backend, timeout=timeout, use_local_synchronization=True
+        )
+
+    made = [made_of(replica, backend)] if len(replica) > 1 else []
+    transfer = made[0] if made else None
+    if transfer is not None and device.type == "cuda":
+        # NCCL makes a communicator on its first collective, which must not be one that a
+        # CUDA graph captures
+        dist.broadcast(torch.zeros(1, device=device), src=ranks[replica[0]], group=transfer)
+    if cpu_group is None:
+        cpu_group = made_of(range(len(ranks)), "gloo")
+        made.append(cpu_group)
+    l3_group = made_of(range(len(ranks)), "gloo")
+    made.append(l3_group)
+    dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
+    if dist.get_rank() == ranks[0]:
+        forget_rendezvous(made)
+    dist.barrier(group=cpu_group)  # and none makes its next groups before the keys are gone
+    return EngineGroups(transfer, cpu_group, l3_group, tuple(made))
 
 
 def forget_rendezvous(groups: Sequence[dist.ProcessGroup]) -> None:

@@ -84,9 +84,7 @@ class L3Tier:
         """The namespace of this model geometry's objects (`pipeline.spec.l3.namespace`)."""
         self.object = obj
         self.roles = roles
-        self.rank = runtime.rank
-        self.global_rank = runtime.global_rank
-        """The global rank of a TP rank (roles name TP ranks; torch's src= and dst= global)."""
+        self.rank, self.global_rank = runtime.rank, runtime.global_rank
         self.group = runtime.replica_group
         """The replica group: the ranks that agree on plans and hits."""
         self.cpu_group = runtime.cpu_group

@@ -1,23 +1,23 @@
 """Per rank: the device, process groups and streams a transfer runs on.
 
-`Runtime.start` is the one place that creates process groups; it runs before any pool is
-allocated, so the transfer group exists before host memory is pinned. The engine's ranks are
-the TP ranks of one attention-TP group: the caller's `group`, or the whole default group. Its
-own groups are made by those ranks alone, so engines sharing a world never wait on each other.
+`Runtime.start` is the one place that creates process groups (`groups.make_groups`); it runs
+before any pool is allocated, so the transfer group exists before host memory is pinned. The
+engine's ranks are the TP ranks of one attention-TP group: the caller's `group`, or the whole
+default group. Its own groups are made by those ranks alone, so engines sharing a world never
+wait on each other.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import Enum
 
 import torch
 import torch.distributed as dist
 
 from pipeline.engine.cudart import Cudart, cuda_runtime
-from pipeline.engine.groups import engine_ranks, forget_rendezvous
+from pipeline.engine.groups import engine_ranks, make_groups
 from pipeline.engine.memcpy import (
     CopyPages,
     Upload,
@@ -132,31 +132,10 @@ class Runtime:
         over the same ranks, used instead of making one."""
         ranks = engine_ranks(topology, group, cpu_group)
         rank = ranks.index(dist.get_rank())
-        timeout = timedelta(seconds=timeout_s)
-
-        def made_of(tp_ranks: tuple[int, ...], backend: str) -> dist.ProcessGroup:
-            members = [ranks[r] for r in tp_ranks]
-            return dist.new_group(
-                members, backend=backend, timeout=timeout, use_local_synchronization=True
-            )
-
         replica = topology.replica_group(rank, model)
-        made = [made_of(replica, backend)] if len(replica) > 1 else []
-        transfer = made[0] if made else None
-        if transfer is not None and device.type == "cuda":
-            # NCCL makes a communicator on its first collective, which must not be one that a
-            # CUDA graph captures
-            dist.broadcast(torch.zeros(1, device=device), src=ranks[replica[0]], group=transfer)
-        every = tuple(range(len(ranks)))
-        if cpu_group is None:
-            cpu_group = made_of(every, "gloo")
-            made.append(cpu_group)
-        l3_group = made_of(every, "gloo")
-        made.append(l3_group)
-        dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
-        if rank == 0:
-            forget_rendezvous(made)
-        dist.barrier(group=cpu_group)  # and none makes its next groups before the keys are gone
+        made = make_groups(
+            ranks, replica, cpu_group=cpu_group, device=device, backend=backend, timeout_s=timeout_s
+        )
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
         stacks = copy_stacks_cpu if cudart is None else cuda_stack_copier(cudart, device.index)
@@ -164,14 +143,14 @@ class Runtime:
         upload = upload_cpu if cudart is None else cuda_uploader(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
         return cls(
-            *(rank, ranks, device, replica, transfer, cpu_group, l3_group),
+            *(rank, ranks, device, replica, made.transfer, made.cpu, made.l3),
             *(load, write, exchange, gather, forward),
             timeout_s=timeout_s,
             copy_pages=copy,
             copy_stacks=stacks,
             move_pages=move,
             upload=upload,
-            groups=tuple(made),
+            groups=made.made,
         )
 
     @property
