@@ -107,21 +107,22 @@ def make_groups(
     l3_group = made_of(range(len(ranks)), "gloo")
     made.append(l3_group)
     dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
-    if dist.get_rank() == ranks[0]:
-        forget_rendezvous(made)
+    forget_rendezvous(made)
     dist.barrier(group=cpu_group)  # and none makes its next groups before the keys are gone
     return EngineGroups(transfer, cpu_group, l3_group, tuple(made))
 
 
 def forget_rendezvous(groups: Sequence[dist.ProcessGroup]) -> None:
-    """Delete the store keys `groups`' ranks met by, once all of them hold every group.
+    """Delete the store keys `groups`' ranks met by, once all of them hold every group (each
+    group's by its first rank).
 
     torch names a group made with local synchronization by its ranks and the number of groups
     this process holds (torch 2.13, fixed upstream by pytorch#189073), so an engine made again
     on the same ranks after `close` gets the same names: the old keys would send its ranks to
     the closed groups' addresses, where they wait out the timeout."""
     store = distributed_c10d._get_default_store()
-    prefixes = tuple(f"{group.group_name}/" for group in groups)
-    for key in store.list_keys():
+    firsts = [g for g in groups if dist.get_process_group_ranks(g)[0] == dist.get_rank()]
+    prefixes = tuple(f"{group.group_name}/" for group in firsts)
+    for key in store.list_keys() if prefixes else ():
         if key.startswith(prefixes):
             store.delete_key(key)
