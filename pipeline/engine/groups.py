@@ -78,6 +78,7 @@ class EngineGroups:
 
 def make_groups(
     ranks: tuple[int, ...],
+    replicas: list[tuple[int, ...]],
     replica: tuple[int, ...],
     *,
     cpu_group: dist.ProcessGroup | None,
@@ -86,17 +87,24 @@ def make_groups(
     timeout_s: float,
 ) -> EngineGroups:
     """The engine's groups, made by its `ranks` alone (every one of them makes the same
-    groups in the same order: `replica`'s, in TP ranks, then the gloo ones)."""
+    groups in the same order: the transfer group of `replica`, this rank's of `replicas`, in
+    TP ranks; then the gloo ones)."""
     timeout = timedelta(seconds=timeout_s)
+    # where the world holds other engines' ranks too, they need not take part; an engine of
+    # the whole world makes its groups as torch names them by default, by a growing count
+    local = len(ranks) < dist.get_world_size()
 
     def made_of(tp_ranks: Sequence[int], backend: str) -> dist.ProcessGroup:
         members = [ranks[r] for r in tp_ranks]
         return dist.new_group(
-            members, backend=backend, timeout=timeout, use_local_synchronization=True
+            members, backend=backend, timeout=timeout, use_local_synchronization=local
         )
 
-    made = [made_of(replica, backend)] if len(replica) > 1 else []
-    transfer = made[0] if made else None
+    # without local synchronization every rank of the world makes every group
+    shared = [g for g in replicas if len(g) > 1 and (g == replica or not local)]
+    made = [made_of(g, backend) for g in shared]
+    transfer = made[shared.index(replica)] if replica in shared else None
+    made = [g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER]
     if transfer is not None and device.type == "cuda":
         # NCCL makes a communicator on its first collective, which must not be one that a
         # CUDA graph captures
@@ -107,8 +115,9 @@ def make_groups(
     l3_group = made_of(range(len(ranks)), "gloo")
     made.append(l3_group)
     dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
-    forget_rendezvous(made)
-    dist.barrier(group=cpu_group)  # and none makes its next groups before the keys are gone
+    if local:
+        forget_rendezvous(made)
+        dist.barrier(group=cpu_group)  # none makes its next groups before the keys are gone
     return EngineGroups(transfer, cpu_group, l3_group, tuple(made))
 
 

@@ -133,8 +133,13 @@ class Runtime:
         ranks = engine_ranks(topology, group, cpu_group)
         rank = ranks.index(dist.get_rank())
         replica = topology.replica_group(rank, model)
+        replicas = topology.replica_groups(model)
         made = make_groups(
-            ranks, replica, cpu_group=cpu_group, device=device, backend=backend, timeout_s=timeout_s
+            *(ranks, replicas, replica),
+            cpu_group=cpu_group,
+            device=device,
+            backend=backend,
+            timeout_s=timeout_s,
         )
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
