@@ -1,13 +1,16 @@
 """Use from a serving engine: one rank's transfer engine inside the caller's own processes.
 
-The caller starts its ranks (torchrun, or its own launcher) and the default process group,
-whose ranks are the TP ranks of one pipeline stage (rank r is TP rank r). Then, on each rank:
+The caller starts its ranks (torchrun, or its own launcher) and the default process group.
+An engine serves the ranks that hold the same KV, its TP ranks: the caller's attention-TP
+group (`group=`, TP rank r is the group's rank r), so a world may hold several engines (DP
+replicas, pipeline stages); or, without `group`, the whole default group. On each rank:
 
     job = pipeline.compose(["model=deepseek_v3", "topology=tp2", "strategy=rotating"])
-    engine = pipeline.create_engine(job, device_kv=kv)  # kv: your KV tensors, or None
+    engine = pipeline.create_engine(job, group=tp_group, device_kv=kv)  # kv: your KV, or None
 
 `compose` runs the checks the command line runs (every problem at once, before a byte
-moves); `create_engine` makes this rank's groups, streams and pools. Index tensors of
+moves); `create_engine` makes this rank's groups (with `group`'s ranks only), streams and
+pools. Index tensors of
 `Engine.backup` / `Engine.load` hold token slots (CPU int64, whole pages: page p is slots
 p*page_size .. p*page_size+page_size-1), never KV data.
 
@@ -53,25 +56,33 @@ def compose(
 def create_engine(
     job: Job,
     *,
+    group: dist.ProcessGroup | None = None,
+    cpu_group: dist.ProcessGroup | None = None,
     device_kv: Adopted | None = None,
     local_rank: int | None = None,
 ) -> Engine:
-    """This rank's engine in the caller's default process group (initialized first, one rank
-    per TP rank). `device_kv`: the caller's device KV tensors, adopted instead of allocating
+    """This rank's engine, a collective over `group`'s ranks only (init_process_group first).
+    `group`: the process group of the ranks that hold the same KV (SGLang's attn_tp_group,
+    vLLM's get_tp_group()), of topology.tp_size ranks in increasing order; this rank's TP
+    rank is its rank there. None: the default group, then of exactly tp_size ranks.
+    `cpu_group`: your gloo group over the same ranks, for the engine's host-side agreement;
+    None: the engine makes its own. The groups the engine makes are made by `group`'s ranks
+    alone, so other engines in the world need not take part.
+    `device_kv`: the caller's device KV tensors, adopted instead of allocating
     (the job's `workload.device_tokens` is then taken from them): one per ("kv" or "index",
     layer), each [pages, page_size, row elements] of the KV dtype (index: uint8; vLLM's
     [blocks, block_size, dim] where a block is a page) or SGLang's [tokens, 1, dim]; or one
     stacked [layers, pages, page_size, dim] per pool kind ("kv", "index"). See
     `pipeline.engine.adopt`: nothing is copied, and what does not fit is refused saying why.
-    `local_rank`: the GPU to use (default: rank modulo the GPUs here). `engine.close()`
-    leaves the caller's process group alone."""
+    `local_rank`: the GPU to use (default: the global rank modulo the GPUs here).
+    `engine.close()` destroys only the groups the engine made: `group`, `cpu_group` and the
+    default group stay usable."""
     if not dist.is_initialized():
         raise RuntimeError("create_engine runs inside a process group: call init_process_group")
     _check_store_given(job)
-    rank, world = dist.get_rank(), dist.get_world_size()
     gpus = torch.cuda.device_count()
-    local = local_rank if local_rank is not None else rank % gpus if gpus else 0
-    return open_engine(job.recipe(), rank, world, local, device_kv=device_kv)
+    local = local_rank if local_rank is not None else dist.get_rank() % gpus if gpus else 0
+    return open_engine(job.recipe(), local, group=group, cpu_group=cpu_group, device_kv=device_kv)
 
 
 def page_keys(job: Job, hashes: Sequence[BlockHash]) -> list[str]:

@@ -210,7 +210,7 @@ def run_case(case: Case, job: pipeline.Job) -> str:
     try:
         engine = pipeline.create_engine(job, device_kv=kv)
         try:
-            return _move(engine, job, case, layers(engine, job, kv))
+            return round_trip(engine, job, case, layers(engine, job, kv))
         finally:
             engine.close()
     except Exception as e:
@@ -218,12 +218,21 @@ def run_case(case: Case, job: pipeline.Job) -> str:
         raise
 
 
-def _move(engine: pipeline.Engine, job: pipeline.Job, case: Case, kv: list[torch.Tensor]) -> str:
+def round_trip(
+    engine: pipeline.Engine,
+    job: pipeline.Job,
+    case: Case,
+    kv: list[torch.Tensor],
+    *,
+    salt: int = 0,
+) -> str:
+    """`run_case`'s steps on `engine`; `salt`: another seed and other tokens (so other L3
+    keys), that engines sharing a world and a store hold bytes of their own."""
     page = job.model.page_size
     source = torch.arange(0, PAGES * page)
     target = torch.arange(TARGET * page, (TARGET + PAGES) * page)
     # MLA ranks hold the same latent KV; MHA ranks hold their own heads
-    seed = PAGES + (dist.get_rank() if case.model == "tiny_mha" else 0)
+    seed = PAGES + 1000 * salt + (dist.get_rank() if case.model == "tiny_mha" else 0)
     generator = torch.Generator().manual_seed(seed)
     for layer in kv:
         random = torch.randint(0, 256, layer[:PAGES].shape, generator=generator, dtype=torch.uint8)
@@ -236,7 +245,7 @@ def _move(engine: pipeline.Engine, job: pipeline.Job, case: Case, kv: list[torch
     said = first_difference([t[TARGET : TARGET + PAGES] for t in kv], before, "load")
     if said or case.store == "none":
         return said
-    keys = engine.l3_keys(list(range(PAGES * page)))
+    keys = engine.l3_keys([1000 * salt + token for token in range(PAGES * page)])
     engine.write_back(keys, host).wait()
     if not acked(engine, "write_back"):
         return f"rank {dist.get_rank()}: no write_back ack in {MAX_POLLS} polls"

@@ -84,7 +84,7 @@ def through_l3(args: tuple[Job, str], rank: int, world_size: int, local_rank: in
     'plan_differs': rank 1 loads into other device pages than its peers (its plan's SHA-256
     differs), so a deduplicated load must fall back to per-rank reads."""
     job, case = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         return _through_l3(engine, case)
     finally:
@@ -131,7 +131,7 @@ def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
 
 def held_pages_refused(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
     """What the engine says to L3 calls that would lose data or name bad pages."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         size = engine.sizing.slots_per_page
         host, empty = engine.host_allocator.alloc(2), engine.host_allocator.alloc(2)
@@ -164,7 +164,7 @@ def master_gone(args: tuple[Job, int], rank: int, world_size: int, local_rank: i
     lookup and a load find nothing, a write-back fails on its writer with a clear error, and
     the device and host tiers keep their pages."""
     job, rpc_port = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         size = engine.sizing.slots_per_page
         fill_random(engine, [0, 1], 5)
@@ -214,7 +214,7 @@ def write_prefix(args: tuple[Job, int], rank: int, world_size: int, local_rank: 
     """Fill, back up and write back writer `index`'s prefix (its bytes drawn from its index,
     so any reader can draw them again); the pages it wrote."""
     job, index = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
         fill_random(engine, pages, 1000 + index)
@@ -235,7 +235,7 @@ def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank:
     ''); then
     where the reads landed ('pool' straight into pool rows, 'staging' through a buffer)."""
     job, writers = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank, keep_trace=True)
+    engine = open_engine(job.recipe(), local_rank, keep_trace=True)
     try:
         size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
         target = [p + GRID_PAGES for p in pages]

@@ -31,7 +31,7 @@ def prefetched(
     them at once and waits (bounded) until every rank read every page."""
     said = []
     for job, slow, release in cases:
-        engine = open_engine(job.recipe(), rank, world_size, local_rank)
+        engine = open_engine(job.recipe(), local_rank)
         try:
             said.append(_prefetched(engine, rank == slow, release))
         finally:
@@ -109,7 +109,7 @@ def refused_then_loaded(job: Job, rank: int, world_size: int, local_rank: int) -
     """Prefetch 8 written-back pages; rank 1 alone names device slots out of range in a
     load_prefetched (every rank must refuse it, before a byte moves), then both load them
     right; then a second prefetch, whose slots no rank may free, cancelled on every rank."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         return _refused_then_loaded(engine, rank)
     finally:

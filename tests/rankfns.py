@@ -76,7 +76,7 @@ def negative_control(args: tuple[Job, str], rank: int, world_size: int, local_ra
     that holds it (rank 1 when replicated, the layer's owner otherwise).
     """
     job, case = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         if case == "skip_scatter" and rank == 1:
             kept = tuple(s for s in engine.strategy.load.exchange if not isinstance(s, Scatter))
@@ -97,7 +97,7 @@ def overlap(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, 
     A stage held on an event stalls the transfer stream before the last layer's copy (gate
     ordering), or the forward simply has not asked for later layers (forward_stream).
     """
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     release = threading.Event()
     last = engine.model.num_layers - 1
     hold = HoldBefore(layer=last, release=release)
@@ -136,7 +136,7 @@ class HoldBefore:
 
 def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
     """Each malformed transfer raises ValueError and leaves both pools byte-for-byte alone."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         host, source, _ = _backed_up(engine, 4)
         device_before = {k: v.clone() for k, v in engine.device_pool.buffers.items()}
@@ -178,7 +178,7 @@ def bad_input(job: Job, rank: int, world_size: int, local_rank: int) -> list[str
 
 def no_sync_on_issue(job: Job, rank: int, world_size: int, local_rank: int) -> str:
     """cuda: issue a backup and a load-back with device->host syncs turned into errors."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         source = list(range(8))
         fill_random(engine, source, 3)
@@ -221,7 +221,7 @@ class SleepBefore:
 
 def overlap_cuda(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
     """cuda: layer 0 is usable while the last layer is still held up on the load stream."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     last = engine.model.num_layers - 1
     load = engine.strategy.load
     try:
@@ -246,7 +246,7 @@ def overlap_cuda(job: Job, rank: int, world_size: int, local_rank: int) -> dict[
 def diverged_state(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> str:
     """Idle skips, then the forced sync: rank 1's host allocator differs (a bug to catch)."""
     job, max_skips = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         if rank == 1:
             engine.host_allocator.alloc(1)
@@ -267,7 +267,7 @@ def graph_replays(
     round; every round bit-exact. Returns the captures and whether every round logged the same
     ops (only meaningful for equal counts)."""
     job, counts = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank, keep_trace=True)
+    engine = open_engine(job.recipe(), local_rank, keep_trace=True)
     try:
         assert engine.graphs is not None, "graphs apply to this config"
         size, pages = engine.sizing.slots_per_page, engine.sizing.device_pages
@@ -321,7 +321,7 @@ def failed_then_next(args: tuple[Job, str], rank: int, world_size: int, local_ra
     backup and load: what the failed call said, and what the next round trip said ('' when
     bit-exact)."""
     job, where = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         pages = list(range(4))
         fill_random(engine, pages, 11)
@@ -364,7 +364,7 @@ def _round_trip(engine: Engine, pages: list[int]) -> tuple[list[int], list[int]]
 def faulty_run(args: tuple[Job, int, str], rank: int, world_size: int, local_rank: int) -> dict:
     """`run` cycles with a stage that sends `signal_name` to rank `victim` mid-load."""
     job, victim, signal_name = args
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     load = engine.strategy.load
     fault = Fault(rank=victim, layer=1, signal_name=signal_name)
     with_load_stages(engine, per_step=(fault, *load.per_step))
@@ -376,7 +376,7 @@ def faulty_run(args: tuple[Job, int, str], rank: int, world_size: int, local_ran
 
 def after_close(job: Job, rank: int, world_size: int, local_rank: int) -> list[str]:
     """What each engine call says once the engine is closed."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     engine.close()
     engine.close()  # a second close is fine
     slots = page_tokens([0], engine.sizing.slots_per_page)
@@ -402,7 +402,7 @@ def engines_made_and_closed(
     job, count = args
     seen = []
     for i in range(count):
-        engine = open_engine(job.recipe(), rank, world_size, local_rank)
+        engine = open_engine(job.recipe(), local_rank)
         size = engine.sizing.slots_per_page
         fill_random(engine, [0], i)
         host = engine.host_allocator.alloc(1)

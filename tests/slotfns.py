@@ -31,7 +31,7 @@ def host_slot_lifecycle(job: Job, rank: int, world_size: int, local_rank: int) -
     """Back up 2 pages into allocated host slots and write them back; reuse the same slots
     for a load_from_l3 of those pages into other device pages; free them, then the mistakes
     a scheduler can make. Returns what each step gave or said."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     try:
         return _lifecycle(engine)
     finally:

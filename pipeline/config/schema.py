@@ -112,7 +112,8 @@ class RuntimeConfig:
     """All-gather the inputs of every rank-replicated decision and raise on divergence."""
     metrics_port: int | None = None
     """Serve Prometheus metrics at http://metrics_address:port/metrics while a job runs (each
-    rank on port + its rank, so port + tp_size - 1 <= 65535); null serves none."""
+    rank on port + its global rank, so port + tp_size - 1 <= 65535 where the engine holds the
+    whole world); null serves none."""
     metrics_address: str = "127.0.0.1"
     """The address the metrics listener binds: loopback unless you open it on purpose (a
     config file may name only a loopback address; any other comes from the command line)."""

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.adopt import Adopted, Key, page_views
@@ -53,20 +54,27 @@ class EngineRecipe:
     """Every collective's and rank join's timeout."""
     debug_consensus: bool = False
     metrics_port: int | None = None
-    """Serve `/metrics` on this port + the rank (None: no listener)."""
+    """Serve `/metrics` on this port + the global rank (None: no listener)."""
     metrics_address: str = "127.0.0.1"
 
     def backend_name(self, local_rank: int = 0) -> str:
         """The process-group backend its ranks use (the parent and every rank agree)."""
         return pick_backend(self.backend, pick_device(self.topology.device, local_rank))
 
-    def start_runtime(self, rank: int, world_size: int, local_rank: int) -> Runtime:
-        """This rank's process groups and streams."""
+    def start_runtime(
+        self,
+        local_rank: int,
+        *,
+        group: dist.ProcessGroup | None = None,
+        cpu_group: dist.ProcessGroup | None = None,
+    ) -> Runtime:
+        """This rank's process groups and streams, over `group`'s ranks (None: the default
+        group's; see `Runtime.start`)."""
         return Runtime.start(
             self.topology,
             self.model,
-            rank=rank,
-            world_size=world_size,
+            group=group,
+            cpu_group=cpu_group,
             device=pick_device(self.topology.device, local_rank),
             backend=self.backend_name(local_rank),
             timeout_s=self.timeout_s,
@@ -75,18 +83,20 @@ class EngineRecipe:
 
 def open_engine(
     recipe: EngineRecipe,
-    rank: int,
-    world_size: int,
     local_rank: int,
     *,
+    group: dist.ProcessGroup | None = None,
+    cpu_group: dist.ProcessGroup | None = None,
     keep_trace: bool = False,
     device_kv: Adopted | None = None,
 ) -> Engine:
-    """This rank's engine on its own runtime, which `Engine.close` closes (`keep_trace`: every
-    op in order; `device_kv`: the caller's KV tensors as the device pool, see adopt; refused
-    before any group is made when they do not fit), serving its metrics if the recipe asks."""
+    """This rank's engine on its own runtime, which `Engine.close` closes (`group`: the ranks
+    holding the same KV, None: the default group; `cpu_group`: the caller's gloo group over
+    them; `keep_trace`: every op in order; `device_kv`: the caller's KV tensors as the device
+    pool, see adopt; refused before any group is made when they do not fit), serving its
+    metrics if the recipe asks (on the port plus the global rank: engines share a host)."""
     views = None if device_kv is None else page_views(recipe.model, device_kv)
-    runtime = recipe.start_runtime(rank, world_size, local_rank)
+    runtime = recipe.start_runtime(local_rank, group=group, cpu_group=cpu_group)
     try:
         engine = engine_on(recipe, runtime, keep_trace=keep_trace, device_kv=views)
     except BaseException:
@@ -94,7 +104,7 @@ def open_engine(
         raise
     if recipe.metrics_port is not None:
         try:
-            engine.metrics.serve(recipe.metrics_address, recipe.metrics_port + rank)
+            engine.metrics.serve(recipe.metrics_address, recipe.metrics_port + dist.get_rank())
         except BaseException:
             engine.close()
             raise

@@ -84,13 +84,13 @@ class L3Tier:
         """The namespace of this model geometry's objects (`pipeline.spec.l3.namespace`)."""
         self.object = obj
         self.roles = roles
-        self.rank = runtime.rank
+        self.rank, self.global_rank = runtime.rank, runtime.global_rank
         self.group = runtime.replica_group
         """The replica group: the ranks that agree on plans and hits."""
         self.cpu_group = runtime.cpu_group
-        """Gloo group of every rank (agreements gather over it and keep their group's)."""
+        """Gloo group of the engine's ranks (agreements gather over it and keep their group's)."""
         self.l3_group = runtime.l3_group
-        """Gloo group of every rank for the write-back thread's sends."""
+        """Gloo group of the engine's ranks for the write-back thread's sends."""
         self.host_pool: HostPool = res.host_pool
         self.device_pool: DevicePool = res.device_pool
         self.trace: Trace = res.trace

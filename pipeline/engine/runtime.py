@@ -1,20 +1,23 @@
 """Per rank: the device, process groups and streams a transfer runs on.
 
-`Runtime.start` is the one place that creates process groups; it runs before any pool is
-allocated, so the transfer group exists before host memory is pinned.
+`Runtime.start` is the one place that creates process groups (`groups.make_groups`); it runs
+before any pool is allocated, so the transfer group exists before host memory is pinned. The
+engine's ranks are the TP ranks of one attention-TP group: the caller's `group`, or the whole
+default group. Its own groups are made by those ranks alone, so engines sharing a world never
+wait on each other.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import Enum
 
 import torch
 import torch.distributed as dist
 
 from pipeline.engine.cudart import Cudart, cuda_runtime
+from pipeline.engine.groups import engine_ranks, make_groups
 from pipeline.engine.memcpy import (
     CopyPages,
     Upload,
@@ -41,12 +44,15 @@ class Backend(Enum):
 class GroupCollectives:
     """The collectives of one process group (a replica group's transfer group)."""
 
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, global_ranks: tuple[int, ...]) -> None:
         self.group = group
         """None where the replica group has one rank: nothing is ever exchanged there."""
+        self.global_ranks = global_ranks
+        """The global rank of each TP rank (torch names a source by its global rank)."""
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        dist.broadcast(tensor, src=src, group=self.group)
+        """Broadcast from TP rank `src`."""
+        dist.broadcast(tensor, src=self.global_ranks[src], group=self.group)
 
     def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
         dist.all_gather(out, tensor, group=self.group)
@@ -73,17 +79,20 @@ class Runtime:
     """One rank's device, groups and streams."""
 
     rank: int
-    world_size: int
+    """This rank's TP rank: its rank in the engine's group (topology math reads it)."""
+    global_ranks: tuple[int, ...]
+    """The global rank of each TP rank, in TP order (torch's src= and dst= take these)."""
     device: torch.device
     replica_group: tuple[int, ...]
-    """Global ranks holding the same bytes as this rank."""
+    """TP ranks holding the same bytes as this rank."""
     transfer_group: dist.ProcessGroup | None
     """Dedicated group of the replica group for broadcasts (None when it has one rank)."""
     cpu_group: dist.ProcessGroup
-    """Gloo group of all ranks for host-side agreement (ack polls, reports)."""
+    """Gloo group of the engine's ranks for host-side agreement (ack polls, reports): the
+    caller's, or one the engine made."""
     l3_group: dist.ProcessGroup
-    """Gloo group of all ranks for the L3 write-back thread (rotating owners send their
-    layers to the object's writer there), so it never interleaves with `cpu_group`'s."""
+    """Gloo group of the engine's ranks for the L3 write-back thread (rotating owners send
+    their layers to the object's writer there), so it never interleaves with `cpu_group`'s."""
     load_stream: Stream
     write_stream: Stream
     exchange_stream: Stream
@@ -103,7 +112,8 @@ class Runtime:
     upload: Upload
     """Puts a transfer's page ids on the device (one raw async copy on cuda)."""
     groups: tuple[dist.ProcessGroup, ...] = ()
-    """Every group `start` made, destroyed by `close` (each holds sockets and threads)."""
+    """Every group `start` made, destroyed by `close` (each holds sockets and threads); never
+    the caller's."""
 
     @classmethod
     def start(
@@ -111,31 +121,26 @@ class Runtime:
         topology: Topology,
         model: ModelGeometry,
         *,
-        rank: int,
-        world_size: int,
+        group: dist.ProcessGroup | None,
+        cpu_group: dist.ProcessGroup | None,
         device: torch.device,
         backend: str,
         timeout_s: float,
     ) -> Runtime:
-        """Create the transfer groups (every rank creates every group, in the same order)."""
-        if world_size != topology.tp_size:
-            raise ValueError(
-                f"{world_size} ranks joined but topology.tp_size={topology.tp_size}: launch one "
-                "process per TP rank of one pipeline stage"
-            )
-        timeout = timedelta(seconds=timeout_s)
+        """Create the engine's groups over `group`'s ranks (None: the default group's), each
+        made by those ranks alone, in the same order; `cpu_group`: the caller's gloo group
+        over the same ranks, used instead of making one."""
+        ranks = engine_ranks(topology, group, cpu_group)
+        rank = ranks.index(dist.get_rank())
         replica = topology.replica_group(rank, model)
-        groups = topology.replica_groups(model)
-        made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in groups]
-        transfer = made[groups.index(replica)] if len(replica) > 1 else None
-        if transfer is not None and device.type == "cuda":
-            # NCCL makes a communicator on its first collective, which must not be one that a
-            # CUDA graph captures
-            dist.broadcast(torch.zeros(1, device=device), src=replica[0], group=transfer)
-        cpu_group = dist.new_group(backend="gloo", timeout=timeout)
-        l3_group = dist.new_group(backend="gloo", timeout=timeout)
-        made += [cpu_group, l3_group]
-        dist.barrier(group=cpu_group)  # every rank holds every group before any may close one
+        replicas = topology.replica_groups(model)
+        made = make_groups(
+            *(ranks, replicas, replica),
+            cpu_group=cpu_group,
+            device=device,
+            backend=backend,
+            timeout_s=timeout_s,
+        )
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
         stacks = copy_stacks_cpu if cudart is None else cuda_stack_copier(cudart, device.index)
@@ -143,20 +148,28 @@ class Runtime:
         upload = upload_cpu if cudart is None else cuda_uploader(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)
         return cls(
-            *(rank, world_size, device, replica, transfer, cpu_group, l3_group),
+            *(rank, ranks, device, replica, made.transfer, made.cpu, made.l3),
             *(load, write, exchange, gather, forward),
             timeout_s=timeout_s,
             copy_pages=copy,
             copy_stacks=stacks,
             move_pages=move,
             upload=upload,
-            groups=tuple(g for g in made if g is not dist.GroupMember.NON_GROUP_MEMBER),
+            groups=made.made,
         )
+
+    @property
+    def world_size(self) -> int:
+        """The engine's TP ranks."""
+        return len(self.global_ranks)
+
+    def global_rank(self, tp_rank: int) -> int:
+        return self.global_ranks[tp_rank]
 
     @property
     def collectives(self) -> GroupCollectives:
         """The transfer group's collectives."""
-        return GroupCollectives(self.transfer_group)
+        return GroupCollectives(self.transfer_group, self.global_ranks)
 
     @property
     def streams(self) -> tuple[Stream, ...]:
@@ -169,8 +182,9 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Stop the streams, then destroy this runtime's groups (not the caller's default
-        group): an engine made and closed again and again keeps no sockets open."""
+        """Stop the streams, then destroy the groups this runtime made (never the caller's
+        `group`, `cpu_group` or default group): an engine made and closed again and again keeps
+        no sockets open."""
         for stream in self.streams:
             stream.close()
         for group in self.groups:

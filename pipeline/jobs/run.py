@@ -40,7 +40,7 @@ def run_report(
     job: Job, rank: int, world_size: int, local_rank: int, *, trace: bool
 ) -> dict[str, Any]:
     """`workload.cycles` rounds on this rank, and its report (with its op trace if asked)."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank, keep_trace=trace)
+    engine = open_engine(job.recipe(), local_rank, keep_trace=trace)
     try:
         report = drive(engine, job.workload)
     finally:

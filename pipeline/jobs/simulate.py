@@ -155,7 +155,7 @@ class Scheduler:
 
 def simulate_rank(job: Job, rank: int, world_size: int, local_rank: int) -> list[dict[str, Any]]:
     """Every seed with the skip off, then on, on one rank."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     cfg = job.simulate
     try:
         return [

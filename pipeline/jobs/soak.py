@@ -28,7 +28,7 @@ def rss_bytes() -> int:
 
 def soak_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
     """Entry point of one rank (see `launch`)."""
-    engine = open_engine(job.recipe(), rank, world_size, local_rank)
+    engine = open_engine(job.recipe(), local_rank)
     soak = job.soak
     try:
         cycles = Cycles(engine, job.workload)

@@ -128,7 +128,7 @@ def test_a_lookup_a_prefetched_load_and_a_write_back_on_a_stopped_master_name_it
     )
     store = open_store(job.storage, 1 << 20, timeout_s=job.runtime.timeout_s)
     recipe = job.recipe()
-    engine = engine_on(recipe, recipe.start_runtime(0, 1, 0), store=store)
+    engine = engine_on(recipe, recipe.start_runtime(0), store=store)
     try:
         page = engine.sizing.slots_per_page
         host = engine.host_slots.alloc(4 * page)

@@ -82,7 +82,7 @@ def test_the_overlapped_forward_reads_each_layer_after_its_load_event() -> None:
         "workload.device_tokens=128",
         "workload.host_ratio=0.5",
     )
-    engine = open_engine(job.recipe(), 0, 1, 0)
+    engine = open_engine(job.recipe(), 0)
     try:
         prefix = Prefix(engine, 64)
         layers = engine.model.num_layers

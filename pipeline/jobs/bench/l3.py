@@ -116,7 +116,7 @@ def bench_l3_rank(
     once for all of its cases (a Mooncake client that left could still be handed new objects
     by the master for a while)."""
     base, cases = payload
-    runtime = base.recipe().start_runtime(rank, world_size, local_rank)
+    runtime = base.recipe().start_runtime(local_rank)
     timer = Timer(runtime, base.bench)
     with contextlib.ExitStack() as stack:
         stack.callback(runtime.close)

@@ -93,8 +93,9 @@ def floors(timer: Timer) -> dict[str, float]:
         timer.line_up()
         out[f"{name}_all_gbps"] = n / statistics.median(timer.repeat(copy)) / 1e9
     if rt.world_size > 1:
+        first = rt.global_rank(0)
         out["broadcast_gbps"] = (
-            n / statistics.median(timer.repeat(lambda: dist.broadcast(dev, src=0))) / 1e9
+            n / statistics.median(timer.repeat(lambda: dist.broadcast(dev, src=first))) / 1e9
         )
     return out
 
@@ -263,7 +264,7 @@ def bench_rank(
 ) -> dict[str, Any]:
     """Entry point of one rank: floors, then every (job, case) in order."""
     base, cases = payload
-    runtime = base.recipe().start_runtime(rank, world_size, local_rank)
+    runtime = base.recipe().start_runtime(local_rank)
     timer = Timer(runtime, base.bench)
     try:
         result: dict[str, Any] = {"rank": rank, "floors": floors(timer), "cases": []}

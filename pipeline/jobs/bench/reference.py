@@ -96,8 +96,10 @@ class Reference:
                 if unit.ordinal in copied:
                     torch.cuda.current_stream().wait_event(copied[unit.ordinal])
                 source, dev = owners.sources[unit.ordinal], engine.device_pool.layer(unit)
+                assert source is not None, "an exchanged unit has its source"
                 if self.contiguous:
-                    dist.broadcast(self._block(dev, "target"), src=source, group=rt.transfer_group)
+                    src = rt.global_rank(source)
+                    dist.broadcast(self._block(dev, "target"), src=src, group=rt.transfer_group)
                     continue
                 per = staging.numel() // unit.page_bytes  # staging-sized slices of pages
                 for first in range(0, n, per):
@@ -106,7 +108,7 @@ class Reference:
                     view = raw.view(dev.dtype).view(len(pages), *dev.shape[1:])
                     if source == rt.rank:
                         torch.index_select(dev, 0, pages, out=view)
-                    dist.broadcast(raw, src=source, group=rt.transfer_group)
+                    dist.broadcast(raw, src=rt.global_rank(source), group=rt.transfer_group)
                     if source != rt.rank:
                         dev.index_copy_(0, pages, view)
         _join(streams)

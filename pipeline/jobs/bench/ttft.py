@@ -96,7 +96,7 @@ def bench_ttft_rank(
     opened once for all of its cases (as the L3 bench does)."""
     base, cases = payload
     config = published_config(base.model)
-    runtime = base.recipe().start_runtime(rank, world_size, local_rank)
+    runtime = base.recipe().start_runtime(local_rank)
     timer = Timer(runtime, base.bench)
     recomputed: Recomputed = {}
     with contextlib.ExitStack() as stack:
