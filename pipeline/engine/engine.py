@@ -108,8 +108,8 @@ class Engine:
         return t.done
 
     def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle:
-        """Copy host slots into device slots (logical slots, CPU int64): per-layer waits, ack.
-        Refused like `backup`, and for host slots without data (or not allocated)."""
+        """Copy host slots into device slots (a collective): per-layer waits, ack. Refused
+        like `backup`, and for host slots without data (or not allocated)."""
         self._usable()
         stream, pipeline = self.runtime.load_stream, self.strategy.load
         lazy = self.strategy.config.ordering is Ordering.forward_stream
@@ -207,7 +207,7 @@ class Engine:
         self.runtime.close()
 
     def poll(self) -> list[Ack]:
-        """Release the acks every rank has seen complete (a failed one raises when waited on)."""
+        """Release the acks every rank has seen complete; a collective, see `AckLedger.poll`."""
         self._usable()
         released = self.acks.poll(self.state_digest)
         now = time.monotonic()
