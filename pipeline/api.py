@@ -66,8 +66,9 @@ def create_engine(
     vLLM's get_tp_group()), of topology.tp_size ranks in increasing order; this rank's TP
     rank is its rank there. None: the default group, then of exactly tp_size ranks.
     `cpu_group`: your gloo group over the same ranks, for the engine's host-side agreement
-    (its timeout, not runtime.timeout_s, then bounds `poll`); None: the engine makes its own. The groups the engine makes are made by `group`'s ranks
-    alone, so other engines in the world need not take part.
+    (its timeout, not runtime.timeout_s, then bounds `poll`); None: the engine makes its
+    own. The groups the engine makes are made by `group`'s ranks alone, so other engines in
+    the world need not take part.
     `device_kv`: the caller's device KV tensors, adopted instead of allocating
     (the job's `workload.device_tokens` is then taken from them): one per ("kv" or "index",
     layer), each [pages, page_size, row elements] of the KV dtype (index: uint8; vLLM's

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.jobs.l3_store import master_on_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +91,13 @@ def test_the_outputs_readme_shows_are_what_the_commands_print(tmp_path: Path) ->
         assert done.returncode in (0, 1), done.stderr  # check-ordering: 1 for the deadlock
         assert done.stdout == shown, command
     assert list(tmp_path.iterdir()) == []  # none of them writes a file
+
+
+def test_the_groups_a_config_may_choose_are_the_schemas_groups() -> None:
+    """README's count and list of config groups ("Configs as untrusted input") are the
+    schema's (it said "seven" when there were nine)."""
+    words = {7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    said = re.search(r"each of the (\w+) groups \(([^)]*)\)", README)
+    assert said is not None
+    assert said.group(1) == words[len(GROUP_SCHEMAS)]
+    assert sorted(re.findall(r"`(\w+)`", said.group(2))) == sorted(GROUP_SCHEMAS)
