@@ -10,9 +10,10 @@ of it under cProfile (own time), so a change can aim at the largest share first.
 overstates numpy and ctypes calls on some hosts, so each path's median is also split without
 the profiler: the plan (`Engine.transfer`), each stage list's own time (the engine's
 `timings_s`) and the rest (the API around them); and into the pieces named in `PIECES`
-(inclusive, each wrapped in a timer while it is measured), so a table like BENCHMARKS.md's
-Session 22 comes from this script. Each repetition follows a synchronize, as a scheduler's
-issue follows other work: see BENCHMARKS.md for what that costs each distinct call.
+(inclusive, each wrapped in a timer while it is measured), so the issue-time tables of
+docs/benchmarks/history/ (session 22) come from this script. Each repetition follows a
+synchronize, as a scheduler's issue follows other work: see BENCHMARKS.md for what that
+costs each distinct call.
 """
 
 from __future__ import annotations

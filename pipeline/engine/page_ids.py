@@ -2,9 +2,10 @@
 
 A kernel transfer of scattered pages reads its page ids on the device. Allocating a tensor for
 them on every transfer cost the issue path more than uploading them, once the host had run
-anything else (BENCHMARKS.md, issue time, Session 22). So an engine keeps a few
-buffers (each made on first use) and lends one per transfer. A buffer is lent again only once
-its last transfer is done on the device: `done` recorded and complete, the transfer not failed.
+anything else (docs/benchmarks/history/2026-12-02-to-04-sessions-12-23.md, session 22).
+So an engine keeps a few buffers (each made on first use) and lends one per transfer. A
+buffer is lent again only once its last transfer is done on the device: `done` recorded
+and complete, the transfer not failed.
 Every reader of the ids (the copy kernels, a batch's gather, an exchange, a verify) runs before
 `done`, and a failed transfer's may still be running, so its buffer is not lent again. With
 every buffer still in use a transfer gets none, and its caller allocates as before.

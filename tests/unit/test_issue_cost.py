@@ -253,8 +253,8 @@ CPU, as today (21 / 26 at 6e36c20; a backup's 15 became 18 when it checked, as a
 that its host pages are the caller's): numpy's and torch's, C or Python, and the events' (on
 CPU a threading.Event's; on cuda the runtime's). Once the host has run anything else for a
 few milliseconds, each distinct call costs tens of microseconds whatever its size
-(BENCHMARKS.md, Session 22), so a plan pays for each kind of call it makes, not for its
-pages."""
+(docs/benchmarks/history/2026-12-02-to-04-sessions-12-23.md, session 22), so a plan pays
+for each kind of call it makes, not for its pages."""
 
 
 def library_call(frame, event: str, arg) -> str | None:
