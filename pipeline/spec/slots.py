@@ -150,10 +150,7 @@ class PageAllocator:
                 f"out of pages: asked for {num_pages}, {len(self._free)} free of {self.num_pages}"
             )
         free = sorted(self._free)
-        pages = free[:num_pages] if rng is None else rng.sample(free, num_pages)
-        self._free.difference_update(pages)
-        self._own[pages] = True
-        return pages
+        return self.claim(free[:num_pages] if rng is None else rng.sample(free, num_pages))
 
     def claim(self, pages: list[int]) -> list[int]:
         """Allocate the named free pages (a caller that places its pages itself); ValueError
