@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docsfns import pages
 from hydra import initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -34,9 +35,10 @@ ABSENT = object()
 
 
 def sources() -> dict[str, str]:
-    """Each text a user reads: the subcommands' help, README, the examples."""
+    """Each text a user reads: the subcommands' help, README and the docs pages, the
+    examples."""
     texts = {f"{name} --help": command_help(name) for name in HELP}
-    texts["README.md"] = (ROOT / "README.md").read_text()
+    texts.update(pages())
     for path in sorted((ROOT / "examples").glob("*.py")):
         texts[str(path.relative_to(ROOT))] = path.read_text()
     return texts
@@ -154,9 +156,8 @@ def overrides_of(text: str) -> Iterator[list[str]]:
 def test_readmes_commands_and_overrides_compose_as_written() -> None:
     """`topology.dp_size=2` was said to give "tp8 dp2 (preset tp8)", and is refused without
     topology.dp_attention=true."""
-    readme = (ROOT / "README.md").read_text()
     refused = []
-    for overrides in overrides_of(readme):
+    for overrides in (o for text in pages().values() for o in overrides_of(text)):
         if set(overrides) & SHOWN_MISTAKES or any(
             re.search(r"=(\.\.\.|[A-Z]+|n)$|\.\.\.", w)
             for w in overrides  # placeholders
