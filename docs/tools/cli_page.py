@@ -92,9 +92,9 @@ def page() -> str:
     return "\n".join(lines)
 
 
-def write_or_check(path: Path, text: str, argv: list[str]) -> int:
-    """Write the page, or with `--check` say how the committed one differs (exit 1)."""
-    if "--check" not in argv:
+def write_or_check(path: Path, text: str, generator: str, check: bool) -> int:
+    """Write the page, or (`check`) print how the committed one differs: 1 if it does."""
+    if not check:
         path.write_text(text)
         return 0
     old = path.read_text() if path.is_file() else ""
@@ -105,9 +105,9 @@ def write_or_check(path: Path, text: str, argv: list[str]) -> int:
     )
     if diff:
         sys.stdout.writelines(diff)
-        print(f"\n{path} is stale: run python {GENERATOR}", file=sys.stderr)
+        print(f"\n{path} is stale: run python {generator}", file=sys.stderr)
     return 1 if diff else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(write_or_check(PAGE, page(), sys.argv[1:]))
+    raise SystemExit(write_or_check(PAGE, page(), GENERATOR, "--check" in sys.argv))
