@@ -71,7 +71,7 @@ def page() -> str:
         "each subcommand composes one config from the shipped options, your own folder",
         "(`--config-dir`) and the overrides (`group=option`, `group.knob=value`; see",
         "[configuration](configuration.md)), checks all of it, then runs. `store` works on a",
-        "file store's folder instead and takes no config group.",
+        "file store's folder instead, and takes only the overrides its help names.",
         "",
         "## Flags",
         "",

@@ -36,7 +36,8 @@ Every config group, its options and every knob, generated from the schema datacl
 docstring), the shipped options under `conf/` and the range checks `validate` and every
 command apply. A knob's **default** is its value in the default config (`conf/config.yaml`:
 each group's default option, marked \\*), or the schema's where that leaves its section null;
-each option's **sets** lists the knobs it sets otherwise. A range is inclusive.
+an option's **sets** lists the knobs whose value differs from the default option's (its name
+aside). A range is inclusive.
 
 ## Setting a knob
 
@@ -45,11 +46,12 @@ each option's **sets** lists the knobs it sets otherwise. A range is inclusive.
   `bench.sizes=[16384,65536]`, `model.indexer=null`; `++GROUP.KNOB=VALUE` does the same.
   `+KEY=VALUE` (Hydra's append) is refused: every knob below exists already, and no other key
   does; `~KEY` is refused too (a typed knob is set, not deleted: `model.indexer=null`).
-- `--config-dir DIR` adds your own options, `DIR/<group>/<name>.yaml` (e.g. `strategy/prod.yaml`:
-  `defaults: [rotating, _self_]`, `name: prod`, `chunk_pages: 16`), and your deployment's
-  defaults, `DIR/config.yaml` (a `defaults` list choosing an option per group, then knobs),
-  which the command line overrides. Your files are checked as untrusted input and may not
-  shadow a shipped option: `hicache-pipeline validate --config-dir DIR` checks them all.
+- `--config-dir DIR` adds your own options, `DIR/<group>/<name>.yaml` (e.g.
+  `DIR/strategy/prod.yaml`: `defaults: [rotating, _self_]`, `name: prod`, `chunk_pages: 16`),
+  and your deployment's defaults, `DIR/config.yaml` (a `defaults` list choosing an option per
+  group, then knobs), which the command line overrides. Your files are checked as untrusted
+  input and may not shadow a shipped option: `hicache-pipeline validate --config-dir DIR`
+  checks them all.
 """
 
 
