@@ -29,7 +29,9 @@ class CommandLine:
     """What one subcommand was asked: flags, and Hydra overrides (unchecked)."""
 
     as_json: bool = False
+    """`--json`: one JSON document on stdout (a failure's too); logs go to stderr."""
     help: bool = False
+    """`--help`: what the subcommand does, its key knobs and an example."""
     verbose: bool = False
     """`--verbose`: debug logs, Hydra's and OmegaConf's own words included."""
     multirun: bool = False

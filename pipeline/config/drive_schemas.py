@@ -48,7 +48,9 @@ class BenchConfig:
     """What `bench` measures."""
 
     kind: BenchKind = BenchKind.transfers
-    """transfers, links or ttft (see BenchKind)."""
+    """transfers (strategies against a hand-written loop and the link floors; with
+    bench.stores, load-backs from L3), links (this machine's link speeds, for runtime.links)
+    or ttft (a prefix hit's time to first token against recomputing the prefix)."""
     sizes: list[int] = field(default_factory=lambda: [16384, 65536])
     """Tokens per transfer, one set of cases per size."""
     placements: list[Placement] = field(

@@ -104,8 +104,10 @@ class StorageConfig:
     """file with capacity_bytes: an eviction removes objects until they take at most this
     fraction of capacity_bytes (0 < evict_to <= 1), so not every write evicts."""
     prefetch_policy: PrefetchPolicy = PrefetchPolicy.best_effort
-    """How `engine.load_prefetched` agrees on the pages an `engine.prefetch` read (see
-    PrefetchPolicy): every rank of the replica group takes the same leading pages."""
+    """How `engine.load_prefetched` agrees on the pages an `engine.prefetch` read (every rank
+    of the replica group takes the same leading pages): wait_complete (wait for every read),
+    best_effort (take what every reader has ready now) or timeout (wait up to
+    prefetch_timeout_s, then take what is ready)."""
     prefetch_timeout_s: float = 1.0
     """prefetch_policy=timeout: the longest a prefetched load waits for its reads."""
     min_hit_pages: int = 1
