@@ -22,15 +22,15 @@ import functools
 
 import torch
 
+from pipeline.core.model import Unit
+from pipeline.core.plan import Direction
+from pipeline.core.steps import Step
+from pipeline.core.topology import IoBackend
 from pipeline.engine.memcpy import Pages, StackPages, pages_view
 from pipeline.engine.page_kernel import MovePages, PageAt
 from pipeline.engine.stacks import remembered
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Route, Transfer
-from pipeline.spec.model import Unit
-from pipeline.spec.plan import Direction
-from pipeline.spec.steps import Step
-from pipeline.spec.topology import IoBackend
 from stages.copy_views import KernelViews, kernel_views, page_stacks, runs_are_blocks, stacks_of
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.core.topology import IoBackend
 from pipeline.engine.streams import Stream
 from pipeline.engine.transfer import Transfer
-from pipeline.spec.topology import IoBackend
 
 
 class UploadPageIds:
@@ -12,7 +12,7 @@ class UploadPageIds:
     into a buffer the engine lends (`pipeline.engine.page_ids`: none is allocated per transfer).
 
     The plan already localized them (with DCP, logical page p is local page p on every rank:
-    `pipeline.spec.slots`), so there is no op over the slots and no device sync. Kernel
+    `pipeline.core.slots`), so there is no op over the slots and no device sync. Kernel
     copies index pages by these ids; direct copies take page numbers from the plan's runs and
     need the ids only for a staged exchange or a verify, which move them on first use
     (`Transfer.page_ids`), so a direct transfer of consecutive pages never waits for them.

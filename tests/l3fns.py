@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
 from pipeline.engine.loads import L3Load
@@ -24,7 +25,6 @@ from pipeline.jobs.contents import (
     snapshot,
 )
 from pipeline.jobs.run import forward
-from pipeline.spec.slots import page_tokens
 
 PAGES = 4
 

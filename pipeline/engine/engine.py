@@ -12,6 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
+from pipeline.core.l3 import prefix_keys
+from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.plan import Direction, PlanSpec, StepsCache, build_plan
+from pipeline.core.sizing import Sizing
+from pipeline.core.slots import PageAllocator
+from pipeline.core.strategy import Ordering
+from pipeline.core.topology import Topology
 from pipeline.engine.acks import Ack, AckLedger, digest_of
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
@@ -28,14 +36,6 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.streams import Event, Stream, follow
 from pipeline.engine.transfer import Resources, Trace, Transfer
-from pipeline.spec.l3 import prefix_keys
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
-from pipeline.spec.sizing import Sizing
-from pipeline.spec.slots import PageAllocator
-from pipeline.spec.strategy import Ordering
-from pipeline.spec.topology import Topology
 
 
 class Engine:

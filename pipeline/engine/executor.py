@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from pipeline.core.steps import Step
 from pipeline.engine.graphs import TransferGraphs
 from pipeline.engine.strategy import Pipeline
 from pipeline.engine.streams import CudaStream, Event, Stream
 from pipeline.engine.transfer import Transfer, TransferStage
-from pipeline.spec.steps import Step
 
 
 class _Timed:

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from pipeline.core.plan import Direction
 from pipeline.engine.strategy import Pipeline
 from pipeline.engine.streams import CudaEvent, CudaStream, follow
 from pipeline.engine.transfer import Tally, Transfer
-from pipeline.spec.plan import Direction
 
 GraphKey = tuple[int, bool, int]
 """(id of the stage lists, a load, page count): everything a captured transfer's work depends

@@ -1,6 +1,6 @@
 """The L3 tier of one rank: what its stages see, and the write-back, lookup and fetch flows.
 
-A write-back stores host pages as objects (`pipeline.spec.l3`) on the tier's own thread, so
+A write-back stores host pages as objects (`pipeline.core.l3`) on the tier's own thread, so
 it never blocks the forward; a fetch reads objects into host pages (or, when the ranks' plans
 differ, straight into device pages) on the caller's thread, after which an ordinary load moves
 them to the device with the strategy's exchanges. The stage lists of both come from the
@@ -16,6 +16,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
+from pipeline.core.crc_runs import CrcRuns
+from pipeline.core.l3 import (
+    Checks,
+    PageObject,
+    PageRoles,
+    check_keys,
+    header,
+    unit_digests,
+)
+from pipeline.core.model import Unit
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.storage import StorageConfig
 from pipeline.engine.l3_jobs import ObjectsJob, window_pages
 from pipeline.engine.l3_pages import (
     HEADER,
@@ -35,18 +47,6 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.stores import ObjectStore
 from pipeline.engine.streams import Event, WorkerStream
 from pipeline.engine.transfer import Resources, Trace
-from pipeline.spec.crc_runs import CrcRuns
-from pipeline.spec.l3 import (
-    Checks,
-    PageObject,
-    PageRoles,
-    check_keys,
-    header,
-    unit_digests,
-)
-from pipeline.spec.model import Unit
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.storage import StorageConfig
 
 
 @runtime_checkable
@@ -81,7 +81,7 @@ class L3Tier:
         self.owns_store = owns_store
         """False for a store the caller opened (and closes)."""
         self.space = space
-        """The namespace of this model geometry's objects (`pipeline.spec.l3.namespace`)."""
+        """The namespace of this model geometry's objects (`pipeline.core.l3.namespace`)."""
         self.object = obj
         self.roles = roles
         self.rank, self.global_rank = runtime.rank, runtime.global_rank

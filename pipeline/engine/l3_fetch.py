@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import Any
 
+from pipeline.core.model import Unit
 from pipeline.engine.l3 import L3Tier
 from pipeline.engine.l3_jobs import ObjectsJob
-from pipeline.spec.model import Unit
 
 
 def read_units(tier: L3Tier, job: ObjectsJob) -> tuple[Unit, ...]:

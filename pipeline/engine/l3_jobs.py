@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pipeline.core.l3 import check_keys
+from pipeline.core.model import Unit
+from pipeline.core.plan import PlanSpec
+from pipeline.core.slots import PageAllocator, pages_of
+from pipeline.core.storage import StorageConfig
 from pipeline.engine.runtime import Runtime
-from pipeline.spec.l3 import check_keys
-from pipeline.spec.model import Unit
-from pipeline.spec.plan import PlanSpec
-from pipeline.spec.slots import PageAllocator, pages_of
-from pipeline.spec.storage import StorageConfig
 
 
 @dataclass

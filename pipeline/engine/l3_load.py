@@ -20,6 +20,11 @@ from typing import Protocol
 
 import torch
 
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.plan import Direction
+from pipeline.core.sizing import Sizing
+from pipeline.core.slots import PageAllocator
+from pipeline.core.steps import Step
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.executor import LoadHandle, finish, issue_copies, prepare
 from pipeline.engine.graphs import TransferGraphs
@@ -32,11 +37,6 @@ from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Pipeline, Strategy
 from pipeline.engine.streams import Event, Stream
 from pipeline.engine.transfer import Transfer
-from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.plan import Direction
-from pipeline.spec.sizing import Sizing
-from pipeline.spec.slots import PageAllocator
-from pipeline.spec.steps import Step
 
 
 def layer_groups(

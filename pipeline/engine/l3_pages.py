@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.core.crc_runs import CrcRuns
+from pipeline.core.l3 import PageObject
+from pipeline.core.model import Unit, by_pool_kind
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.stacks import stack_views
 from pipeline.engine.stores.parts import Check, Range
-from pipeline.spec.crc_runs import CrcRuns
-from pipeline.spec.l3 import PageObject
-from pipeline.spec.model import Unit, by_pool_kind
 
 Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
 """A page of some units as few pool tensors as the pool allows, each with its units."""

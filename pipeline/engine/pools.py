@@ -14,10 +14,10 @@ from types import MappingProxyType
 
 import torch
 
+from pipeline.core.model import KvDtype, ModelGeometry, Unit, by_pool_kind
+from pipeline.core.topology import MemLayout
 from pipeline.engine.memcpy import pages_view
 from pipeline.engine.stacks import StackedViews
-from pipeline.spec.model import KvDtype, ModelGeometry, Unit, by_pool_kind
-from pipeline.spec.topology import MemLayout
 
 TORCH_DTYPES: Mapping[KvDtype, torch.dtype] = MappingProxyType(
     {

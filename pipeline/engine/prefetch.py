@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.core.plan import PlanSpec
+from pipeline.core.slots import PageAllocator, pages_of
+from pipeline.core.storage import PrefetchPolicy
 from pipeline.engine.l3 import L3Tier, ObjectStage
 from pipeline.engine.l3_fetch import drain, settle
 from pipeline.engine.l3_jobs import ObjectsJob
-from pipeline.spec.plan import PlanSpec
-from pipeline.spec.slots import PageAllocator, pages_of
-from pipeline.spec.storage import PrefetchPolicy
 
 
 @dataclass

@@ -16,6 +16,8 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
+from pipeline.core.model import ModelGeometry
+from pipeline.core.topology import DeviceKind, Topology
 from pipeline.engine.cudart import Cudart, cuda_runtime
 from pipeline.engine.groups import engine_ranks, make_groups
 from pipeline.engine.memcpy import (
@@ -29,8 +31,6 @@ from pipeline.engine.memcpy import (
 from pipeline.engine.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_stack_copier
 from pipeline.engine.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.topology import DeviceKind, Topology
 
 
 class Backend(Enum):

@@ -8,8 +8,8 @@ from typing import TypeVar
 
 import torch
 
+from pipeline.core.model import Unit
 from pipeline.engine.memcpy import StackPages, stack_pages
-from pipeline.spec.model import Unit
 
 K = TypeVar("K")
 T = TypeVar("T")

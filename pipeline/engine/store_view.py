@@ -15,8 +15,7 @@ from types import TracebackType
 
 import numpy as np
 
-from pipeline.engine.stores import MooncakeStore, ObjectStore, open_store
-from pipeline.spec.l3 import (
+from pipeline.core.l3 import (
     PageObject,
     check_keys,
     largest_object,
@@ -24,9 +23,10 @@ from pipeline.spec.l3 import (
     prefix_keys,
     share_of,
 )
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.storage import StorageConfig, StorageKind
-from pipeline.spec.topology import Topology
+from pipeline.core.model import ModelGeometry
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.core.topology import Topology
+from pipeline.engine.stores import MooncakeStore, ObjectStore, open_store
 
 ASKING_BYTES = 1 << 20
 """A Mooncake client's buffers where it only asks whether objects are there (its least)."""
@@ -49,7 +49,7 @@ class StoreView:
     ) -> None:
         self.store = store
         self.space = space
-        """The job's namespace (`pipeline.spec.l3.namespace`): what its ranks write under."""
+        """The job's namespace (`pipeline.core.l3.namespace`): what its ranks write under."""
         self.objects = tuple(objects)
         """A page's object for each share of the KV that a replica group holds."""
         self.slots_per_page = slots_per_page

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.core.strategy import StrategyConfig
 from pipeline.engine.l3 import ObjectStage
 from pipeline.engine.transfer import StepStage, TransferStage
-from pipeline.spec.strategy import StrategyConfig
 
 
 @dataclass(frozen=True)

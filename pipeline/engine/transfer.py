@@ -4,7 +4,7 @@
 backup or load on this rank (its plan, its events, its page ids on the device). A stage is
 either run once per transfer (`TransferStage`: the prepare and finish lists) or once per step
 (`StepStage`: the per_step and exchange lists). These stages import this module, the streams
-and the spec layer, nothing else of the engine (the L3 tier's stages, `on_objects`, take the
+and the core layer, nothing else of the engine (the L3 tier's stages, `on_objects`, take the
 tier's own objects from `pipeline.engine.l3`).
 """
 
@@ -20,6 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from pipeline.core.model import Unit, by_pool_kind
+from pipeline.core.plan import Direction, PlanSpec, TransferPlan
+from pipeline.core.steps import Step
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import CopyPages, Upload
 from pipeline.engine.memcpy_batch import CopyStacks
@@ -27,9 +30,6 @@ from pipeline.engine.page_ids import PageIdBuffers
 from pipeline.engine.page_kernel import MovePages
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import Event, Stream
-from pipeline.spec.model import Unit, by_pool_kind
-from pipeline.spec.plan import Direction, PlanSpec, TransferPlan
-from pipeline.spec.steps import Step
 
 
 class Collectives(Protocol):

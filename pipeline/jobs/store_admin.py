@@ -16,12 +16,12 @@ import re
 import stat
 from pathlib import Path
 
+from pipeline.core.l3_owned import NAMESPACE
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.capacity import Bound, evict_pass
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.ledger import LEDGER, MAKING, check_ledger, read_ledger
 from pipeline.engine.stores.owned import Passed, walk
-from pipeline.spec.l3_owned import NAMESPACE
 
 MADE_LEDGER = re.compile(re.escape(MAKING) + r"[0-9a-f]{16}")
 """A ledger being made (`ledger.MAKING`): the store's own, beside its ledger."""

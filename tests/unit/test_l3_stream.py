@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.engine import l3_runs
 from pipeline.engine.engine import Engine
 from pipeline.engine.l3_load import StreamedLoad
@@ -24,7 +25,6 @@ from pipeline.engine.stores import FileStore
 from pipeline.engine.stores.file_parts import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
-from pipeline.spec.slots import page_tokens
 
 PAGES = 5
 

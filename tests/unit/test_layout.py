@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "stages").glob("*.py")])
 LAYERS = {
-    "pipeline.spec": 0,
+    "pipeline.core": 0,
     "pipeline.engine": 1,
     "stages": 2,
     "pipeline.config": 3,
@@ -119,10 +119,10 @@ def test_no_import_cycles() -> None:
 
 def test_only_the_engine_factory_builds_engines_and_sizes_pools() -> None:
     """`Engine(...)` is called in `pipeline.engine.factory` alone, and `HostCapacity` /
-    `Sizing` are made by `spec.sizing` alone: one factory, one sizing, whatever the caller
+    `Sizing` are made by `core.sizing` alone: one factory, one sizing, whatever the caller
     (API, jobs, benches, tests)."""
-    homes = {"Engine": "pipeline.engine.factory", "Sizing": "pipeline.spec.sizing"}
-    homes["HostCapacity"] = "pipeline.spec.sizing"
+    homes = {"Engine": "pipeline.engine.factory", "Sizing": "pipeline.core.sizing"}
+    homes["HostCapacity"] = "pipeline.core.sizing"
     everything = [*SOURCES, *(ROOT / "tests").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
     offenders = []
     for path in everything:
@@ -146,12 +146,12 @@ def test_only_the_config_layer_imports_hydra_or_omegaconf() -> None:
 
 
 def test_the_engine_and_every_stage_load_without_hydra() -> None:
-    """Importing the engine, the spec layer and every stage leaves Hydra and OmegaConf out of
+    """Importing the engine, the core layer and every stage leaves Hydra and OmegaConf out of
     `sys.modules` (a fresh interpreter, so nothing else imported them first)."""
     modules = [
         module_name(p)
         for p in SOURCES
-        if layer_of(module_name(p)) in (LAYERS["pipeline.spec"], LAYERS["pipeline.engine"], 2)
+        if layer_of(module_name(p)) in (LAYERS["pipeline.core"], LAYERS["pipeline.engine"], 2)
     ]
     assert "pipeline.engine.engine" in modules and "stages.copy" in modules
     code = (

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.engine.memcpy import upload_cpu
 from pipeline.engine.page_ids import BUFFERS, PageIdBuffers
 from pipeline.engine.streams import CpuEvent
-from pipeline.spec.slots import page_tokens
 
 MOST = 8
 

@@ -8,6 +8,11 @@ import itertools
 import pytest
 import torch
 
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, by_pool_kind
+from pipeline.core.ownership import Ownership, owner_map
+from pipeline.core.plan import Direction, PlanSpec, build_plan
+from pipeline.core.slots import page_tokens
+from pipeline.core.topology import IoBackend, MemLayout
 from pipeline.engine.batches import BatchRing
 from pipeline.engine.memcpy import copy_pages_cpu, upload_cpu
 from pipeline.engine.memcpy_batch import copy_stacks_cpu
@@ -16,11 +21,6 @@ from pipeline.engine.page_kernel import move_pages_cpu
 from pipeline.engine.pools import DevicePool, HostPool
 from pipeline.engine.streams import InlineStream
 from pipeline.engine.transfer import Resources, Trace, Transfer
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, by_pool_kind
-from pipeline.spec.ownership import Ownership, owner_map
-from pipeline.spec.plan import Direction, PlanSpec, build_plan
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.topology import IoBackend, MemLayout
 from stages.broadcast import Broadcast
 from stages.copy import Copy
 from stages.gather import Gather

@@ -1,7 +1,7 @@
 """L3 object stores: a folder on local disk (`files`), and Mooncake Store (`mooncake`).
 
 A store moves opaque blobs by name; what a blob means, and whether it is intact, is
-`pipeline.spec.l3`'s business. A read that fails for any reason is a miss (None, False), never
+`pipeline.core.l3`'s business. A read that fails for any reason is a miss (None, False), never
 an error in the middle of a transfer; opening a store and writing to it can fail loudly.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.stores.capacity import Quota
 from pipeline.engine.stores.direct import DirectReads
 from pipeline.engine.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.stores.mooncake import MooncakeStore
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 __all__ = [
     "Check",

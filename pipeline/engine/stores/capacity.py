@@ -26,6 +26,7 @@ import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+from pipeline.core.l3_owned import tenant_of
 from pipeline.engine.stores.beneath import Beneath
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.ledger import Ledger, open_ledger, read_ledger, write_ledger
@@ -36,7 +37,6 @@ from pipeline.engine.stores.owned import (
     unlink_unchanged,
     walk,
 )
-from pipeline.spec.l3_owned import tenant_of
 
 LOCK_POLL_S = 0.01
 """How often a wait on the folder's lock tries again."""

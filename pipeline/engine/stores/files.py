@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.core.l3_owned import is_object_name
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.stores.capacity import CapacityFull, Quota, open_bound
 from pipeline.engine.stores.counters import Counters
@@ -31,7 +32,6 @@ from pipeline.engine.stores.parts import (
     bytes_views,
     read_ranges,
 )
-from pipeline.spec.l3_owned import is_object_name
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then

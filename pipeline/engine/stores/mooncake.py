@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.storage import shown_url
 from pipeline.engine.stores.counters import Counters
 from pipeline.engine.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.stores.mooncake_parts import MooncakeParts
 from pipeline.engine.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
-from pipeline.spec.storage import shown_url
 
 OBJECT_NOT_FOUND = -704
 """Mooncake's error code for a name that holds nothing."""

@@ -1,5 +1,5 @@
 """What in a file store's folder is the store's own: the objects whose place and header prove
-it (`pipeline.spec.l3_owned`), and the temporary files of its writes. Nothing else is counted,
+it (`pipeline.core.l3_owned`), and the temporary files of its writes. Nothing else is counted,
 read past its first bytes, or removed: a user's files beside or inside the namespace folders
 are left alone, whatever their names.
 
@@ -18,9 +18,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from pipeline.core.l3 import MAX_OBJECT_BYTES
+from pipeline.core.l3_owned import LEAF, NAMESPACE, PREFIX, name_bytes, names_itself, tenant_of
 from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.spec.l3 import MAX_OBJECT_BYTES
-from pipeline.spec.l3_owned import LEAF, NAMESPACE, PREFIX, name_bytes, names_itself, tenant_of
 
 TEMPORARY = ".tmp-"
 """How a write in flight is named (`FileStore.put`), beside the object it becomes."""

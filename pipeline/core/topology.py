@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import Problem, positive, raise_problems
-from pipeline.spec.model import ModelGeometry, ModelKind
+from pipeline.core.checks import Problem, positive, raise_problems
+from pipeline.core.model import ModelGeometry, ModelKind
 
 MAX_RANKS = 1024
 """Most ranks a topology may have: reports and checks walk every rank, and a config from a

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pipeline.spec.checks import at_least, raise_problems
-from pipeline.spec.ownership import Ownership
+from pipeline.core.checks import at_least, raise_problems
+from pipeline.core.ownership import Ownership
 
 
 class Ordering(Enum):

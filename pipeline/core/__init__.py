@@ -1,4 +1,4 @@
-"""The spec layer: what moves where, as plain data and arithmetic.
+"""The core layer: what moves where, as plain data and arithmetic.
 
 Model geometry, topology, ownership, strategy knobs, slot/page arithmetic, pool sizing and the
 frozen per-transfer plan. No process group, no stream, no Hydra: everything here can be

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.model import Unit
+from pipeline.core.model import Unit
 
 
 class Ownership(Enum):

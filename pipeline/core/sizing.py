@@ -11,11 +11,11 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pipeline.spec.checks import LARGEST_NUMBER, Problem
-from pipeline.spec.model import ModelGeometry, by_pool_kind
-from pipeline.spec.ownership import OwnerMap, owner_map
-from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import IoBackend, MemLayout, Topology
+from pipeline.core.checks import LARGEST_NUMBER, Problem
+from pipeline.core.model import ModelGeometry, by_pool_kind
+from pipeline.core.ownership import OwnerMap, owner_map
+from pipeline.core.strategy import StrategyConfig
+from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import Problem, positive, raise_problems
+from pipeline.core.checks import Problem, positive, raise_problems
 
 MAX_LAYERS = 4096
 """Most layers a model may have: plans, pools and checks walk every layer."""

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 
-from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.topology import Topology
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.topology import Topology
 
 FORMAT_VERSION = 3
 """3: the header says each unit's length and which key checks it (2: one object per page for

@@ -1,4 +1,4 @@
-"""What proves that a file is an object of the L3 format (`pipeline.spec.l3`): where it lies
+"""What proves that a file is an object of the L3 format (`pipeline.core.l3`): where it lies
 (a namespace folder, a key-prefix folder, a key) and a header that names it. The file store
 removes nothing else, whoever asks (eviction, `store evict`, `store verify --remove`).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 import struct
 
-from pipeline.spec.l3 import HEADER, MAGIC
-from pipeline.spec.storage import MAX_NAME_CHARS
+from pipeline.core.l3 import HEADER, MAGIC
+from pipeline.core.storage import MAX_NAME_CHARS
 
 NAMESPACE = re.compile(rf"v\d+-\w+-p\d+-[0-9a-f]{{16}}(-t[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}})?")
 """A namespace's name (`namespace`), of any format version, a tenant's or not."""

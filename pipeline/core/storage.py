@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.spec.checks import Problem, at_least, finite, raise_problems
-from pipeline.spec.sizing import parse_bytes
+from pipeline.core.checks import Problem, at_least, finite, raise_problems
+from pipeline.core.sizing import parse_bytes
 
 MAX_IO_THREADS = 64
 MAX_NAME_CHARS = 64

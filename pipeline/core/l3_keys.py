@@ -15,7 +15,7 @@ from collections.abc import Sequence
 BlockHash = str | int | bytes
 """What engines hash a block to: SGLang a hex string, vLLM an int or (newer) bytes."""
 KEY_BYTES = 16
-"""32 hex digits: `pipeline.spec.l3.KEY`."""
+"""32 hex digits: `pipeline.core.l3.KEY`."""
 
 
 def block_keys(hashes: Sequence[BlockHash], space: str) -> list[str]:

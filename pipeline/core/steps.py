@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from pipeline.spec.model import Unit, by_pool_kind
+from pipeline.core.model import Unit, by_pool_kind
 
 E = TypeVar("E")
 

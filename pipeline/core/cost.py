@@ -25,11 +25,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from pipeline.spec.checks import Problem, raise_problems
-from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.ownership import OwnerMap, Ownership, owner_map
-from pipeline.spec.storage import StorageKind
-from pipeline.spec.topology import IoBackend, Topology
+from pipeline.core.checks import Problem, raise_problems
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.ownership import OwnerMap, Ownership, owner_map
+from pipeline.core.storage import StorageKind
+from pipeline.core.topology import IoBackend, Topology
 
 GB = 1e9
 """Link speeds are in GB/s of 1e9 bytes, as the benches print them."""

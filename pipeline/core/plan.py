@@ -15,14 +15,14 @@ from enum import Enum
 import numpy as np
 import torch
 
-from pipeline.spec.model import ModelGeometry, Unit
-from pipeline.spec.ownership import OwnerMap, Role
-from pipeline.spec.runs import Run, breaks, clip, runs_of
-from pipeline.spec.sizing import Sizing, batch_buffer_bytes, gathers_batches
-from pipeline.spec.slots import page_rows
-from pipeline.spec.steps import Step, StepLayout, backup_steps, load_steps
-from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import IoBackend, MemLayout, Topology
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.ownership import OwnerMap, Role
+from pipeline.core.runs import Run, breaks, clip, runs_of
+from pipeline.core.sizing import Sizing, batch_buffer_bytes, gathers_batches
+from pipeline.core.slots import page_rows
+from pipeline.core.steps import Step, StepLayout, backup_steps, load_steps
+from pipeline.core.strategy import StrategyConfig
+from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 
 class Direction(Enum):
