@@ -36,7 +36,7 @@ from pipeline.core.storage import StorageKind
 from pipeline.engine.adopt import Adopted
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.store_view import StoreView, open_view
+from pipeline.engine.l3.store_view import StoreView, open_view
 
 
 def compose(

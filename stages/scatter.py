@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipeline.core.ownership import Role
 from pipeline.core.steps import Step
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.transfer.state import Transfer
 
 
 class Scatter:

@@ -12,7 +12,7 @@ from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.core.checks import ConfigError
 from pipeline.core.l3 import Checks
 from pipeline.core.sizing import parse_bytes
-from pipeline.engine.stores.files import TIMEOUT_S, read_key_file
+from pipeline.engine.l3.stores.files import TIMEOUT_S, read_key_file
 from pipeline.jobs.store_admin import evict_store, store_stats
 from pipeline.jobs.store_verify import verify_store
 

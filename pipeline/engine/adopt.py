@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from pipeline.core.model import ModelGeometry, Unit
-from pipeline.engine.pools import unit_dtype
+from pipeline.engine.transfer.pools import unit_dtype
 
 Key = tuple[str, int]
 Adopted = Mapping[Key | str, torch.Tensor]

@@ -26,16 +26,16 @@ from pipeline.core.topology import IoBackend, Topology
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
+from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
-from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_pages import Scratches
+from pipeline.engine.l3.pages import Scratches
+from pipeline.engine.l3.stores import ObjectStore, open_store
+from pipeline.engine.l3.stores.files import read_key_file
+from pipeline.engine.l3.tier import L3Tier
 from pipeline.engine.runtime import Backend, Runtime, pick_backend, pick_device
-from pipeline.engine.stores import ObjectStore, open_store
-from pipeline.engine.stores.files import read_key_file
 from pipeline.engine.strategy import Strategy
-from pipeline.engine.streams import WorkerStream
-from pipeline.engine.transfer import Resources
+from pipeline.engine.transfer.graphs import TransferGraphs
+from pipeline.engine.transfer.state import Resources
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from prometheus_client.registry import Collector
 
 from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.slots import PageAllocator
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.transfer import Trace
+from pipeline.engine.l3.tier import L3Tier
+from pipeline.engine.transfer.state import Trace
 
 log = logging.getLogger("hicache-pipeline")
 

@@ -28,7 +28,7 @@ from typing import IO
 
 from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.storage import P2P_METADATA, StorageConfig, StorageKind
-from pipeline.engine.stores.files import read_key_file
+from pipeline.engine.l3.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.rank_start import die_with
 from pipeline.jobs.scratch import made_folder

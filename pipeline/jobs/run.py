@@ -19,7 +19,7 @@ from pipeline.core.sizing import capacity_problems
 from pipeline.core.slots import PageAllocator, page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.loads import L3Load, Loading
+from pipeline.engine.l3.handles import L3Load, Loading
 from pipeline.jobs.contents import (
     fill_random,
     first_mismatch,

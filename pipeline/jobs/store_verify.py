@@ -30,9 +30,9 @@ from pipeline.core.l3 import (
     unit_rows,
 )
 from pipeline.core.l3_owned import name_bytes, names_itself
-from pipeline.engine.stores.beneath import Beneath
-from pipeline.engine.stores.ledger import LEDGER
-from pipeline.engine.stores.owned import PEEK_FLAGS, Passed, Stored, unlink_unchanged, walk
+from pipeline.engine.l3.stores.beneath import Beneath
+from pipeline.engine.l3.stores.ledger import LEDGER
+from pipeline.engine.l3.stores.owned import PEEK_FLAGS, Passed, Stored, unlink_unchanged, walk
 from pipeline.jobs.store_admin import evict_store, open_folder
 
 PIECE_BYTES = 1 << 20

@@ -23,8 +23,8 @@ from pipeline.core.model import by_pool_kind
 from pipeline.core.plan import Direction
 from pipeline.core.slots import page_tokens
 from pipeline.core.steps import backup_steps
-from pipeline.engine import executor
-from pipeline.engine.streams import InlineStream
+from pipeline.engine.cuda.streams import InlineStream
+from pipeline.engine.transfer import executor
 
 DIRECT = ["topology.io_backend=direct", "topology.mem_layout=page_first_direct"]
 KERNEL = ["topology.io_backend=kernel", "topology.mem_layout=layer_first"]

@@ -35,10 +35,10 @@ from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership, owner_map
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import MemLayout, Topology
-from pipeline.engine.l3_pages import PageMap, Placement
-from pipeline.engine.pools import HostPool
-from pipeline.engine.stores import FileStore, MooncakeStore, PartRead, open_store
-from pipeline.engine.stores.beneath import Beneath
+from pipeline.engine.l3.pages import PageMap, Placement
+from pipeline.engine.l3.stores import FileStore, MooncakeStore, PartRead, open_store
+from pipeline.engine.l3.stores.beneath import Beneath
+from pipeline.engine.transfer.pools import HostPool
 from pipeline.jobs import l3_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
 from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback

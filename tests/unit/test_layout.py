@@ -64,8 +64,8 @@ def test_the_public_names_resolve_to_their_homes() -> None:
     from pipeline import api
     from pipeline.config.job import Job
     from pipeline.engine.engine import Engine
-    from pipeline.engine.executor import LoadHandle
-    from pipeline.engine.store_view import StoreView
+    from pipeline.engine.l3.store_view import StoreView
+    from pipeline.engine.transfer.executor import LoadHandle
 
     assert (pipeline.compose, pipeline.create_engine) == (api.compose, api.create_engine)
     assert (pipeline.page_keys, pipeline.open_store) == (api.page_keys, api.open_store)

@@ -13,9 +13,9 @@ import torch
 
 import pipeline
 from pipeline.core.slots import page_tokens
-from pipeline.engine.memcpy import upload_cpu
-from pipeline.engine.page_ids import BUFFERS, PageIdBuffers
-from pipeline.engine.streams import CpuEvent
+from pipeline.engine.cuda.memcpy import upload_cpu
+from pipeline.engine.cuda.page_ids import BUFFERS, PageIdBuffers
+from pipeline.engine.cuda.streams import CpuEvent
 
 MOST = 8
 

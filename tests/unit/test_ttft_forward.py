@@ -11,8 +11,8 @@ import torch
 from conftest import job_config
 
 from pipeline.core.checks import ConfigError
+from pipeline.engine.cuda.streams import InlineStream
 from pipeline.engine.factory import open_engine
-from pipeline.engine.streams import InlineStream
 from pipeline.jobs.bench.forward import (
     DEEPSEEK_V3,
     TINY,

@@ -27,8 +27,8 @@ import torch
 
 from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.model import ModelGeometry
-from pipeline.engine.loads import Loading
-from pipeline.engine.streams import Stream
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.l3.handles import Loading
 
 TOKEN_CHUNK = 8192
 """New tokens per GEMM (a chunked prefill's chunk): bounds the activations of a recompute."""

@@ -28,7 +28,7 @@ from pipeline.core.l3 import largest_object
 from pipeline.core.model import ModelGeometry
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.factory import engine_on
-from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.l3_case import measure_l3_case
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3

@@ -28,8 +28,8 @@ from pipeline.core.model import ModelGeometry
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import engine_on
+from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.forward import published_config
 from pipeline.jobs.bench.l3 import kinds, store_case

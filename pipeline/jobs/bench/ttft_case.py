@@ -12,8 +12,8 @@ import torch
 
 from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
-from pipeline.engine.l3_load import StreamedLoad
-from pipeline.engine.loads import Loading
+from pipeline.engine.l3.handles import Loading
+from pipeline.engine.l3.load import StreamedLoad
 from pipeline.jobs.bench.forward import PublishedConfig, SyntheticForward, forward_flops
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, poison_host, snapshot
