@@ -1,6 +1,6 @@
-"""The layout shows the architecture, and stays that way: layers import only downward, only the
-config layer knows Hydra, no module or function outgrows a sitting, every public class says
-what it is, and code comments carry no benchmark numbers."""
+"""The layout shows the architecture, and stays that way: layers import only downward, and so
+do the engine's rooms; only the config layer knows Hydra, no module or function outgrows a
+sitting, every public class says what it is, and code comments carry no benchmark numbers."""
 
 from __future__ import annotations
 
@@ -27,6 +27,14 @@ LAYERS = {
     "pipeline.__main__": 6,
 }
 """Each package's layer: a module imports only from its own layer or below."""
+ROOMS = {
+    "cuda": {"cuda"},
+    "transfer": {"cuda", "transfer"},
+    "l3": {"cuda", "transfer", "l3", "runtime", "acks", "strategy"},
+}
+"""What each room of `pipeline/engine/` may import of the engine: its own room and those below
+it; the L3 tier also the runtime, ack ledger and strategy it runs on. No room imports the
+Engine API (`engine`, `factory`), which sits on top of them all."""
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 50
 
@@ -34,6 +42,12 @@ MAX_FUNCTION_LINES = 50
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def place_in_engine(module: str) -> str | None:
+    """`pipeline.engine.l3.tier` -> `l3` (a room), `pipeline.engine.runtime` -> `runtime`."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["pipeline", "engine"] and len(parts) > 2 else None
 
 
 def layer_of(module: str) -> int | None:
@@ -92,6 +106,31 @@ def test_imports_go_downward_only() -> None:
             if theirs is not None and theirs > (layer_of(here) or 0):
                 upward.append(f"{here} imports {imported}")
     assert upward == []
+
+
+def test_the_engine_rooms_import_only_their_own_and_lower_rooms() -> None:
+    crossing = []
+    for path in SOURCES:
+        here = place_in_engine(module_name(path))
+        for imported in imports(path) if here in ROOMS else ():
+            theirs = place_in_engine(imported)
+            if theirs is not None and theirs not in ROOMS[here]:
+                crossing.append(f"{module_name(path)} imports {imported}")
+    assert crossing == []
+
+
+def test_stages_see_the_engine_rooms_only() -> None:
+    """A stage imports of the engine only its rooms (copy calls and streams, a transfer's
+    state, the L3 tier), never the Engine API or its lifetime: stages run in unit tests with
+    fakes, no engine made."""
+    offenders = [
+        f"{module_name(p)} imports {m}"
+        for p in SOURCES
+        if module_name(p).startswith("stages")
+        for m in imports(p)
+        if place_in_engine(m) not in (None, *ROOMS)
+    ]
+    assert offenders == []
 
 
 def test_no_import_cycles() -> None:
