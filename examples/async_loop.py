@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.jobs.contents import fill_random, first_mismatch, snapshot
-from pipeline.spec.slots import page_tokens
 
 
 def main(overrides: list[str]) -> None:

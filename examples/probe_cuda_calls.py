@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from pipeline.engine.cudart import loaded_cudart
+from pipeline.engine.cuda.cudart import loaded_cudart
 
 torch.cuda.init()
 dev = torch.device("cuda", 0)

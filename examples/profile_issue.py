@@ -33,15 +33,15 @@ import torch
 import torch.distributed as dist
 
 import pipeline
+import pipeline.core.plan as plan_module
 import pipeline.engine.engine as engine_module
-import pipeline.engine.executor as executor
-import pipeline.spec.plan as plan_module
+import pipeline.engine.transfer.executor as executor
+from pipeline.core.slots import PageAllocator, page_tokens
+from pipeline.core.steps import StepLayout
 from pipeline.engine.acks import AckLedger
-from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.memcpy_batch import Batches
-from pipeline.engine.page_ids import PageIdBuffers
-from pipeline.spec.slots import PageAllocator, page_tokens
-from pipeline.spec.steps import StepLayout
+from pipeline.engine.cuda.memcpy_batch import Batches
+from pipeline.engine.cuda.page_ids import PageIdBuffers
+from pipeline.engine.transfer.graphs import TransferGraphs
 
 PATHS = [  # (io backend, host layout, chunk pages, graph cache, placement)
     ("direct", "page_first_direct", 0, 0, "contiguous"),

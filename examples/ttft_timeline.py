@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import pipeline
-from pipeline.engine.streams import CudaStream
+from pipeline.engine.cuda.streams import CudaStream
 from pipeline.jobs.bench.forward import DEEPSEEK_V3, SyntheticForward
 from pipeline.jobs.bench.ttft_case import Prefix
 

@@ -25,9 +25,9 @@ _HOMES = {
     "create_engine": "pipeline.api",
     "open_store": "pipeline.api",
     "page_keys": "pipeline.api",
-    "StoreView": "pipeline.engine.store_view",
+    "StoreView": "pipeline.engine.l3.store_view",
     "Engine": "pipeline.engine.engine",
-    "LoadHandle": "pipeline.engine.executor",
+    "LoadHandle": "pipeline.engine.transfer.executor",
     "Job": "pipeline.config.job",
 }
 

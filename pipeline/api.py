@@ -30,13 +30,13 @@ import torch.distributed as dist
 
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.job import Job
+from pipeline.core.l3 import namespace
+from pipeline.core.l3_keys import BlockHash, block_keys
+from pipeline.core.storage import StorageKind
 from pipeline.engine.adopt import Adopted
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.store_view import StoreView, open_view
-from pipeline.spec.l3 import namespace
-from pipeline.spec.l3_keys import BlockHash, block_keys
-from pipeline.spec.storage import StorageKind
+from pipeline.engine.l3.store_view import StoreView, open_view
 
 
 def compose(

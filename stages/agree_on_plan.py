@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.engine.l3 import L3Tier, ObjectsJob
+from pipeline.engine.l3.tier import L3Tier, ObjectsJob
 
 log = logging.getLogger("hicache-pipeline")
 

@@ -4,7 +4,7 @@ One function per (direction, io backend). `direct` issues one DMA per run of pag
 on both sides (strided where the host layout spaces a unit's pages apart). A backup's step
 covers the units of a pool kind; where both pools keep them evenly spaced in one buffer, one
 call per run covers them all: one strided DMA where each unit's run is one block on both sides
-(layer_first), else one batch of DMAs (`pipeline.engine.memcpy_batch`). `kernel` issues one
+(layer_first), else one batch of DMAs (`pipeline.engine.cuda.memcpy_batch`). `kernel` issues one
 `move_pages` per step (one launch on cuda that gathers and scatters, reaching pinned host
 memory through its UVA alias; torch's index ops on CPU), reading or writing the host pages in
 place where they are one run; where the pages are consecutive on both sides (outside CUDA
@@ -22,15 +22,15 @@ import functools
 
 import torch
 
-from pipeline.engine.memcpy import Pages, StackPages, pages_view
-from pipeline.engine.page_kernel import MovePages, PageAt
-from pipeline.engine.stacks import remembered
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Route, Transfer
-from pipeline.spec.model import Unit
-from pipeline.spec.plan import Direction
-from pipeline.spec.steps import Step
-from pipeline.spec.topology import IoBackend
+from pipeline.core.model import Unit
+from pipeline.core.plan import Direction
+from pipeline.core.steps import Step
+from pipeline.core.topology import IoBackend
+from pipeline.engine.cuda.memcpy import Pages, StackPages, pages_view
+from pipeline.engine.cuda.page_kernel import MovePages, PageAt
+from pipeline.engine.cuda.stacks import remembered
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.transfer.state import Route, Transfer
 from stages.copy_views import KernelViews, kernel_views, page_stacks, runs_are_blocks, stacks_of
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.engine.memcpy import StackPages
-from pipeline.engine.transfer import Transfer
-from pipeline.spec.model import Unit
+from pipeline.core.model import Unit
+from pipeline.engine.cuda.memcpy import StackPages
+from pipeline.engine.transfer.state import Transfer
 
 
 def stacks_of(t: Transfer, units: tuple[Unit, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:

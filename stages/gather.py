@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
-from pipeline.spec.ownership import Role
-from pipeline.spec.steps import Step
+from pipeline.core.ownership import Role
+from pipeline.core.steps import Step
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.transfer.state import Transfer
 
 
 class Gather:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.engine.l3 import L3Tier, ObjectsJob
-from pipeline.engine.l3_fetch import start_reads
+from pipeline.engine.l3.fetch import start_reads
+from pipeline.engine.l3.tier import L3Tier, ObjectsJob
 
 
 class ReadObjects:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
-from pipeline.spec.steps import Step
+from pipeline.core.steps import Step
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.transfer.state import Transfer
 
 
 class RecordEvent:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.transfer.state import Transfer
 
 
 def page_digests(pages: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.engine.l3 import L3Tier, ObjectsJob
-from pipeline.engine.l3_shares import hear_missing, receive_shares, send_share, tell_missing
+from pipeline.engine.l3.shares import hear_missing, receive_shares, send_share, tell_missing
+from pipeline.engine.l3.tier import L3Tier, ObjectsJob
 
 
 class WriteObjects:

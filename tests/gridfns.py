@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import pipeline
-from pipeline.engine.loads import WindowedLoad
-from pipeline.engine.pools import unit_dtype, unit_shape
+from pipeline.engine.l3.handles import WindowedLoad
+from pipeline.engine.transfer.pools import unit_dtype, unit_shape
 
 MODELS = ("tiny_mla", "tiny_dsa", "tiny_mha")
 STRATEGIES = ("replicated", "single_source", "rotating")

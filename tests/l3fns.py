@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.loads import L3Load
-from pipeline.engine.stores import FileStore
+from pipeline.engine.l3.handles import L3Load
+from pipeline.engine.l3.stores import FileStore
 from pipeline.jobs.contents import (
     POISON,
     fill_random,
@@ -24,7 +25,6 @@ from pipeline.jobs.contents import (
     snapshot,
 )
 from pipeline.jobs.run import forward
-from pipeline.spec.slots import page_tokens
 
 PAGES = 4
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import pipeline
 from pipeline.config.job import Job
-from pipeline.spec.slots import page_tokens
+from pipeline.core.slots import page_tokens
 
 
 def extra_poll(args: tuple[Job, bool], rank: int, world_size: int, local_rank: int) -> dict:

@@ -10,11 +10,11 @@ from typing import Any
 import torch.distributed as dist
 
 from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
 from pipeline.jobs.contents import POISON, fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.run import forward
-from pipeline.spec.slots import page_tokens
 
 PAGES = 8
 WAIT_S = 120.0

@@ -12,14 +12,14 @@ from typing import Any
 import torch
 
 from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
+from pipeline.core.steps import Step
+from pipeline.engine.cuda.streams import Stream
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.streams import Stream
-from pipeline.engine.transfer import Transfer
+from pipeline.engine.transfer.state import Transfer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.run import drive, forward, run_report
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.steps import Step
 from stages.scatter import Scatter
 
 

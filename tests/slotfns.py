@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.run import forward
-from pipeline.spec.slots import page_tokens
 
 
 def refused(call: Any) -> str:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from gridfns import first_difference, layers, loaded
 
 import pipeline
-from pipeline.spec.model import ModelKind
+from pipeline.core.model import ModelKind
 
 PAGES = 4
 TOKENS = list(range(100, 100 + PAGES * 4))  # page_size 4 in every tiny model

@@ -18,6 +18,7 @@ from pipeline.config.explain import explained
 from pipeline.config.job import Job
 from pipeline.config.links import links_of
 from pipeline.config.validate import validate_all, validate_one
+from pipeline.core.checks import ConfigError, Problem, raise_problems
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs import deadlock_model, report
 from pipeline.jobs.bench import run_bench
@@ -37,7 +38,6 @@ from pipeline.jobs.simulate import summarize as summarize_simulation
 from pipeline.jobs.soak import soak_rank
 from pipeline.jobs.soak import summarize as summarize_soak
 from pipeline.jobs.spawn import RankFn
-from pipeline.spec.checks import ConfigError, Problem, raise_problems
 
 log = logging.getLogger("hicache-pipeline")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import sys
 
+from pipeline.core.checks import ConfigError
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
-from pipeline.spec.checks import ConfigError
 
 
 def failed(as_json: bool, error: Exception, code: int) -> int:

@@ -19,9 +19,9 @@ from pipeline.cli.store import store_main
 from pipeline.cli.sweep import run_sweep
 from pipeline.config.app import CommandLine, configs
 from pipeline.config.compose import ALL_GROUPS, READS
+from pipeline.core.checks import ConfigError
 from pipeline.jobs.report import printable
 from pipeline.jobs.spawn import RankFailure
-from pipeline.spec.checks import ConfigError
 
 CLOSED_PIPE = 128 + signal.SIGPIPE
 """The exit code when stdout's reader went away (`| head`): what a process that SIGPIPE

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from pipeline.cli.failure import failed
 from pipeline.config.app import CommandLine, checked_session, configs
-from pipeline.engine.stores.files import TIMEOUT_S, read_key_file
+from pipeline.core.checks import ConfigError
+from pipeline.core.l3 import Checks
+from pipeline.core.sizing import parse_bytes
+from pipeline.engine.l3.stores.files import TIMEOUT_S, read_key_file
 from pipeline.jobs.store_admin import evict_store, store_stats
 from pipeline.jobs.store_verify import verify_store
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.l3 import Checks
-from pipeline.spec.sizing import parse_bytes
 
 STORE_HELP = """\
 usage: hicache-pipeline store stats FOLDER [--json]

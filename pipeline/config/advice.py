@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipeline.config.build import built
 from pipeline.config.compose import Session
-from pipeline.spec.checks import Problem
-from pipeline.spec.model import ModelGeometry
+from pipeline.core.checks import Problem
+from pipeline.core.model import ModelGeometry
 
 PREFIX_TOKENS = 128 * 1024
 """The prefix a page size is judged at: a long context's (no model here states its own)."""

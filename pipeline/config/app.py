@@ -19,7 +19,7 @@ from hydra import initialize_config_module
 from pipeline.config.compose import ALL_GROUPS, Session
 from pipeline.config.deployment import Configs
 from pipeline.config.validate import checked_config
-from pipeline.spec.checks import ConfigError, Problem, raise_problems
+from pipeline.core.checks import ConfigError, Problem, raise_problems
 
 FLAGS_WITH_VALUES = {"--config-dir": "config_dir", "--cfg": "cfg"}
 

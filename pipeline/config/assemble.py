@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema_check import value_problems
-from pipeline.engine.l3 import ObjectStage
-from pipeline.engine.strategy import L3Pipeline, Pipeline, Strategy
-from pipeline.engine.transfer import StepStage, TransferStage
-from pipeline.spec.checks import Problem
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.strategy import StrategyConfig
+from pipeline.core.checks import Problem
+from pipeline.core.ownership import Ownership
+from pipeline.core.strategy import StrategyConfig
+from pipeline.engine.l3.tier import ObjectStage
+from pipeline.engine.strategy import L3Pipeline, Strategy
+from pipeline.engine.transfer import Pipeline, StepStage, TransferStage
 
 STAGE_PACKAGE = "stages"
 LIST_PROTOCOLS: Mapping[str, type] = {

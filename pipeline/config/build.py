@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.spec.checks import ConfigError, Problem
+from pipeline.core.checks import ConfigError, Problem
 
 log = logging.getLogger("hicache-pipeline.config")
 MISSING = "???"

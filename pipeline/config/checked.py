@@ -23,7 +23,7 @@ from pipeline.config.links import links_problems
 from pipeline.config.ranges import port_problems, range_problems
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import not_a_field
-from pipeline.spec.checks import ConfigError, Problem
+from pipeline.core.checks import ConfigError, Problem
 
 DIRECTIONS = ("backup", "load", "l3")
 Sibling = Callable[[str], DictConfig]

@@ -26,9 +26,9 @@ from pipeline.config.costs import AUTO, Ranking, device_links, ranking
 from pipeline.config.eligibility import Verdict
 from pipeline.config.job import Job, pool_problems
 from pipeline.config.schema import GROUP_SCHEMAS, Config
-from pipeline.spec.checks import ConfigError, Problem, raise_problems
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.topology import Topology
+from pipeline.core.checks import ConfigError, Problem, raise_problems
+from pipeline.core.model import ModelGeometry
+from pipeline.core.topology import Topology
 
 log = logging.getLogger("hicache-pipeline.config")
 ALL_GROUPS = frozenset(GROUP_SCHEMAS)

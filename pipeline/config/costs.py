@@ -21,13 +21,13 @@ from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evalu
 from pipeline.config.links import links_of
 from pipeline.config.schema import GROUP_SCHEMAS, RuntimeConfig, WorkloadConfig
 from pipeline.config.sources import shipped_options
-from pipeline.spec.checks import ConfigError, Problem, raise_problems
-from pipeline.spec.cost import Case, Estimate, Links, estimate
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.storage import StorageConfig, StorageKind
-from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import DeviceKind, Topology
+from pipeline.core.checks import ConfigError, Problem, raise_problems
+from pipeline.core.cost import Case, Estimate, Links, estimate
+from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import Ownership
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.core.strategy import StrategyConfig
+from pipeline.core.topology import DeviceKind, Topology
 
 AUTO = "auto"
 """The strategy option that runs the winner (conf/strategy/auto.yaml is replicated's

@@ -24,7 +24,7 @@ from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import without
 from pipeline.config.sources import ConfigSources
 from pipeline.config.untrusted import option_problems, read_yaml
-from pipeline.spec.checks import Problem
+from pipeline.core.checks import Problem
 
 FILE = "config.yaml"
 GROUP, NAME = "deployment", "config"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from pipeline.spec.checks import Problem, at_least, non_empty, raise_problems
-from pipeline.spec.storage import StorageKind
-from pipeline.spec.topology import IoBackend
+from pipeline.core.checks import Problem, at_least, non_empty, raise_problems
+from pipeline.core.storage import StorageKind
+from pipeline.core.topology import IoBackend
 
 
 class Placement(Enum):

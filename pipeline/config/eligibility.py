@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pipeline.spec.cost import Case, Estimate
-from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.storage import StorageConfig, StorageKind
-from pipeline.spec.topology import DisaggregationMode, IoBackend, MemLayout, Topology
+from pipeline.core.cost import Case, Estimate
+from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.core.topology import DisaggregationMode, IoBackend, MemLayout, Topology
 
 
 @dataclass(frozen=True)

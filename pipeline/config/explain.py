@@ -26,9 +26,9 @@ from pipeline.config.deployment import Configs
 from pipeline.config.eligibility import Chain, RuleResult, chain_of
 from pipeline.config.overrides import checked_overrides
 from pipeline.config.validate import checked_config, group_options
-from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.topology import Topology
+from pipeline.core.checks import ConfigError, Problem
+from pipeline.core.model import ModelGeometry
+from pipeline.core.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,20 @@ from pipeline.config.schema import (
     SoakConfig,
     WorkloadConfig,
 )
-from pipeline.engine.factory import EngineRecipe
-from pipeline.engine.strategy import Strategy
-from pipeline.spec.checks import Problem
-from pipeline.spec.l3 import object_bytes
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.sizing import (
+from pipeline.core.checks import Problem
+from pipeline.core.l3 import object_bytes
+from pipeline.core.model import ModelGeometry
+from pipeline.core.sizing import (
     DEFAULT_HOST_RATIO,
     PoolBudget,
     capacity_problems,
     exchange_staging_bytes,
     size_rank,
 )
-from pipeline.spec.storage import StorageConfig
-from pipeline.spec.topology import Topology
+from pipeline.core.storage import StorageConfig
+from pipeline.core.topology import Topology
+from pipeline.engine.factory import EngineRecipe
+from pipeline.engine.strategy import Strategy
 
 
 @dataclass(frozen=True)

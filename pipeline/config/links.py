@@ -14,8 +14,8 @@ from pipeline.config.reach import PRESET
 from pipeline.config.schema_check import schema_problems
 from pipeline.config.sources import shipped_root
 from pipeline.config.untrusted import read_yaml
-from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.cost import Links, link_range
+from pipeline.core.checks import ConfigError, Problem
+from pipeline.core.cost import Links, link_range
 
 KEY = "runtime.links"
 

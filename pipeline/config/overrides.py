@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from pipeline.config.schema import GROUP_SCHEMAS, Config
 from pipeline.config.schema_check import did_you_mean, not_a_field, value_problems
 from pipeline.config.untrusted import RESOLVER, strings
-from pipeline.spec.checks import Problem
+from pipeline.core.checks import Problem
 
 ALLOWED_HYDRA_KEYS: frozenset[str] = frozenset()
 """`hydra.*` keys a user may set: none (this CLI composes configs; Hydra runs no job)."""

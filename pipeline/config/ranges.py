@@ -18,9 +18,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.config.schema import MAX_TOKENS
 from pipeline.config.schema_check import shown
-from pipeline.spec.checks import LARGEST_NUMBER, Problem
-from pipeline.spec.model import MAX_LAYERS
-from pipeline.spec.topology import MAX_RANKS, Topology
+from pipeline.core.checks import LARGEST_NUMBER, Problem
+from pipeline.core.model import MAX_LAYERS
+from pipeline.core.topology import MAX_RANKS, Topology
 
 WEEK_S = 7 * 24 * 3600
 """The longest wait: far below what a thread or a process group can wait (threading's

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema_check import shown
-from pipeline.spec.checks import Problem
+from pipeline.core.checks import Problem
 
 ENDPOINT_KEYS = ("master", "metadata_server")
 """storage keys that name a network endpoint every rank would connect to."""

@@ -1,6 +1,6 @@
 """Typed schemas of the config groups that only jobs read, and the root `Config`.
 
-The model, topology and strategy schemas are the spec layer's own dataclasses. Every YAML
+The model, topology and strategy schemas are the core layer's own dataclasses. Every YAML
 option starts with `defaults: [base_<group>]`, so composing it checks types, enum choices and
 unknown keys against these; required fields have no default. Range checks run in
 `__post_init__`, so `validate` reports them with file and key. Each field's one-line doc is the
@@ -12,19 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config.drive_schemas import BenchConfig, Placement, SimulateConfig, SoakConfig
-from pipeline.engine.runtime import Backend
-from pipeline.spec.checks import (
+from pipeline.core.checks import (
     LARGEST_NUMBER,
     Problem,
     at_least,
     finite,
     raise_problems,
 )
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.sizing import parse_bytes
-from pipeline.spec.storage import StorageConfig
-from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import Topology
+from pipeline.core.model import ModelGeometry
+from pipeline.core.sizing import parse_bytes
+from pipeline.core.storage import StorageConfig
+from pipeline.core.strategy import StrategyConfig
+from pipeline.core.topology import Topology
+from pipeline.engine.runtime import Backend
 
 MAX_TOKENS = 1 << 24
 """The most tokens a workload moves or a device pool holds: 16M tokens of deepseek_v3 are

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from pipeline.spec.checks import Problem
+from pipeline.core.checks import Problem
 
 SCALARS: dict[type, tuple[type, ...]] = {
     bool: (bool,),

@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.untrusted import UserOption, read_config_dir, read_yaml
-from pipeline.spec.checks import Problem
+from pipeline.core.checks import Problem
 
 
 def shipped_root() -> Path:

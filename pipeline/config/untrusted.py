@@ -26,7 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from pipeline.config.reach import FILES_READ, endpoint_problems, folder_paths, reach_problems
 from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.schema_check import schema_problems, without
-from pipeline.spec.checks import ConfigError, Problem
+from pipeline.core.checks import ConfigError, Problem
 
 MAX_FILE_BYTES = 64 * 1024
 """Largest config file read (the shipped ones are under 2 KiB)."""

@@ -16,7 +16,7 @@ from pipeline.config.checked import strategy_stage_problems
 from pipeline.config.compose import ALL_GROUPS, JOB_GROUPS, Session
 from pipeline.config.deployment import Configs
 from pipeline.config.overrides import checked_overrides
-from pipeline.spec.checks import ConfigError, Problem
+from pipeline.core.checks import ConfigError, Problem
 
 
 def config_problems(

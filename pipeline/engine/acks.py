@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.engine.streams import Event
+from pipeline.engine.cuda.streams import Event
 
 log = logging.getLogger("hicache-pipeline")
 

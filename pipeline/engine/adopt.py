@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import torch
 
-from pipeline.engine.pools import unit_dtype
-from pipeline.spec.model import ModelGeometry, Unit
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.engine.transfer.pools import unit_dtype
 
 Key = tuple[str, int]
 Adopted = Mapping[Key | str, torch.Tensor]

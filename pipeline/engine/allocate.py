@@ -6,15 +6,15 @@ from collections.abc import Mapping
 
 import torch
 
-from pipeline.engine.page_ids import PageIdBuffers
-from pipeline.engine.pools import DevicePool, HostPool, uva_alias
+from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.sizing import Sizing, batch_buffer_bytes, exchange_staging_bytes
+from pipeline.core.strategy import StrategyConfig
+from pipeline.core.topology import Topology
+from pipeline.engine.cuda.page_ids import PageIdBuffers
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.transfer import Resources, Trace
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.sizing import Sizing, batch_buffer_bytes, exchange_staging_bytes
-from pipeline.spec.strategy import StrategyConfig
-from pipeline.spec.topology import Topology
+from pipeline.engine.transfer.pools import DevicePool, HostPool, uva_alias
+from pipeline.engine.transfer.state import Resources, Trace
 
 
 def allocate(

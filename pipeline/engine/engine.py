@@ -12,30 +12,30 @@ from collections.abc import Sequence
 
 import torch
 
+from pipeline.core.l3 import prefix_keys
+from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.plan import Direction, PlanSpec, StepsCache, build_plan
+from pipeline.core.sizing import Sizing
+from pipeline.core.slots import PageAllocator
+from pipeline.core.strategy import Ordering
+from pipeline.core.topology import Topology
 from pipeline.engine.acks import Ack, AckLedger, digest_of
-from pipeline.engine.batches import BatchRing
-from pipeline.engine.executor import LoadHandle, issue_copies, issue_transfer, prepare
-from pipeline.engine.graphs import TransferGraphs
+from pipeline.engine.cuda.streams import Event, Stream, follow
 from pipeline.engine.host_slots import HostSlots
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_jobs import objects_job, prefetch_job
-from pipeline.engine.l3_load import stream_from_l3, streamed_layers, windowed_from_l3
-from pipeline.engine.loads import L3Load, WindowedLoad
+from pipeline.engine.l3.handles import L3Load, WindowedLoad
+from pipeline.engine.l3.jobs import objects_job, prefetch_job
+from pipeline.engine.l3.load import stream_from_l3, streamed_layers, windowed_from_l3
+from pipeline.engine.l3.prefetch import Prefetch, agreed_pages, refused, start
+from pipeline.engine.l3.tier import L3Tier
 from pipeline.engine.metrics import EngineMetrics, readings
-from pipeline.engine.pools import DevicePool, HostPool
-from pipeline.engine.prefetch import Prefetch, agreed_pages, refused, start
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy
-from pipeline.engine.streams import Event, Stream, follow
-from pipeline.engine.transfer import Resources, Trace, Transfer
-from pipeline.spec.l3 import prefix_keys
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.plan import Direction, PlanSpec, StepsCache, build_plan
-from pipeline.spec.sizing import Sizing
-from pipeline.spec.slots import PageAllocator
-from pipeline.spec.strategy import Ordering
-from pipeline.spec.topology import Topology
+from pipeline.engine.transfer.batches import BatchRing
+from pipeline.engine.transfer.executor import LoadHandle, issue_copies, issue_transfer, prepare
+from pipeline.engine.transfer.graphs import TransferGraphs
+from pipeline.engine.transfer.pools import DevicePool, HostPool
+from pipeline.engine.transfer.state import Resources, Trace, Transfer
 
 
 class Engine:

@@ -17,25 +17,25 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipeline.core.l3 import Checks, PageObject, largest_object, namespace, page_roles, share_of
+from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import OwnerMap
+from pipeline.core.sizing import PoolBudget, size_rank
+from pipeline.core.storage import StorageConfig
+from pipeline.core.topology import IoBackend, Topology
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
+from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
-from pipeline.engine.graphs import TransferGraphs
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.l3_pages import Scratches
+from pipeline.engine.l3.pages import Scratches
+from pipeline.engine.l3.stores import ObjectStore, open_store
+from pipeline.engine.l3.stores.files import read_key_file
+from pipeline.engine.l3.tier import L3Tier
 from pipeline.engine.runtime import Backend, Runtime, pick_backend, pick_device
-from pipeline.engine.stores import ObjectStore, open_store
-from pipeline.engine.stores.files import read_key_file
 from pipeline.engine.strategy import Strategy
-from pipeline.engine.streams import WorkerStream
-from pipeline.engine.transfer import Resources
-from pipeline.spec.l3 import Checks, PageObject, largest_object, namespace, page_roles, share_of
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.ownership import OwnerMap
-from pipeline.spec.sizing import PoolBudget, size_rank
-from pipeline.spec.storage import StorageConfig
-from pipeline.spec.topology import IoBackend, Topology
+from pipeline.engine.transfer.graphs import TransferGraphs
+from pipeline.engine.transfer.state import Resources
 
 
 @dataclass(frozen=True)

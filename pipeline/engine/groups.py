@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from pipeline.spec.topology import Topology
+from pipeline.core.topology import Topology
 
 
 def engine_ranks(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.spec.slots import PageAllocator, page_tokens, pages_of
+from pipeline.core.slots import PageAllocator, page_tokens, pages_of
 
 
 class HostSlots:

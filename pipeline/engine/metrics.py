@@ -24,10 +24,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.transfer import Trace
-from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.slots import PageAllocator
+from pipeline.core.checks import ConfigError, Problem
+from pipeline.core.slots import PageAllocator
+from pipeline.engine.l3.tier import L3Tier
+from pipeline.engine.transfer.state import Trace
 
 log = logging.getLogger("hicache-pipeline")
 

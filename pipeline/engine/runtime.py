@@ -16,9 +16,10 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from pipeline.engine.cudart import Cudart, cuda_runtime
-from pipeline.engine.groups import engine_ranks, make_groups
-from pipeline.engine.memcpy import (
+from pipeline.core.model import ModelGeometry
+from pipeline.core.topology import DeviceKind, Topology
+from pipeline.engine.cuda.cudart import Cudart, cuda_runtime
+from pipeline.engine.cuda.memcpy import (
     CopyPages,
     Upload,
     copy_pages_cpu,
@@ -26,11 +27,10 @@ from pipeline.engine.memcpy import (
     cuda_uploader,
     upload_cpu,
 )
-from pipeline.engine.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_stack_copier
-from pipeline.engine.page_kernel import MovePages, PageKernel, move_pages_cpu
-from pipeline.engine.streams import CudaStream, InlineStream, Stream, WorkerStream
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.topology import DeviceKind, Topology
+from pipeline.engine.cuda.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_stack_copier
+from pipeline.engine.cuda.page_kernel import MovePages, PageKernel, move_pages_cpu
+from pipeline.engine.cuda.streams import CudaStream, InlineStream, Stream, WorkerStream
+from pipeline.engine.groups import engine_ranks, make_groups
 
 
 class Backend(Enum):

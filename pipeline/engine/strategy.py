@@ -4,19 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.engine.l3 import ObjectStage
-from pipeline.engine.transfer import StepStage, TransferStage
-from pipeline.spec.strategy import StrategyConfig
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """One direction's stages (see `PipelineConfig` for when each list runs)."""
-
-    prepare: tuple[TransferStage, ...] = ()
-    per_step: tuple[StepStage, ...] = ()
-    exchange: tuple[StepStage, ...] = ()
-    finish: tuple[TransferStage, ...] = ()
+from pipeline.core.strategy import StrategyConfig
+from pipeline.engine.l3.tier import ObjectStage
+from pipeline.engine.transfer import Pipeline
 
 
 @dataclass(frozen=True)

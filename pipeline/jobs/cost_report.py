@@ -13,8 +13,8 @@ from typing import Any
 from pipeline.config.costs import Ranking, case_of
 from pipeline.config.eligibility import RuleResult
 from pipeline.config.job import Job
+from pipeline.core.cost import Estimate, Leg, Links, estimate
 from pipeline.jobs.report import human_bytes, printable
-from pipeline.spec.cost import Estimate, Leg, Links, estimate
 
 
 def _ms(leg: Leg | None) -> str:

@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from pipeline.engine.stores.files import read_key_file
+from pipeline.core.checks import ConfigError, Problem
+from pipeline.core.storage import P2P_METADATA, StorageConfig, StorageKind
+from pipeline.engine.l3.stores.files import read_key_file
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.rank_start import die_with
 from pipeline.jobs.scratch import made_folder
 from pipeline.jobs.spawn import RankFailure, free_port
-from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.storage import P2P_METADATA, StorageConfig, StorageKind
 
 DIRECT_BLOCK = 4096
 """Bytes of the O_DIRECT probe: one page, aligned as such reads must be."""

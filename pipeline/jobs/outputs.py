@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from pipeline.spec.checks import ConfigError, Problem
+from pipeline.core.checks import ConfigError, Problem
 
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO opens without blocking (and without a reader, not at all)."""

@@ -14,14 +14,14 @@ from typing import Any
 from pipeline.config.assemble import stage_name
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement
+from pipeline.core.l3 import PageObject, page_roles, share_of
+from pipeline.core.ownership import OwnerMap, Role, owner_map
+from pipeline.core.plan import Direction, PlanSpec, TransferPlan, build_plan
+from pipeline.core.sizing import device_staging_bytes, size_rank
+from pipeline.core.slots import PageAllocator, page_tokens
+from pipeline.core.steps import Step
+from pipeline.core.topology import IoBackend, MemLayout
 from pipeline.engine.strategy import Strategy
-from pipeline.spec.l3 import PageObject, page_roles, share_of
-from pipeline.spec.ownership import OwnerMap, Role, owner_map
-from pipeline.spec.plan import Direction, PlanSpec, TransferPlan, build_plan
-from pipeline.spec.sizing import device_staging_bytes, size_rank
-from pipeline.spec.slots import PageAllocator, page_tokens
-from pipeline.spec.steps import Step
-from pipeline.spec.topology import IoBackend, MemLayout
 
 
 def stage_lists(strategy: Strategy) -> dict[str, dict[str, list[str]]]:

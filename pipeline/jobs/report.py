@@ -11,8 +11,8 @@ import unicodedata
 from typing import Any
 
 from pipeline.config.eligibility import Verdict
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.topology import Topology
+from pipeline.core.model import ModelGeometry
+from pipeline.core.topology import Topology
 
 
 def printable(text: object, *, keep_lines: bool = False) -> str:

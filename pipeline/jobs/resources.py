@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from pipeline.config.job import Job
+from pipeline.core.checks import Problem
+from pipeline.core.sizing import device_staging_bytes, size_rank
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.report import human_bytes
-from pipeline.spec.checks import Problem
-from pipeline.spec.sizing import device_staging_bytes, size_rank
 
 RANKS_PER_CORE = 8
 """Local CPU ranks allowed per core (each is a process running gloo and worker threads)."""

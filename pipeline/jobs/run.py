@@ -15,9 +15,11 @@ import torch.distributed as dist
 
 from pipeline.config.job import Job
 from pipeline.config.schema import Placement, WorkloadConfig
+from pipeline.core.sizing import capacity_problems
+from pipeline.core.slots import PageAllocator, page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.loads import L3Load, Loading
+from pipeline.engine.l3.handles import L3Load, Loading
 from pipeline.jobs.contents import (
     fill_random,
     first_mismatch,
@@ -27,8 +29,6 @@ from pipeline.jobs.contents import (
     snapshot,
 )
 from pipeline.jobs.progress import progress
-from pipeline.spec.sizing import capacity_problems
-from pipeline.spec.slots import PageAllocator, page_tokens
 
 
 def run_rank(job: Job, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from typing import Any
 
 from pipeline.config.job import Job
 from pipeline.config.schema import SimulateConfig
+from pipeline.core.slots import PageAllocator, page_tokens
 from pipeline.engine.acks import AckLedger, IdleCheck, digest_of, replicated_idle
+from pipeline.engine.cuda.streams import Event
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import open_engine
-from pipeline.engine.streams import Event
 from pipeline.jobs.contents import fill_random
 from pipeline.jobs.progress import progress
-from pipeline.spec.slots import PageAllocator, page_tokens
 
 
 class JitteredEvent:

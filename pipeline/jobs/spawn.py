@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline.core.checks import ConfigError, Problem
 from pipeline.jobs import rank_start
 from pipeline.jobs.scratch import made_folder
-from pipeline.spec.checks import ConfigError, Problem
 
 log = logging.getLogger("hicache-pipeline")
 

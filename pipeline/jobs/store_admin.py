@@ -5,7 +5,7 @@ is intact).
 The folder is refused before anything is read or removed unless it is a real folder (not a
 link) that holds namespace folders and nothing else but the store's ledger: a mistyped path
 never loses a byte of anything else. Only the store's own objects (their place and their
-header say so, `pipeline.engine.stores.owned`) are counted or removed; every object is opened
+header say so, `pipeline.engine.l3.stores.owned`) are counted or removed; every object is opened
 below the folder's descriptor with no link followed.
 """
 
@@ -16,12 +16,12 @@ import re
 import stat
 from pathlib import Path
 
-from pipeline.engine.stores.beneath import FOLDER_FLAGS, Beneath
-from pipeline.engine.stores.capacity import Bound, evict_pass
-from pipeline.engine.stores.counters import Counters
-from pipeline.engine.stores.ledger import LEDGER, MAKING, check_ledger, read_ledger
-from pipeline.engine.stores.owned import Passed, walk
-from pipeline.spec.l3_owned import NAMESPACE
+from pipeline.core.l3_owned import NAMESPACE
+from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath
+from pipeline.engine.l3.stores.capacity import Bound, evict_pass
+from pipeline.engine.l3.stores.counters import Counters
+from pipeline.engine.l3.stores.ledger import LEDGER, MAKING, check_ledger, read_ledger
+from pipeline.engine.l3.stores.owned import Passed, walk
 
 MADE_LEDGER = re.compile(re.escape(MAKING) + r"[0-9a-f]{16}")
 """A ledger being made (`ledger.MAKING`): the store's own, beside its ledger."""

@@ -18,11 +18,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from pipeline.engine.stores.beneath import Beneath
-from pipeline.engine.stores.ledger import LEDGER
-from pipeline.engine.stores.owned import PEEK_FLAGS, Passed, Stored, unlink_unchanged, walk
-from pipeline.jobs.store_admin import evict_store, open_folder
-from pipeline.spec.l3 import (
+from pipeline.core.l3 import (
     FORMAT_VERSION,
     HEADER,
     KEY_ID,
@@ -33,7 +29,11 @@ from pipeline.spec.l3 import (
     header_check,
     unit_rows,
 )
-from pipeline.spec.l3_owned import name_bytes, names_itself
+from pipeline.core.l3_owned import name_bytes, names_itself
+from pipeline.engine.l3.stores.beneath import Beneath
+from pipeline.engine.l3.stores.ledger import LEDGER
+from pipeline.engine.l3.stores.owned import PEEK_FLAGS, Passed, Stored, unlink_unchanged, walk
+from pipeline.jobs.store_admin import evict_store, open_folder
 
 PIECE_BYTES = 1 << 20
 """The most of an object read at once."""

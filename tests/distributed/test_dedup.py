@@ -11,9 +11,9 @@ import pytest
 import rankfns
 from conftest import all_pairs, job_config
 
+from pipeline.core.checks import ConfigError
 from pipeline.jobs.launch import launch
 from pipeline.jobs.spawn import RankFailure
-from pipeline.spec.checks import ConfigError
 
 pytestmark = pytest.mark.distributed
 

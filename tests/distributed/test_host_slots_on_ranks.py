@@ -12,8 +12,8 @@ import pytest
 import slotfns
 from conftest import job_config
 
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.jobs.launch import launch
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 pytestmark = pytest.mark.distributed
 

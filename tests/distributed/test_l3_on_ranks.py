@@ -14,9 +14,9 @@ import rankfns
 from conftest import MOONCAKE, job_config
 
 from pipeline.config.job import Job
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.jobs.l3_store import master_on_loopback
 from pipeline.jobs.launch import launch
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 pytestmark = pytest.mark.distributed
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import job_config
 
 from pipeline.config.job import Job
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.jobs.launch import launch
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 pytestmark = pytest.mark.distributed
 

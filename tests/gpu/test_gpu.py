@@ -16,9 +16,9 @@ import torch
 from conftest import MOONCAKE, job_config
 
 from pipeline.config.job import Job
-from pipeline.engine.cudart import Cudart, cuda_runtime
-from pipeline.engine.pools import host_buffer, uva_alias
-from pipeline.engine.streams import CudaStream
+from pipeline.engine.cuda.cudart import Cudart, cuda_runtime
+from pipeline.engine.cuda.streams import CudaStream
+from pipeline.engine.transfer.pools import host_buffer, uva_alias
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.launch import launch
 
@@ -237,7 +237,7 @@ def test_loads_back_from_l3_bit_exact_into_gpu_pages(ranks: int, kind: str) -> N
 
 def test_an_event_not_ready_leaves_no_error_for_the_next_kernel() -> None:
     """cudaEventQuery's "not ready" is kept as the runtime's last error unless cleared: the
-    engine's events (`pipeline.engine.cudart`) clear it, or torch's next launch would raise."""
+    engine's events (`pipeline.engine.cuda.cudart`) clear it, or torch's next launch would raise."""
     api = Cudart(cuda_runtime(torch.device("cuda")))
     stream = CudaStream(torch.cuda.Stream(), 30.0, api)
     event = stream.new_event()

@@ -9,15 +9,15 @@ import itertools
 import pytest
 import torch
 
-from pipeline.engine.cudart import cuda_runtime
-from pipeline.engine.memcpy import stack_pages
-from pipeline.engine.memcpy_batch import (
+from pipeline.engine.cuda.cudart import cuda_runtime
+from pipeline.engine.cuda.memcpy import stack_pages
+from pipeline.engine.cuda.memcpy_batch import (
     batch_call,
     copy_stacks_cpu,
     cuda_stack_copier,
     one_by_one,
 )
-from pipeline.engine.pools import uva_alias
+from pipeline.engine.transfer.pools import uva_alias
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,11 +13,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
-from pipeline.engine.cudart import cuda_runtime
-from pipeline.engine.memcpy import cuda_uploader
-from pipeline.engine.page_kernel import PageKernel, move_pages_cpu
-from pipeline.engine.pools import uva_alias
-from pipeline.spec.slots import page_tokens
+from pipeline.core.slots import page_tokens
+from pipeline.engine.cuda.cudart import cuda_runtime
+from pipeline.engine.cuda.memcpy import cuda_uploader
+from pipeline.engine.cuda.page_kernel import PageKernel, move_pages_cpu
+from pipeline.engine.transfer.pools import uva_alias
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from pipeline.engine.acks import AckLedger, digest_of
-from pipeline.engine.streams import CpuEvent
+from pipeline.engine.cuda.streams import CpuEvent
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import pipeline
-from pipeline.engine.stores import FileStore
+from pipeline.engine.l3.stores import FileStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,11 +21,11 @@ from hydra import initialize_config_module
 
 import pipeline
 from pipeline.config.compose import Session
-from pipeline.engine.stores import FileStore, open_store
-from pipeline.engine.stores.ledger import LEDGER
-from pipeline.engine.stores.owned import walk
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.core.checks import ConfigError
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.engine.l3.stores import FileStore, open_store
+from pipeline.engine.l3.stores.ledger import LEDGER
+from pipeline.engine.l3.stores.owned import walk
 
 OBJECT_BYTES = 4096
 SPACE = "v3-bf16-p4-0123456789abcdef"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.spec.checks import ConfigError
+from pipeline.core.checks import ConfigError
 
 HYDRA_WORDS = (
     "full_key",

@@ -13,7 +13,7 @@ from pipeline.cli.main import COMMANDS, run_command
 from pipeline.config.app import configs
 from pipeline.config.compose import READS
 from pipeline.config.validate import checked_config
-from pipeline.spec.checks import ConfigError
+from pipeline.core.checks import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 DCP = ("topology=tp8_dcp4", "model=deepseek_v3")

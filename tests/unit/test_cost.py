@@ -10,13 +10,13 @@ from conftest import job_config
 
 from pipeline.config.eligibility import dedup_expected_to_win
 from pipeline.config.links import links_of
+from pipeline.core.checks import ConfigError
+from pipeline.core.cost import Case, Links, estimate
+from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
+from pipeline.core.ownership import Ownership
+from pipeline.core.storage import StorageKind
+from pipeline.core.topology import IoBackend, MemLayout, Topology
 from pipeline.jobs.cost_report import plan_estimate
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.cost import Case, Links, estimate
-from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.storage import StorageKind
-from pipeline.spec.topology import IoBackend, MemLayout, Topology
 
 # 4 layers of 1000 B per page of one token: 1e6 tokens are 1e9 B (1 GB) per layer.
 MODEL = ModelGeometry(

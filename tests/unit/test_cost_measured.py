@@ -15,10 +15,10 @@ from pathlib import Path
 from conftest import job_config
 
 from pipeline.config.links import links_of
-from pipeline.spec.cost import Case, Estimate, estimate
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.storage import StorageKind
-from pipeline.spec.topology import IoBackend, MemLayout, Topology
+from pipeline.core.cost import Case, Estimate, estimate
+from pipeline.core.ownership import Ownership
+from pipeline.core.storage import StorageKind
+from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs/benchmarks/results"
 ESTIMATES = RESULTS / "2026-12-05-cost-model-h200/result.json"

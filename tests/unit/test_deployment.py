@@ -12,7 +12,7 @@ import pytest
 
 import pipeline
 from pipeline.cli.main import COMMANDS, run_command
-from pipeline.spec.checks import ConfigError
+from pipeline.core.checks import ConfigError
 
 DEPLOYMENT = """\
 # our cluster: rotating with 16-page backup chunks, on our pair of CPU ranks

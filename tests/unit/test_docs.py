@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 import pipeline
 from pipeline.cli.main import HELP, command_help
 from pipeline.config.compose import Session
-from pipeline.spec.checks import ConfigError
+from pipeline.core.checks import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = "model|topology|strategy|workload|runtime|bench|simulate|soak|storage"

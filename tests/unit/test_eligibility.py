@@ -7,10 +7,10 @@ from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
-from pipeline.spec.model import KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.storage import StorageConfig
-from pipeline.spec.topology import IoBackend, MemLayout, Topology
+from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
+from pipeline.core.ownership import Ownership
+from pipeline.core.storage import StorageConfig
+from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 ROTATING = [
     "attn_tp_gt_1",

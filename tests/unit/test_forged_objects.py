@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.jobs.contents import fill_random
-from pipeline.spec.slots import page_tokens
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

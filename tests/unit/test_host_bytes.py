@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.sizing import parse_bytes
+from pipeline.core.checks import ConfigError
+from pipeline.core.sizing import parse_bytes
 
 TINY = ["model=tiny_mla", "topology=tp1", "topology.device=cpu"]
 PAGE_BYTES = 5 * 4 * 64  # tiny_mla: a page of 4 tokens of 5 layers of 64 B rows

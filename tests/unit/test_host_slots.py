@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.spec.slots import page_tokens
+from pipeline.core.slots import page_tokens
 
 if TYPE_CHECKING:
     from pipeline.engine.host_slots import HostSlots

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
-from pipeline.spec.slots import page_tokens
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

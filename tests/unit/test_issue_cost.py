@@ -19,12 +19,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
 import stages.copy as copy_stage
-from pipeline.engine import executor
-from pipeline.engine.streams import InlineStream
-from pipeline.spec.model import by_pool_kind
-from pipeline.spec.plan import Direction
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.steps import backup_steps
+from pipeline.core.model import by_pool_kind
+from pipeline.core.plan import Direction
+from pipeline.core.slots import page_tokens
+from pipeline.core.steps import backup_steps
+from pipeline.engine.cuda.streams import InlineStream
+from pipeline.engine.transfer import executor
 
 DIRECT = ["topology.io_backend=direct", "topology.mem_layout=page_first_direct"]
 KERNEL = ["topology.io_backend=kernel", "topology.mem_layout=layer_first"]

@@ -16,7 +16,7 @@ from pipeline.config.checked import job_of
 from pipeline.config.compose import Session
 from pipeline.config.ranges import RANGES, Range, ranges_table
 from pipeline.config.schema import GROUP_SCHEMAS
-from pipeline.spec.cost import Links, link_range
+from pipeline.core.cost import Links, link_range
 
 BASE = ["model=tiny_dsa", "storage=file"]
 """A config where every knob takes part (the indexer's too)."""

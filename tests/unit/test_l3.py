@@ -17,16 +17,9 @@ from hydra import initialize_config_module
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
 from pipeline.config.eligibility import RULES
-from pipeline.engine.l3_pages import PageMap, Placement
-from pipeline.engine.pools import HostPool
-from pipeline.engine.stores import FileStore, MooncakeStore, PartRead, open_store
-from pipeline.engine.stores.beneath import Beneath
-from pipeline.jobs import l3_store
-from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
-from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.crc_runs import CrcRuns
-from pipeline.spec.l3 import (
+from pipeline.core.checks import ConfigError
+from pipeline.core.crc_runs import CrcRuns
+from pipeline.core.l3 import (
     Checks,
     PageObject,
     check_keys,
@@ -38,10 +31,17 @@ from pipeline.spec.l3 import (
     share_of,
     unit_digests,
 )
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.ownership import Ownership, owner_map
-from pipeline.spec.storage import StorageConfig, StorageKind
-from pipeline.spec.topology import MemLayout, Topology
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.core.ownership import Ownership, owner_map
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.core.topology import MemLayout, Topology
+from pipeline.engine.l3.pages import PageMap, Placement
+from pipeline.engine.l3.stores import FileStore, MooncakeStore, PartRead, open_store
+from pipeline.engine.l3.stores.beneath import Beneath
+from pipeline.engine.transfer.pools import HostPool
+from pipeline.jobs import l3_store
+from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
+from pipeline.jobs.l3_store import check_direct_io, concrete, master_on_loopback
 
 DSA = ModelGeometry(
     name="dsa",

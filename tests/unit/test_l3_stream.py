@@ -16,15 +16,15 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.engine import l3_runs
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
-from pipeline.engine.l3_load import StreamedLoad
-from pipeline.engine.loads import WindowedLoad
-from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.file_parts import FileParts
+from pipeline.engine.l3 import runs
+from pipeline.engine.l3.handles import WindowedLoad
+from pipeline.engine.l3.load import StreamedLoad
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
-from pipeline.spec.slots import page_tokens
 
 PAGES = 5
 
@@ -88,14 +88,14 @@ def test_the_load_returns_before_the_later_groups_are_read(
         tmp_path, "storage.stream_layers=2", "storage.io_threads=2", one_step_per_layer
     ) as engine:
         keys, expected = stored_prefix(engine)
-        held, held_back, real_read = threading.Event(), [False], l3_runs.read_run
+        held, held_back, real_read = threading.Event(), [False], runs.read_run
 
         def read(*args: Any) -> int:  # every later group's run of pages
             if held_back[0]:
                 assert held.wait(60), "the test never let the later reads go"
             return real_read(*args)
 
-        monkeypatch.setattr(l3_runs, "read_run", read)
+        monkeypatch.setattr(runs, "read_run", read)
         with engine.trace.capture() as ops:
             tier = engine.l3
             assert tier is not None

@@ -1,6 +1,6 @@
-"""The layout shows the architecture, and stays that way: layers import only downward, only the
-config layer knows Hydra, no module or function outgrows a sitting, every public class says
-what it is, and code comments carry no benchmark numbers."""
+"""The layout shows the architecture, and stays that way: layers import only downward, and so
+do the engine's rooms; only the config layer knows Hydra, no module or function outgrows a
+sitting, every public class says what it is, and code comments carry no benchmark numbers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "stages").glob("*.py")])
 LAYERS = {
-    "pipeline.spec": 0,
+    "pipeline.core": 0,
     "pipeline.engine": 1,
     "stages": 2,
     "pipeline.config": 3,
@@ -27,6 +27,14 @@ LAYERS = {
     "pipeline.__main__": 6,
 }
 """Each package's layer: a module imports only from its own layer or below."""
+ROOMS = {
+    "cuda": {"cuda"},
+    "transfer": {"cuda", "transfer"},
+    "l3": {"cuda", "transfer", "l3", "runtime", "acks", "strategy"},
+}
+"""What each room of `pipeline/engine/` may import of the engine: its own room and those below
+it; the L3 tier also the runtime, ack ledger and strategy it runs on. No room imports the
+Engine API (`engine`, `factory`), which sits on top of them all."""
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 50
 
@@ -34,6 +42,12 @@ MAX_FUNCTION_LINES = 50
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def place_in_engine(module: str) -> str | None:
+    """`pipeline.engine.l3.tier` -> `l3` (a room), `pipeline.engine.runtime` -> `runtime`."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["pipeline", "engine"] and len(parts) > 2 else None
 
 
 def layer_of(module: str) -> int | None:
@@ -64,8 +78,8 @@ def test_the_public_names_resolve_to_their_homes() -> None:
     from pipeline import api
     from pipeline.config.job import Job
     from pipeline.engine.engine import Engine
-    from pipeline.engine.executor import LoadHandle
-    from pipeline.engine.store_view import StoreView
+    from pipeline.engine.l3.store_view import StoreView
+    from pipeline.engine.transfer.executor import LoadHandle
 
     assert (pipeline.compose, pipeline.create_engine) == (api.compose, api.create_engine)
     assert (pipeline.page_keys, pipeline.open_store) == (api.page_keys, api.open_store)
@@ -94,6 +108,31 @@ def test_imports_go_downward_only() -> None:
     assert upward == []
 
 
+def test_the_engine_rooms_import_only_their_own_and_lower_rooms() -> None:
+    crossing = []
+    for path in SOURCES:
+        here = place_in_engine(module_name(path))
+        for imported in imports(path) if here in ROOMS else ():
+            theirs = place_in_engine(imported)
+            if theirs is not None and theirs not in ROOMS[here]:
+                crossing.append(f"{module_name(path)} imports {imported}")
+    assert crossing == []
+
+
+def test_stages_see_the_engine_rooms_only() -> None:
+    """A stage imports of the engine only its rooms (copy calls and streams, a transfer's
+    state, the L3 tier), never the Engine API or its lifetime: stages run in unit tests with
+    fakes, no engine made."""
+    offenders = [
+        f"{module_name(p)} imports {m}"
+        for p in SOURCES
+        if module_name(p).startswith("stages")
+        for m in imports(p)
+        if place_in_engine(m) not in (None, *ROOMS)
+    ]
+    assert offenders == []
+
+
 def test_no_import_cycles() -> None:
     names = {module_name(p) for p in SOURCES}
     graph = {
@@ -119,10 +158,10 @@ def test_no_import_cycles() -> None:
 
 def test_only_the_engine_factory_builds_engines_and_sizes_pools() -> None:
     """`Engine(...)` is called in `pipeline.engine.factory` alone, and `HostCapacity` /
-    `Sizing` are made by `spec.sizing` alone: one factory, one sizing, whatever the caller
+    `Sizing` are made by `core.sizing` alone: one factory, one sizing, whatever the caller
     (API, jobs, benches, tests)."""
-    homes = {"Engine": "pipeline.engine.factory", "Sizing": "pipeline.spec.sizing"}
-    homes["HostCapacity"] = "pipeline.spec.sizing"
+    homes = {"Engine": "pipeline.engine.factory", "Sizing": "pipeline.core.sizing"}
+    homes["HostCapacity"] = "pipeline.core.sizing"
     everything = [*SOURCES, *(ROOT / "tests").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
     offenders = []
     for path in everything:
@@ -146,12 +185,12 @@ def test_only_the_config_layer_imports_hydra_or_omegaconf() -> None:
 
 
 def test_the_engine_and_every_stage_load_without_hydra() -> None:
-    """Importing the engine, the spec layer and every stage leaves Hydra and OmegaConf out of
+    """Importing the engine, the core layer and every stage leaves Hydra and OmegaConf out of
     `sys.modules` (a fresh interpreter, so nothing else imported them first)."""
     modules = [
         module_name(p)
         for p in SOURCES
-        if layer_of(module_name(p)) in (LAYERS["pipeline.spec"], LAYERS["pipeline.engine"], 2)
+        if layer_of(module_name(p)) in (LAYERS["pipeline.core"], LAYERS["pipeline.engine"], 2)
     ]
     assert "pipeline.engine.engine" in modules and "stages.copy" in modules
     code = (

@@ -16,8 +16,8 @@ from conftest import job_config
 
 from pipeline.config.links import links_of, presets
 from pipeline.config.schema import RuntimeConfig
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.cost import Links
+from pipeline.core.checks import ConfigError
+from pipeline.core.cost import Links
 
 H200 = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf/links/h200.yaml").read_text())
 

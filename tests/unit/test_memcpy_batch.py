@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.engine.memcpy import stack_pages
-from pipeline.engine.memcpy_batch import (
+from pipeline.engine.cuda.memcpy import stack_pages
+from pipeline.engine.cuda.memcpy_batch import (
     ACCESS_ORDER_STREAM,
     BATCH_OP,
     OPERAND_POINTER,

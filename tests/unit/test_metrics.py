@@ -15,7 +15,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import pipeline
-from pipeline.spec.checks import ConfigError
+from pipeline.core.checks import ConfigError
 
 TINY = ["model=tiny_mla", "topology=tp1", "topology.device=cpu", "workload.num_tokens=16"]
 PAGE_BYTES = 5 * 4 * 64  # tiny_mla: a page of 4 tokens of 5 layers of 64 B rows

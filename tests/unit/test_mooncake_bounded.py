@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.factory import engine_on
-from pipeline.engine.stores import MooncakeStore, open_store
+from pipeline.engine.l3.stores import MooncakeStore, open_store
 from pipeline.jobs.l3_store import concrete
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 pytestmark = pytest.mark.mooncake
 

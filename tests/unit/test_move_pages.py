@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from pipeline.engine.page_kernel import move_pages_cpu
+from pipeline.engine.cuda.page_kernel import move_pages_cpu
 
 
 def reference(dst, dst_pages, src, src_pages, dim):

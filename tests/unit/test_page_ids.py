@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.engine.memcpy import upload_cpu
-from pipeline.engine.page_ids import BUFFERS, PageIdBuffers
-from pipeline.engine.streams import CpuEvent
-from pipeline.spec.slots import page_tokens
+from pipeline.core.slots import page_tokens
+from pipeline.engine.cuda.memcpy import upload_cpu
+from pipeline.engine.cuda.page_ids import BUFFERS, PageIdBuffers
+from pipeline.engine.cuda.streams import CpuEvent
 
 MOST = 8
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 import pipeline
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.l3 import check_keys, namespace
-from pipeline.spec.l3_keys import block_keys
-from pipeline.spec.l3_owned import is_object_name
-from pipeline.spec.storage import StorageConfig
+from pipeline.core.checks import ConfigError
+from pipeline.core.l3 import check_keys, namespace
+from pipeline.core.l3_keys import block_keys
+from pipeline.core.l3_owned import is_object_name
+from pipeline.core.storage import StorageConfig
 
 SPACE = "v3-bf16-p4-0123456789abcdef"
 SGLANG = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -32,7 +32,7 @@ def test_every_kind_of_engine_hash_gives_a_page_key() -> None:
 def test_a_key_is_the_same_in_every_process() -> None:
     """Python's hash() of a str differs per process (PYTHONHASHSEED): keys must not."""
     code = (
-        "from pipeline.spec.l3_keys import block_keys; "
+        "from pipeline.core.l3_keys import block_keys; "
         f"print(block_keys([{SGLANG!r}, -7, b'x'], {SPACE!r}))"
     )
     said = {

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.core.ownership import Ownership, owner_map
+from pipeline.core.plan import Direction, PlanSpec, Run, StepsCache, TransferPlan, build_plan
+from pipeline.core.slots import page_tokens
+from pipeline.core.topology import IoBackend, MemLayout
 from pipeline.jobs.plan_report import copy_calls
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.ownership import Ownership, owner_map
-from pipeline.spec.plan import Direction, PlanSpec, Run, StepsCache, TransferPlan, build_plan
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.topology import IoBackend, MemLayout
 
 PAGE = 4
 MODEL = ModelGeometry(

@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from pipeline.engine.pools import DevicePool, HostPool
-from pipeline.engine.stacks import stack_views
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
-from pipeline.spec.ownership import Ownership, owner_map
-from pipeline.spec.sizing import host_capacity
-from pipeline.spec.slots import PageAllocator, page_tokens
-from pipeline.spec.topology import MemLayout
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
+from pipeline.core.ownership import Ownership, owner_map
+from pipeline.core.sizing import host_capacity
+from pipeline.core.slots import PageAllocator, page_tokens
+from pipeline.core.topology import MemLayout
+from pipeline.engine.cuda.stacks import stack_views
+from pipeline.engine.transfer.pools import DevicePool, HostPool
 
 MODEL = ModelGeometry(
     name="m", kind=ModelKind.mla, num_layers=4, kv_row_bytes=64, kv_dtype=KvDtype.bf16, page_size=4

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import pipeline
-from pipeline.engine.stores import FileStore
+from pipeline.engine.l3.stores import FileStore
 
 
 def view_of(tmp_path: Path, *overrides: str) -> pipeline.StoreView:

@@ -12,10 +12,10 @@ import yaml
 
 from pipeline.config import drive_schemas, schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
-from pipeline.spec import model, storage, strategy, topology
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.ownership import Ownership
-from pipeline.spec.strategy import IdleSyncSkipConfig, StrategyConfig
+from pipeline.core import model, storage, strategy, topology
+from pipeline.core.checks import ConfigError
+from pipeline.core.ownership import Ownership
+from pipeline.core.strategy import IdleSyncSkipConfig, StrategyConfig
 
 SCHEMAS = {
     schema: [

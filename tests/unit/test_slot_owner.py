@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
-from pipeline.engine.prefetch import Prefetch
+from pipeline.engine.l3.prefetch import Prefetch
 from pipeline.jobs.contents import POISON, fill_random, first_mismatch, poison, snapshot
-from pipeline.spec.slots import page_tokens
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

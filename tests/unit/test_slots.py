@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from pipeline.spec import slots
-from pipeline.spec.slots import page_rows, page_tokens, pages_of
+from pipeline.core import slots
+from pipeline.core.slots import page_rows, page_tokens, pages_of
 
 
 def rows(slots: torch.Tensor, dcp: int, rank: int) -> torch.Tensor:

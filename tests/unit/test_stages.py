@@ -8,19 +8,19 @@ import itertools
 import pytest
 import torch
 
-from pipeline.engine.batches import BatchRing
-from pipeline.engine.memcpy import copy_pages_cpu, upload_cpu
-from pipeline.engine.memcpy_batch import copy_stacks_cpu
-from pipeline.engine.page_ids import PageIdBuffers
-from pipeline.engine.page_kernel import move_pages_cpu
-from pipeline.engine.pools import DevicePool, HostPool
-from pipeline.engine.streams import InlineStream
-from pipeline.engine.transfer import Resources, Trace, Transfer
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, by_pool_kind
-from pipeline.spec.ownership import Ownership, owner_map
-from pipeline.spec.plan import Direction, PlanSpec, build_plan
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.topology import IoBackend, MemLayout
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, by_pool_kind
+from pipeline.core.ownership import Ownership, owner_map
+from pipeline.core.plan import Direction, PlanSpec, build_plan
+from pipeline.core.slots import page_tokens
+from pipeline.core.topology import IoBackend, MemLayout
+from pipeline.engine.cuda.memcpy import copy_pages_cpu, upload_cpu
+from pipeline.engine.cuda.memcpy_batch import copy_stacks_cpu
+from pipeline.engine.cuda.page_ids import PageIdBuffers
+from pipeline.engine.cuda.page_kernel import move_pages_cpu
+from pipeline.engine.cuda.streams import InlineStream
+from pipeline.engine.transfer.batches import BatchRing
+from pipeline.engine.transfer.pools import DevicePool, HostPool
+from pipeline.engine.transfer.state import Resources, Trace, Transfer
 from stages.broadcast import Broadcast
 from stages.copy import Copy
 from stages.gather import Gather

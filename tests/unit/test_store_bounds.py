@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli.main import main
-from pipeline.engine.stores import FileStore, open_store
-from pipeline.engine.stores.files import read_key_file
-from pipeline.spec.storage import StorageConfig, StorageKind
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.engine.l3.stores import FileStore, open_store
+from pipeline.engine.l3.stores.files import read_key_file
 
 SPACE = "v3-bf16-p4-0123456789abcdef"
 SIZE = 4096

@@ -15,8 +15,8 @@ import torch
 
 import pipeline
 from pipeline.cli.main import main
-from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.owned import walk
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores.owned import walk
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

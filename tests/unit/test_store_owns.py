@@ -22,10 +22,10 @@ from conftest import job_config
 
 import pipeline
 from pipeline.cli.main import main
-from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.beneath import Beneath
+from pipeline.core.l3 import MAX_OBJECT_BYTES, namespace, object_bytes
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores.beneath import Beneath
 from pipeline.jobs import store_verify
-from pipeline.spec.l3 import MAX_OBJECT_BYTES, namespace, object_bytes
 
 FOUR_HOURS_NS = 4 * 3600 * 10**9
 

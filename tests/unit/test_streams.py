@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engine.streams import CpuEvent, WorkerStream
+from pipeline.engine.cuda.streams import CpuEvent, WorkerStream
 
 
 def test_a_wait_gives_up_after_the_timeout_naming_the_knob() -> None:

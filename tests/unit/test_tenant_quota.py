@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.engine.stores import FileStore
-from pipeline.engine.stores.capacity import Quota
-from pipeline.engine.stores.ledger import LEDGER
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.l3_owned import tenant_of
+from pipeline.core.checks import ConfigError
+from pipeline.core.l3_owned import tenant_of
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores.capacity import Quota
+from pipeline.engine.l3.stores.ledger import LEDGER
 
 OBJECT_BYTES = 4096
 SPACE = "v3-bf16-p4-0123456789abcdef"

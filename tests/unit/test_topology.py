@@ -6,8 +6,8 @@ import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
-from pipeline.spec.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, Unit
-from pipeline.spec.topology import Topology
+from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, Unit
+from pipeline.core.topology import Topology
 
 
 def topo(**kw) -> Topology:

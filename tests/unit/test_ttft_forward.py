@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import job_config
 
+from pipeline.core.checks import ConfigError
+from pipeline.engine.cuda.streams import InlineStream
 from pipeline.engine.factory import open_engine
-from pipeline.engine.streams import InlineStream
 from pipeline.jobs.bench.forward import (
     DEEPSEEK_V3,
     TINY,
@@ -22,7 +23,6 @@ from pipeline.jobs.bench.forward import (
 )
 from pipeline.jobs.bench.ttft_case import Prefix
 from pipeline.jobs.contents import POISON, poison
-from pipeline.spec.checks import ConfigError
 
 
 def test_deepseek_v3s_layer_params_are_its_published_configs_on_one_tp8_rank() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.core.checks import raise_problems
 from pipeline.jobs.launch import launch
 from pipeline.jobs.resources import resource_problems
 from pipeline.jobs.spawn import RankFn
-from pipeline.spec.checks import raise_problems
 
 
 def check_fit(cases: list[tuple[Job, dict]]) -> None:

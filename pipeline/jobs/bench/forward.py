@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.engine.loads import Loading
-from pipeline.engine.streams import Stream
-from pipeline.spec.checks import ConfigError, Problem
-from pipeline.spec.model import ModelGeometry
+from pipeline.core.checks import ConfigError, Problem
+from pipeline.core.model import ModelGeometry
+from pipeline.engine.cuda.streams import Stream
+from pipeline.engine.l3.handles import Loading
 
 TOKEN_CHUNK = 8192
 """New tokens per GEMM (a chunked prefill's chunk): bounds the activations of a recompute."""

@@ -23,8 +23,12 @@ import torch
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.drive_schemas import BenchConfig, PageCache
 from pipeline.config.job import Job
+from pipeline.core.checks import ConfigError
+from pipeline.core.l3 import largest_object
+from pipeline.core.model import ModelGeometry
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.factory import engine_on
-from pipeline.engine.stores import ObjectStore, open_store
+from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.l3_case import measure_l3_case
 from pipeline.jobs.bench.l3_report import l3_markdown, summarize_l3
@@ -32,10 +36,6 @@ from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.l3_store import check_direct_io, concrete
 from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.progress import progress
-from pipeline.spec.checks import ConfigError
-from pipeline.spec.l3 import largest_object
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 SEGMENT_SLACK = 1.5
 """Mooncake segments hold this many times one case's objects (headers, allocator slack)."""

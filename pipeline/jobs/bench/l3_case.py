@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
+from pipeline.core.slots import page_tokens
+from pipeline.core.storage import StorageConfig
 from pipeline.engine.engine import Engine
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.stores import FileStore, MooncakeStore
+from pipeline.engine.l3.stores import FileStore, MooncakeStore
+from pipeline.engine.l3.tier import L3Tier
 from pipeline.jobs.bench.limits import file_limits, mooncake_limits
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison_host, snapshot
-from pipeline.spec.slots import page_tokens
-from pipeline.spec.storage import StorageConfig
 
 
 def measure_l3_case(

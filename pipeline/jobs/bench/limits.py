@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.engine.l3 import L3Tier
-from pipeline.engine.stores import FileStore, MooncakeStore
-from pipeline.engine.stores.direct import ALIGN
-from pipeline.spec.l3 import digest
+from pipeline.core.l3 import digest
+from pipeline.engine.l3.stores import FileStore, MooncakeStore
+from pipeline.engine.l3.stores.direct import ALIGN
+from pipeline.engine.l3.tier import L3Tier
 
 
 def best_of(repeats: int, region: Callable[[], Any]) -> float:

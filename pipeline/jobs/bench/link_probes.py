@@ -15,7 +15,7 @@ from typing import Any
 import crc32c
 import torch
 
-from pipeline.engine.pools import uva_alias
+from pipeline.engine.transfer.pools import uva_alias
 
 
 def best_seconds(

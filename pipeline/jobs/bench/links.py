@@ -18,11 +18,11 @@ from typing import Any
 
 from pipeline.config.compose import Session
 from pipeline.config.links import links_of
+from pipeline.core.cost import Links
 from pipeline.engine.runtime import pick_device
 from pipeline.jobs.bench.link_probes import Probe, peer_gbps, read_objects, write_objects
 from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.scratch import made_folder
-from pipeline.spec.cost import Links
 
 OBJECTS = 16
 """Files the store probes write and read (bench.floor_bytes over them)."""

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.job import Job
+from pipeline.core.cost import Links
 from pipeline.jobs.cost_report import case_estimate
 from pipeline.jobs.outputs import write_output
-from pipeline.spec.cost import Links
 
 
 def graphs(row: dict[str, Any]) -> str:

@@ -21,14 +21,14 @@ import torch.distributed as dist
 
 from pipeline.config.job import Job
 from pipeline.config.schema import BenchConfig, Placement
+from pipeline.core.slots import PageAllocator, page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import engine_on, on_same_memory
-from pipeline.engine.pools import HostPool
 from pipeline.engine.runtime import Runtime
+from pipeline.engine.transfer.pools import HostPool
 from pipeline.jobs.bench.reference import Reference
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.progress import progress
-from pipeline.spec.slots import PageAllocator, page_tokens
 
 
 class Timer:

@@ -16,9 +16,9 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from pipeline.engine.cuda.memcpy import pages_view
 from pipeline.engine.engine import Engine
-from pipeline.engine.memcpy import pages_view
-from pipeline.engine.pools import HostPool, uva_alias
+from pipeline.engine.transfer.pools import HostPool, uva_alias
 
 
 class Reference:

@@ -23,10 +23,13 @@ import torch
 
 from pipeline.config.compose import GROUP_CHOICE_PREFIXES, Session
 from pipeline.config.job import Job
+from pipeline.core.l3 import largest_object
+from pipeline.core.model import ModelGeometry
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.engine import Engine
 from pipeline.engine.factory import engine_on
+from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.runtime import Runtime
-from pipeline.engine.stores import ObjectStore, open_store
 from pipeline.jobs.bench.cases import check_fit, launch_cases
 from pipeline.jobs.bench.forward import published_config
 from pipeline.jobs.bench.l3 import kinds, store_case
@@ -36,9 +39,6 @@ from pipeline.jobs.bench.ttft_report import summarize_ttft, ttft_markdown, ttft_
 from pipeline.jobs.l3_store import concrete
 from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.progress import progress
-from pipeline.spec.l3 import largest_object
-from pipeline.spec.model import ModelGeometry
-from pipeline.spec.storage import StorageConfig, StorageKind
 
 OUTPUTS = ["bench_ttft.json", "bench_ttft.md", "bench_ttft.png"]
 

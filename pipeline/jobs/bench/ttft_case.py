@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
+from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
-from pipeline.engine.l3_load import StreamedLoad
-from pipeline.engine.loads import Loading
+from pipeline.engine.l3.handles import Loading
+from pipeline.engine.l3.load import StreamedLoad
 from pipeline.jobs.bench.forward import PublishedConfig, SyntheticForward, forward_flops
 from pipeline.jobs.bench.rank import Timer
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, poison_host, snapshot
-from pipeline.spec.slots import page_tokens
 
 Recomputed = dict[tuple[int, int], dict[str, Any]]
 """(prefix, new tokens) -> the recompute's times on this rank (the same for every store)."""

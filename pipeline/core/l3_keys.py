@@ -1,0 +1,55 @@
+"""Page keys from a serving engine's own block hashes, so it keys L3 pages as it keys its
+prefix cache: SGLang's hex strings, vLLM's ints or bytes.
+
+An engine's block hash already names its whole prefix (each one folds in its parent's), so a
+key is that hash alone, tagged with its type (the int 5, the string "5" and the bytes b"5"
+are different hashes) and bound to the namespace, in the form `prefix_keys` makes: 32 hex
+digits. BLAKE2b, never Python's `hash()`, so every process makes the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+BlockHash = str | int | bytes
+"""What engines hash a block to: SGLang a hex string, vLLM an int or (newer) bytes."""
+KEY_BYTES = 16
+"""32 hex digits: `pipeline.core.l3.KEY`."""
+
+
+def block_keys(hashes: Sequence[BlockHash], space: str) -> list[str]:
+    """One page key per block hash, in order; ValueError naming the first hash that is not a
+    non-empty str, bytes or int (a bool is not a hash)."""
+    return [block_key(h, i, space) for i, h in enumerate(hashes)]
+
+
+def block_key(block_hash: BlockHash, index: int, space: str) -> str:
+    tag, data = _tagged(block_hash, index)
+    digest = hashlib.blake2b(tag + data, digest_size=KEY_BYTES, person=b"hicache-page-key")
+    digest.update(space.encode())  # after the hash: another namespace, another key
+    return digest.hexdigest()
+
+
+def _tagged(block_hash: object, index: int) -> tuple[bytes, bytes]:
+    """(type tag, the hash's bytes) of one block hash."""
+    if isinstance(block_hash, bool):
+        raise ValueError(f"hashes[{index}]={block_hash!r}: a bool is not a block hash")
+    if isinstance(block_hash, int):
+        width = block_hash.bit_length() // 8 + 1  # room for the sign bit
+        return b"i", len_prefixed(block_hash.to_bytes(width, "big", signed=True))
+    if isinstance(block_hash, str | bytes) and len(block_hash) == 0:
+        raise ValueError(f"hashes[{index}]: an empty {type(block_hash).__name__} names no block")
+    if isinstance(block_hash, str):
+        return b"s", len_prefixed(block_hash.encode())
+    if isinstance(block_hash, bytes):
+        return b"b", len_prefixed(block_hash)
+    raise ValueError(
+        f"hashes[{index}]: a {type(block_hash).__name__} is not a block hash (str, bytes or "
+        "int: SGLang's hex strings, vLLM's ints or bytes)"
+    )
+
+
+def len_prefixed(data: bytes) -> bytes:
+    """`data` after its length, so no hash's bytes run on into the namespace's."""
+    return len(data).to_bytes(8, "little") + data

@@ -1,0 +1,25 @@
+"""The L3 tier: a rank's host pages kept as objects in a shared store, and read back.
+
+Its flow, top to bottom: the `Engine` call first, then the modules it goes through in order.
+
+1. Write-back (`Engine.write_back`). `jobs` checks the keys and host slots (an `ObjectsJob`);
+   `tier` (`L3Tier.write_back`) runs the `strategy.l3.write_back` stages (`WriteObjects`) on
+   its own thread after the backups before it; under rotating, `shares` sends the writer the
+   other owners' layers first; `pages` says where each unit's bytes lie (pool rows, or a
+   staging buffer), and `L3Tier.write` puts the page's one object in the store.
+2. Lookup (`Engine.lookup`). `L3Tier.lookup`: the MIN over the replica group of each reader's
+   leading run of objects present. `store_view` asks the same of the store from a process with
+   no engine (a serving engine's scheduler).
+3. Load (`Engine.load_from_l3`). `jobs` checks the keys and slots; `load` decides windowed or
+   streamed and runs `L3Tier.fetch`: the `strategy.l3.fetch` stages on the caller's thread
+   (`AgreeOnPlan`, `ReadObjects`, `AgreeOnHits`). `fetch` starts every page's read on the I/O
+   threads and waits for them window by window (`pages` checks each range as it lands); each
+   window the group agrees on goes to an ordinary `Engine.load`. Streamed, the fetch reads each
+   page's first group of layers, and `runs` reads the later groups, a task per run of pages,
+   as the forward waits for them. `handles` is what the load hands back (`L3Load`).
+4. Prefetch (`Engine.prefetch`, then `Engine.load_prefetched`). `prefetch` runs the fetch
+   stages but the last (the plan agreed, the reads started) and returns at once; later it
+   agrees on the pages every reader has read, which an ordinary load moves to the device.
+
+Beneath them all, `stores`: blobs by name, in a folder (`files`) or in Mooncake (`mooncake`).
+"""

@@ -1,0 +1,68 @@
+"""A fetch's reads: started at once on the I/O threads, waited for window by window.
+
+`ReadObjects` starts them, `AgreeOnHits` waits for each window's before the group agrees on
+it, and whatever a miss left running is cancelled or waited for before the fetch returns, so
+no thread writes into the fetch's pages after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, wait
+from typing import Any
+
+from pipeline.core.model import Unit
+from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.tier import L3Tier
+
+
+def read_units(tier: L3Tier, job: ObjectsJob) -> tuple[Unit, ...]:
+    """The units a fetch reads of each page: every unit after a fallback, else the job's
+    (a streamed load's group of layers) or this rank's."""
+    return tier.reads(True) if job.fallback else job.units or tier.reads(False)
+
+
+def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
+    """Start reading every page of the job on the I/O threads, in page order (this
+    rank's units; every unit into device pages after a fallback)."""
+    units = read_units(tier, job)
+    into = job.device_pages if job.fallback else job.host_pages
+    assert into is not None, "a fetch names its device pages"
+    tables = job.tables or [[] for _ in job.keys]
+    if units:
+        job.reads = [
+            tier.io.submit(tier.read, key, int(page), units, device=job.fallback, table=table)
+            for key, page, table in zip(job.keys, into, tables, strict=True)
+        ]
+
+
+def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool = True) -> int:
+    """Wait for the reads of pages [first, stop) (`wait=False`: take those done by now); the
+    end of their leading intact run (`stop` for a rank that reads nothing)."""
+    if not job.reads:
+        return stop
+    units = read_units(tier, job)
+    nbytes = sum(u.page_bytes for u in units)
+    into = "pool" if tier.page_map(units, device=job.fallback).direct else "staging"
+    for i in range(first, stop):
+        if not wait and not job.reads[i].done():
+            return i
+        if not job.reads[i].result():
+            tier.trace.op("l3_miss")
+            return i
+        tier.trace.op("l3_read", bytes=nbytes, into=into)  # straight into pool rows, or not
+    return stop
+
+
+def drain(job: ObjectsJob) -> None:
+    """Cancel the reads not started and wait for the running ones: no thread writes into
+    the job's pages after the fetch."""
+    cancel_or_wait(job.reads)
+    job.reads = []
+
+
+def cancel_or_wait(reads: Sequence[Future[Any]]) -> None:
+    """Cancel the reads not started and wait for the running ones."""
+    # a cancelled read never runs; waiting for it would wait until a busy I/O thread reached
+    # it in the queue (a slow reader would hold a best_effort load for as long)
+    wait([future for future in reads if not future.cancel()])

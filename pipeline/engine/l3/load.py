@@ -1,0 +1,251 @@
+"""How a load from L3 reaches the forward: window by window as read, or streamed.
+
+Windowed, the fetch reads whole objects and loads each window of `storage.load_chunk_pages`
+pages once the group agreed on it; but an object holds every layer of its page, so no layer
+is complete before the last object is read, and the forward waits for the whole prefix. Streamed
+(`storage.stream_layers` > 0), the fetch reads each page's first group of layers and the
+replica group agrees on the hits from those reads; the load returns, the later groups' reads
+run on the I/O threads in group order, and each group's copies to the device are issued as
+soon as its reads are in, from the forward's own calls (`wait`, `ready`, `done`): nothing is
+issued from another thread. An object that goes missing after the hits were agreed (evicted,
+overwritten, corrupted) fails the load at the first layer it held: the layers before it are
+loaded, the host pages are given back as holding no data, and the waits raise naming it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.plan import Direction
+from pipeline.core.sizing import Sizing
+from pipeline.core.slots import PageAllocator
+from pipeline.core.steps import Step
+from pipeline.engine.acks import AckLedger
+from pipeline.engine.cuda.streams import Event, Stream
+from pipeline.engine.l3.fetch import cancel_or_wait
+from pipeline.engine.l3.handles import L3Load, WindowedLoad
+from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.runs import Run, settle_runs, start_runs
+from pipeline.engine.l3.tier import L3Tier
+from pipeline.engine.runtime import Runtime
+from pipeline.engine.strategy import Strategy
+from pipeline.engine.transfer import Pipeline
+from pipeline.engine.transfer.executor import LoadHandle, finish, issue_copies, prepare
+from pipeline.engine.transfer.graphs import TransferGraphs
+from pipeline.engine.transfer.state import Transfer
+
+
+def layer_groups(
+    units: tuple[Unit, ...], num_layers: int, per_group: int
+) -> list[tuple[Unit, ...]]:
+    """`units` by groups of `per_group` consecutive model layers, in layer order."""
+    count = -(-num_layers // per_group)
+    return [tuple(u for u in units if u.layer // per_group == g) for g in range(count)]
+
+
+@dataclasses.dataclass
+class GroupedLoad:
+    """A planned load whose copies are issued a group of steps at a time; its ack is
+    submitted with the last group (or its failure)."""
+
+    transfer: Transfer
+    pipeline: Pipeline
+    stream: Stream
+    acks: AckLedger
+    host_allocator: PageAllocator
+    forward: Stream
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        prepare(self.pipeline, self.transfer, self.stream)
+        self.handle = LoadHandle(self.transfer, self.pipeline, lazy=False, forward=self.forward)
+
+    def issue(self, steps: list[Step], *, last: bool) -> None:
+        t = self.transfer
+        issue_copies(self.pipeline, t, self.stream, steps, last=last)
+        if last:
+            finish(self.pipeline, t, self.stream)
+            self.acks.submit("load", t.done)
+
+    def abandon(self, error: BaseException) -> None:
+        """Fail the load: its waits raise `error`, its host pages hold no data."""
+        t = self.transfer
+        t.fail(error)
+        self.host_allocator.hold_data(t.plan.host_pages, held=False)
+        self.acks.submit("load", t.done)
+
+
+class StreamedLoad:
+    """The forward's view of a streamed load (the `Loading` protocol): a layer's wait first
+    issues the copies of every group up to the one completing it, waiting for their reads,
+    and of any later group whose reads are already in."""
+
+    def __init__(
+        self,
+        tier: L3Tier,
+        load: GroupedLoad,
+        reads: list[tuple[ObjectsJob, list[Run]]],
+        group_of: list[int],
+    ) -> None:
+        """`reads`: per group, its job and its runs of reads (group 0's settled by the fetch:
+        none); `group_of`: each model layer's read group."""
+        self.tier, self.load = tier, load
+        self.reads = reads
+        self.steps: list[list[Step]] = [[] for _ in reads]
+        """Per read group, the steps it completes (a load group's step goes with the read
+        group of its last layer)."""
+        self.needs = list(group_of)
+        """Per layer, the read group whose copies make it usable."""
+        for step in load.transfer.plan.steps:
+            g = group_of[step.layers[-1]]
+            self.steps[g].append(step)
+            for layer in step.layers:
+                self.needs[layer] = max(self.needs[layer], g)
+        self.issued = 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.load.handle.num_layers
+
+    def wait(self, layer: int, consumer: Stream | None = None) -> None:
+        if 0 <= layer < self.num_layers:
+            self._issue_through(self.needs[layer])
+        self.load.handle.wait(layer, consumer)
+
+    def ready(self, layer: int) -> bool:
+        self._issue_through(-1)
+        return self.issued > self.needs[layer] and self.load.handle.ready(layer)
+
+    def done(self, consumer: Stream | None = None) -> Event:
+        self._issue_through(len(self.reads) - 1)
+        return self.load.handle.done(consumer)
+
+    def _issue_through(self, group: int) -> None:
+        """Issue the groups up to `group`, and the later ones whose reads are all in."""
+        while self.issued < len(self.reads) and self.load.transfer.error is None:
+            k, (job, runs) = self.issued, self.reads[self.issued]
+            if k > group and not all(run.done() for _, _, run in runs):
+                return
+            self._settled(k, job, runs)
+            self.issued += 1
+            self.load.issue(self.steps[k], last=self.issued == len(self.reads))
+
+    def _settled(self, k: int, job: ObjectsJob, runs: list[Run]) -> None:
+        """Wait (at most runtime.timeout_s) for group `k`'s reads; fail the load on a miss."""
+        timeout = self.load.timeout_s
+        _, late = concurrent.futures.wait([run for _, _, run in runs], timeout=timeout)
+        found = len(job.keys) if late else settle_runs(self.tier, job, runs)
+        if not late and found == len(job.keys):
+            return
+        for _, later in self.reads[k:]:  # nothing writes into the pages after the failure
+            cancel_or_wait([run for _, _, run in later])
+        layers = sorted({u.layer for u in job.units})
+        why = (
+            f"its reads did not finish within runtime.timeout_s={timeout:g} s"
+            if late
+            else f"the object of page {found} (key {job.keys[found]}) went missing or failed "
+            "its check after the hits were agreed"
+        )
+        error = RuntimeError(f"load_from_l3: layers {layers[0]}-{layers[-1]} not loaded: {why}")
+        self.load.abandon(error)
+        raise error
+
+
+class Loader(Protocol):
+    """What a streamed load needs of the engine."""
+
+    strategy: Strategy
+    runtime: Runtime
+    model: ModelGeometry
+    acks: AckLedger
+    host_allocator: PageAllocator
+    sizing: Sizing
+
+    def verifies_next_load(self) -> bool: ...
+
+    def load(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> LoadHandle: ...
+
+    def transfer(
+        self,
+        direction: Direction,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        stream: Stream,
+        graphs: TransferGraphs | None,
+    ) -> Transfer: ...
+
+
+def windowed_from_l3(
+    engine: Loader, tier: L3Tier, job: ObjectsJob, slots: tuple[torch.Tensor, torch.Tensor]
+) -> L3Load:
+    """Read whole objects; load each window of pages into `slots` (host, device) once the
+    replica group agreed on it, while the next is read."""
+    per_page, loads, (host, device) = engine.sizing.slots_per_page, [], slots
+
+    def release(first: int, stop: int) -> None:
+        engine.host_allocator.hold_data(job.host_pages[first:stop])
+        window = slice(first * per_page, stop * per_page)
+        loads.append(engine.load(host[window], device[window]))
+
+    job.window_pages, job.release = tier.window_pages, release
+    job = tier.fetch(engine.strategy.l3.fetch, job)
+    return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
+
+
+def streamed_layers(engine: Loader, tier: L3Tier) -> int:
+    """Layers per group if the engine's next load from L3 streams, else 0: not where its
+    strategy exchanges layers or the load verifies across ranks (their collectives would run
+    inside the forward's waits), nor with storage.stream_layers=0."""
+    if engine.strategy.load.exchange or engine.verifies_next_load():
+        return 0
+    return tier.storage.stream_layers
+
+
+def stream_from_l3(
+    engine: Loader,
+    tier: L3Tier,
+    job: ObjectsJob,
+    per_group: int,
+    slots: tuple[torch.Tensor, torch.Tensor],
+) -> L3Load:
+    """Read every page's first group of layers and agree on the hits (the strategy's fetch
+    stages), plan the load of the hit pages into `slots` (host, device), start the later
+    groups' reads, issue the first group's copies and hand the forward the rest."""
+    groups = layer_groups(tier.reads(False), engine.model.num_layers, per_group)
+    job.units, job.tables = groups[0], [[] for _ in job.keys]
+    job = tier.fetch(engine.strategy.l3.fetch, job)
+    if job.fallback or not job.hits:
+        return L3Load(job.hits, job.fallback, None)
+    hits, (host, device) = job.hits, slots
+    engine.host_allocator.hold_data(job.host_pages[:hits])
+    hit_slots, stream = slice(0, hits * engine.sizing.slots_per_page), engine.runtime.load_stream
+    t = engine.transfer(Direction.load, host[hit_slots], device[hit_slots], stream, None)
+    run = engine.runtime
+    parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
+    load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
+    later = [
+        dataclasses.replace(
+            job,
+            keys=job.keys[:hits],
+            host_pages=job.host_pages[:hits],
+            reads=[],
+            units=units,
+            tables=job.tables[:hits],
+        )
+        for units in groups[1:]
+    ]
+    runs = iter(start_runs(tier, [j for j in later if j.units]))
+    reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
+    reads += [(j, next(runs) if j.units else []) for j in later]
+    group_of = [0] * engine.model.num_layers
+    for g, units in enumerate(groups):
+        for unit in units:
+            group_of[unit.layer] = g
+    streamed = StreamedLoad(tier, load, reads, group_of)
+    streamed._issue_through(0)
+    return L3Load(hits, False, streamed)

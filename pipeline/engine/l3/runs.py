@@ -1,0 +1,112 @@
+"""A streamed load's later groups of layers: read in runs of pages, one store call a run.
+
+Each later group reads only its layers' bytes of every page, checked against the digest table
+that the page's first group read from its header (`ObjectsJob.tables`), so no header is read
+again. The pages are split into a run per I/O thread; one task per run reads its pages group after
+group, each group in one `PartsReader.read_parts` call, through one reader that may hold each
+object open from its first read to its last: a task, a store call and an open per page and
+group would turn Python's lock several times a page, and with many threads each waiting for it
+in turn, more threads read a group slower than one (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
+from pipeline.engine.l3.stores import PartRead, PartsReader
+from pipeline.engine.l3.tier import L3Tier
+
+Run = tuple[int, int, "Future[int]"]
+"""A task reading a run [first, stop) of a job's pages: (first, stop, how many of its pages
+were read intact, from the first: it stops at a miss)."""
+
+
+def start_runs(tier: L3Tier, jobs: list[ObjectsJob]) -> list[list[Run]]:
+    """Start reading the later groups `jobs` (the same pages each, in group order): a task
+    per run of pages, one per I/O thread, reads its pages group after group through one
+    `PartsReader` (which may keep each object open from its first read to the last) and
+    resolves each group's future of its run as it goes; a cancelled future stops its task."""
+    count = len(jobs[0].keys) if jobs else 0
+    per_run = max(1, -(-count // tier.storage.io_threads))
+    bounds = [(f, min(f + per_run, count)) for f in range(0, count, per_run)]
+    runs: list[list[Run]] = [[(f, s, Future()) for f, s in bounds] for _ in jobs]
+    for c, (first, stop) in enumerate(bounds):
+        tier.io.submit(_read_groups, tier, jobs, [group[c][2] for group in runs], first, stop)
+    return runs
+
+
+def _read_groups(
+    tier: L3Tier, jobs: list[ObjectsJob], futures: list[Future[int]], first: int, stop: int
+) -> None:
+    """One run's pages, group after group, until a group misses one or is cancelled; the
+    groups after that one resolve as having read nothing."""
+    reader = tier.store.parts_reader()
+    try:
+        groups = iter(zip(jobs, futures, strict=True))
+        for job, future in groups:
+            if not future.set_running_or_notify_cancel():
+                break  # the load failed: it cancels every group after the one that missed
+            try:
+                found = read_run(tier, reader, job, first, stop)
+            except BaseException as e:
+                future.set_exception(e)
+                break
+            future.set_result(found)
+            if found < stop - first:
+                break
+        for _, later in groups:  # the groups after a miss, a failure or a cancel
+            if later.set_running_or_notify_cancel():
+                later.set_result(0)
+    finally:
+        reader.close()
+
+
+def read_run(tier: L3Tier, reader: PartsReader, job: ObjectsJob, first: int, stop: int) -> int:
+    """Pages [first, stop) of the job, in one `reader` call where the pool takes the reads
+    straight into its rows (else a page at a time, staged); how many were read intact."""
+    pages = tier.page_map(job.units, device=False)
+    keys, into, tables = job.keys[first:stop], job.host_pages[first:stop], job.tables[first:stop]
+    if not pages.direct:
+        read = (
+            tier.read(key, int(page), job.units, device=False, table=table)
+            for key, page, table in zip(keys, into, tables, strict=True)
+        )
+        return next((i for i, ok in enumerate(read) if not ok), len(keys))
+    reads = [
+        part_read(tier, pages, key, int(page), table)
+        for key, page, table in zip(keys, into, tables, strict=True)
+    ]
+    found = reader.read_parts(reads)
+    if found < len(reads) and tier.store.exists([reads[found][0]]) == [True]:
+        tier.trace.op("l3_corrupt")  # there, and not what its first group's header said
+    return found
+
+
+def part_read(tier: L3Tier, pages: PageMap, key: str, page: int, table: list[int]) -> PartRead:
+    """The read of `pages`' units of one page's object, straight into the pool, checked
+    against its known digest `table`."""
+    name = tier.name(key)
+    head = tier.object.header_size(tier.space, name, tier.checks)
+    spans = pages.spans(page) if tier.runs_crc is not None else None
+    if spans is not None and tier.runs_crc is not None:
+        buffers, group_ok = span_checks(pages, spans, tier.runs_crc)
+    else:
+        buffers, group_ok = unit_checks(pages, pages.views(page), tier.digest)
+    ranges = page_ranges(head, pages, buffers)
+    return name, head + tier.object.page_bytes, ranges, lambda i: group_ok(i, table)
+
+
+def settle_runs(tier: L3Tier, job: ObjectsJob, runs: list[Run]) -> int:
+    """Wait for the runs' reads; the end of the job's leading intact pages."""
+    nbytes = sum(u.page_bytes for u in job.units)
+    into = "pool" if tier.page_map(job.units, device=False).direct else "staging"
+    for first, stop, run in runs:
+        found = first + run.result()
+        for _ in range(first, found):
+            tier.trace.op("l3_read", bytes=nbytes, into=into)
+        if found < stop:
+            tier.trace.op("l3_miss")
+            return found
+    return len(job.keys)

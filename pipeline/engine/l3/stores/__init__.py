@@ -1,0 +1,126 @@
+"""L3 object stores: a folder on local disk (`files`), and Mooncake Store (`mooncake`).
+
+A store moves opaque blobs by name; what a blob means, and whether it is intact, is
+`pipeline.core.l3`'s business. A read that fails for any reason is a miss (None, False), never
+an error in the middle of a transfer; opening a store and writing to it can fail loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.engine.l3.stores.capacity import Quota
+from pipeline.engine.l3.stores.direct import DirectReads
+from pipeline.engine.l3.stores.files import TIMEOUT_S, FileStore
+from pipeline.engine.l3.stores.mooncake import MooncakeStore
+from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range
+
+__all__ = [
+    "Check",
+    "FileStore",
+    "MooncakeStore",
+    "ObjectStore",
+    "Part",
+    "PartRead",
+    "PartsReader",
+    "Range",
+    "open_store",
+]
+
+
+class PartsReader(Protocol):
+    """Reads of parts of blobs (`ObjectStore.parts_reader`); it may hold what it read from
+    (open files) until `close`."""
+
+    def read_parts(self, reads: Sequence[PartRead]) -> int:
+        """Each read as `ObjectStore.read` does it, in one call where the store can batch them;
+        how many of them, from the first, found their blob and passed every check (it stops
+        at the first that did not)."""
+
+    def close(self) -> None: ...
+
+
+class ObjectStore(Protocol):
+    """Blobs by name. A blob is written from a list of buffers (a header and its units' pages)
+    and read as byte ranges into buffers (a reader's units' rows in the pool): no joining
+    copy, and a reader of some units reads only theirs."""
+
+    def put(self, name: str, parts: Sequence[Part]) -> None:
+        """Store the parts' bytes, in order, as one blob under `name` (replacing what was
+        there)."""
+
+    def read(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
+        """Fill each range's buffers with the blob's bytes from its offset on, in order,
+        calling `check` after each; False unless a blob of exactly `size` bytes is there and
+        every check passed (what the buffers then hold is undefined)."""
+
+    def parts_reader(self) -> PartsReader:
+        """A reader of parts of blobs, read several times each (a streamed load's later
+        groups of layers, one run of pages), until its `close`."""
+
+    def get(self, name: str) -> bytes | None:
+        """The blob under `name`, or None (absent, or unreadable)."""
+
+    def exists(self, names: list[str]) -> list[bool]:
+        """Whether each name holds a blob."""
+
+    def remove(self, names: list[str]) -> None:
+        """Drop these blobs (absent ones are fine)."""
+
+    def register(self, buffers: Sequence[memoryview]) -> None:
+        """Memory that reads may land in directly (a pool, headers), until `unregister`."""
+
+    def unregister(self, buffers: Sequence[memoryview]) -> None: ...
+
+    def stats(self) -> dict[str, int | None]:
+        """What this process counted (`counters.COUNTED`), and the objects and bytes the
+        store holds where it knows them (else None)."""
+
+    def close(self) -> None:
+        """Let go of the store's resources."""
+
+
+def open_store(
+    config: StorageConfig, largest_object: int = 1 << 20, *, timeout_s: float = TIMEOUT_S
+) -> ObjectStore:
+    """The store a config names (its master and folder already resolved by the job), for
+    objects of at most `largest_object` bytes moved `storage.io_threads` at a time; a wait on
+    a file store's lock or on a Mooncake master lasts at most `timeout_s` (runtime.timeout_s)."""
+    if config.kind is StorageKind.file:
+        assert config.path is not None, "the job gives a file store its folder"
+        one_object = (largest_object, 1)
+        problem = config.capacity_problem(*one_object) or config.quota_problem(*one_object)
+        if problem is not None:
+            raise ValueError(problem)
+        direct = DirectReads(largest_object, config.io_threads) if config.direct_io else None
+        return FileStore(
+            config.path,
+            direct,
+            capacity_bytes=config.capacity,
+            evict_to=config.evict_to,
+            timeout_s=timeout_s,
+            quota=tenant_quota(config),
+        )
+    assert config.kind is StorageKind.mooncake and config.metadata_server is not None
+    in_flight = 2 * config.io_threads * largest_object  # puts stage through it
+    return MooncakeStore(
+        config.master,
+        config.metadata_server,
+        config.segment_bytes,
+        max(in_flight, 16 << 20),
+        staging_bytes=largest_object,
+        num_staging=config.io_threads,
+        timeout_s=timeout_s,
+    )
+
+
+def tenant_quota(config: StorageConfig) -> Quota | None:
+    """The bound of this tenant's objects a config sets (None: no quota)."""
+    quota = config.tenant_quota_bytes
+    if not quota:
+        return None
+    return Quota(config.tenant, quota, int(config.evict_to * quota))

@@ -1,0 +1,299 @@
+"""The file store: one file per object under a folder on this machine's disk."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.core.l3_owned import is_object_name
+from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath
+from pipeline.engine.l3.stores.capacity import CapacityFull, Quota, open_bound
+from pipeline.engine.l3.stores.counters import Counters
+from pipeline.engine.l3.stores.direct import DirectReads, in_memory
+from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.engine.l3.stores.keys import read_key_file
+from pipeline.engine.l3.stores.ledger import ledger_capacity
+from pipeline.engine.l3.stores.owned import TEMPORARY, own_size
+from pipeline.engine.l3.stores.parts import (
+    IOV_MAX,
+    Check,
+    Part,
+    Range,
+    advance,
+    bytes_views,
+    read_ranges,
+)
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""Never through a link; a FIFO or device planted there opens without blocking (and is then
+refused as not a regular file)."""
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+COMPONENT = re.compile(r"[\w-][\w.-]*")
+"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
+TIMEOUT_S = 120.0
+"""The longest a wait on the folder's lock lasts where the caller does not say
+(`runtime.timeout_s`'s default)."""
+RECENT_LISTS = 8
+"""The name lists of the latest `exists` calls kept: a write-back's, and lookups beside it."""
+
+__all__ = ["FileStore", "read_key_file"]
+
+
+class FileStore:
+    """One file per object under a folder; a write lands whole or not at all (a temporary
+    file in the same folder, then a rename). Every open below the root is relative to its
+    folder's descriptor and follows no link; only regular files are read. With `direct`,
+    reads bypass the page cache (for objects that are not cached: a cold store). With
+    `capacity_bytes` (or, without, where the folder's ledger bounds it), a write that would
+    pass it first evicts the least recently used objects until they take `evict_to` of it
+    (`capacity.Bound`, shared with every process that writes the folder), never the objects
+    of the write-back it belongs to: a write-back first asks which of its objects `exists`,
+    and the names of a recent such call that holds the object being written are kept. A
+    `quota` bounds one tenant's objects within the folder (`capacity.Bound.admit`)."""
+
+    def __init__(
+        self,
+        root: str,
+        direct: DirectReads | None = None,
+        *,
+        capacity_bytes: int | None = None,
+        evict_to: float = 0.9,
+        timeout_s: float = TIMEOUT_S,
+        quota: Quota | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.direct = direct
+        self.beneath = Beneath(root)
+        """The root, kept open: every path below it is opened without following a link."""
+        self.counters = Counters()
+        self._lists: collections.deque[frozenset[str]] = collections.deque(maxlen=RECENT_LISTS)
+        self._lists_lock = threading.Lock()
+        try:
+            capacity = capacity_bytes or ledger_capacity(self.beneath, root)
+            self.capacity_bytes = capacity
+            self.target_bytes = int(evict_to * capacity) if capacity else 0
+            """What an eviction leaves the folder holding, at most."""
+            self.bound = open_bound(self.beneath, self.counters, root, capacity, timeout_s, quota)
+        except BaseException:
+            self.beneath.close()
+            raise
+
+    def stats(self) -> dict[str, int | None]:
+        """This process's counts (`counters.COUNTED`), and what the folder holds: `objects`
+        and `bytes` from the ledger of a bounded store, None for an unbounded one (which
+        keeps no ledger; `hicache-pipeline store stats` counts its folder)."""
+        held = self.bound.held() if self.bound is not None else (None, None)
+        return {**self.counters.snapshot(), "bytes": held[0], "objects": held[1]}
+
+    def _split(self, name: str) -> tuple[list[str], str]:
+        parts = name.split("/")
+        if not all(COMPONENT.fullmatch(p) for p in parts):
+            raise ValueError(f"object name {name!r} is not a store name")
+        return parts[:-1], parts[-1]
+
+    def _folder(self, folders: list[str], *, create: bool) -> int:
+        """A descriptor of the object's folder, below the root with no link followed (made
+        where `create`); OSError where a part is missing or not a real folder."""
+        try:
+            return self.beneath.open(folders, FOLDER_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+        for depth in range(len(folders)):  # the first write into a folder: make what is missing
+            parent = self.beneath.open(folders[:depth], FOLDER_FLAGS)  # [] is the root itself
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folders[depth], dir_fd=parent)
+            finally:
+                os.close(parent)
+        return self.beneath.open(folders, FOLDER_FLAGS)
+
+    def _open(self, name: str, flags: int = READ_FLAGS) -> int:
+        """A descriptor of the regular file `name`; OSError otherwise."""
+        return self._opened(name, flags)[0]
+
+    def _opened(self, name: str, flags: int) -> tuple[int, os.stat_result]:
+        """`_open`, and the file's status."""
+        folders, leaf = self._split(name)
+        fd = self.beneath.open([*folders, leaf], flags)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise OSError(f"{name} is not a regular file")
+        return fd, info
+
+    def put(self, name: str, parts: Sequence[Part]) -> None:
+        folders, leaf = self._split(name)
+        folder = self._folder(folders, create=True)
+        try:
+            try:
+                self._put(folder, leaf, name, parts)
+            except CapacityFull:
+                raise
+            except OSError as e:  # a full disk: make room once, then write again
+                if e.errno != errno.ENOSPC or self.bound is None:
+                    raise
+                held = self.bound.held()[0]
+                size = sum(memoryview(p).nbytes for p in parts)
+                margin = max(size, (self.capacity_bytes or 0) - self.target_bytes)
+                self.bound.evict(held - margin, self._keep(name))
+                self._put(folder, leaf, name, parts)
+        finally:
+            os.close(folder)
+
+    def _put(self, folder: int, leaf: str, name: str, parts: Sequence[Part]) -> None:
+        tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                views = bytes_views(parts)
+                size = sum(v.nbytes for v in views)
+                while views:  # one gathering write per IOV_MAX parts, however partial
+                    views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
+                now = time.time_ns()  # its first use, to the nanosecond (the file system's
+                os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
+            with self._room(size, name):
+                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+            self.counters.add(writes=1, written_bytes=size)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+
+    def _room(self, size: int, name: str) -> contextlib.AbstractContextManager[None]:
+        """Where the store is bounded: room for `size` more bytes, for the block."""
+        if self.bound is None:
+            return contextlib.nullcontext()
+        return self.bound.admit(size, self.target_bytes, self._keep(name), name)
+
+    def _keep(self, name: str) -> frozenset[str]:
+        """What a write of `name` must not evict: the names of the latest `exists` call that
+        holds it (its write-back's objects), and itself."""
+        with self._lists_lock:
+            found = next((names for names in reversed(self._lists) if name in names), None)
+        return found or frozenset([name])
+
+    def read(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
+    ) -> bool:
+        found = self.read_once(name, size, ranges, check)
+        self.counters.add(**{"hits" if found else "misses": 1})
+        return found
+
+    def parts_reader(self) -> FileParts:
+        return FileParts(self)
+
+    def open_read(self, name: str) -> tuple[int, os.stat_result]:
+        return self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
+
+    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        """`read`, not counted."""
+        try:
+            fd, info = self.open_read(name)
+        except (OSError, ValueError):
+            return False
+        try:
+            if ranges and ranges[0][0] == 0:  # a read of its later parts (a streamed load's
+                used(fd, info.st_mtime_ns)  # later layers) follows one of its start
+            return self.read_open(fd, info, size, ranges, check)
+        finally:
+            os.close(fd)
+
+    def read_open(
+        self, fd: int, info: os.stat_result, size: int, ranges: Sequence[Range], check: Check | None
+    ) -> bool:
+        """`read` from the regular file open at `fd` (its status `info`)."""
+        try:
+            if info.st_size != size:
+                return False
+            if self.direct is not None:
+                return self.direct.read(fd, size, ranges, check)
+            return read_ranges(fd, ranges, check)
+        except OSError:
+            return False
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            fd = self._open(name)
+        except (OSError, ValueError):
+            return None
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        blob = bytearray(size)
+        return bytes(blob) if self.read(name, size, [(0, [memoryview(blob)])]) else None
+
+    def exists(self, names: list[str]) -> list[bool]:
+        with self._lists_lock:
+            self._lists.append(frozenset(names))
+        found = []
+        for name in names:
+            try:
+                os.close(self._open(name))
+                found.append(True)
+            except (OSError, ValueError):
+                found.append(False)
+        return found
+
+    def remove(self, names: list[str]) -> None:
+        """Drop these objects: only where the name is an object's and its header names it
+        (anything else under such a name is not the store's, and stays)."""
+        for name in names:
+            folders, leaf = self._split(name)
+            if not is_object_name(name):
+                continue
+            try:
+                folder = self._folder(folders, create=False)
+            except OSError:  # absent, or not a real folder: nothing of ours to remove
+                continue
+            try:
+                size = own_size(folder, leaf, name)
+                if size is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(leaf, dir_fd=folder)
+                        if self.bound is not None:
+                            self.bound.removed(size)
+            finally:
+                os.close(folder)
+
+    def forget_cached(self, names: list[str]) -> bool:
+        """Ask the OS to drop these objects from its page cache (a cold read next); False
+        where it cannot say it did (the folder is in memory: tmpfs keeps every page)."""
+        dropped = not in_memory(self.root)
+        for name in names:
+            with contextlib.suppress(OSError, ValueError):
+                fd = self._open(name)
+                try:
+                    os.fsync(fd)  # dirty pages stay cached until written out
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        return dropped
+
+    def register(self, buffers: Sequence[memoryview]) -> None:
+        """Reads land where they are asked to: nothing to register."""
+
+    def unregister(self, buffers: Sequence[memoryview]) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.bound is not None:
+            self.bound.close()
+        self.beneath.close()
+
+
+def used(fd: int, mtime_ns: int) -> None:
+    """Mark the object open at `fd` used now: its access time, which eviction orders by (its
+    modification time kept). A store another user owns is read without it."""
+    with contextlib.suppress(OSError):
+        os.utime(fd, ns=(time.time_ns(), mtime_ns))
