@@ -195,7 +195,12 @@ def write_estimates() -> None:
         "hardware": "none: estimates computed on CPU from the measured rows",
         "software": "Python 3.12; the cost model at the commit",
         "command": "PYTHONPATH=.:tests python tests/unit/test_cost_measured.py",
-        "paths": ["pipeline/spec/cost.py", "pipeline/config/links.py", "conf/links/h200.yaml"],
+        "paths": [
+            "pipeline/spec/cost.py",
+            "pipeline/core/cost.py",
+            "pipeline/config/links.py",
+            "conf/links/h200.yaml",
+        ],
         "source": "computed: measured_ms from the result files of the rows' commits "
         "(tp2 923a77f, tp1 161883b, tp1 b017ae9, tp1 2f722f2 L3), estimate_ms by the model",
         "rows": estimate_rows(),

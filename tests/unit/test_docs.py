@@ -150,6 +150,7 @@ def overrides_of(text: str) -> Iterator[list[str]]:
         words = found.group(2).split()
         if "-m" in words or "--config-dir" in words or "--help" in words:
             continue
+        words = [w.strip("'\"(),") for w in words]  # shell quotes, prose around a word
         yield [w for w in words if "=" in w and not w.startswith("-")]
     for found in SPAN.finditer(text):
         words = found.group(1).split()
@@ -164,7 +165,7 @@ def test_readmes_commands_and_overrides_compose_as_written() -> None:
     written = {page: text for page, text in pages().items() if page not in GENERATED}
     for overrides in (o for text in written.values() for o in overrides_of(text)):
         if set(overrides) & SHOWN_MISTAKES or any(
-            re.search(r"=(\.\.\.|[A-Z]+|n)$|\.\.\.", w)
+            re.search(r"=(\.\.\.|[A-Z]+|n|<\w+>)$|\.\.\.", w)
             for w in overrides  # placeholders
         ):
             continue

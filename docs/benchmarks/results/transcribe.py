@@ -14,7 +14,13 @@ TEXT = HISTORY.read_text()
 H200 = "1x NVIDIA H200 (nvidia-h200, 16 cores)"
 H200X2 = "2x NVIDIA H200, NVLink between them (NV18), PCIe Gen5 x16 each (nvidia-h200-x2)"
 SOFTWARE = "torch 2.11.0+cu130 (CUDA 13.0), driver 580.159.04, Python 3.12"
-TRANSFER_PATHS = ["pipeline/engine/", "pipeline/spec/", "pipeline/jobs/bench/", "stages/"]
+TRANSFER_PATHS = [
+    "pipeline/engine/",
+    "pipeline/spec/",
+    "pipeline/core/",
+    "pipeline/jobs/bench/",
+    "stages/",
+]
 L3_PATHS = [*TRANSFER_PATHS, "pipeline/storage/"]
 
 
