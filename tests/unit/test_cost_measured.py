@@ -8,7 +8,9 @@ the measurements", says why they miss). The estimates' own result file is this f
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import platform
 import subprocess
 from pathlib import Path
 
@@ -191,9 +193,9 @@ def write_estimates() -> None:
     result = {
         "what": "the cost model's estimate (h200 links) beside every H200 row it is checked on",
         "commit": commit,
-        "date": "2026-12-05",
+        "date": datetime.date.today().isoformat(),
         "hardware": "none: estimates computed on CPU from the measured rows",
-        "software": "Python 3.12; the cost model at the commit",
+        "software": f"Python {platform.python_version()}; the cost model at the commit",
         "command": "PYTHONPATH=.:tests python tests/unit/test_cost_measured.py",
         "paths": [
             "pipeline/spec/cost.py",
