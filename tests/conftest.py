@@ -95,16 +95,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         mooncake_gate(item.config.stash[MISSING_MOONCAKE], required=required)
 
 
-def all_pairs(grid: list[tuple]) -> list[tuple]:
-    """A subset of `grid` (a full product) in which every pair of values of any two factors
-    still occurs: greedily, the point covering the most pairs not yet covered first."""
+def covering(grid: list[tuple], strength: int) -> list[tuple]:
+    """A subset of `grid` (a full product) in which every combination of values of any
+    `strength` factors still occurs: greedily, the point covering the most combinations not
+    yet covered first."""
 
-    def pairs(point: tuple) -> set:
-        return set(itertools.combinations(enumerate(point), 2))
+    def combinations(point: tuple) -> set:
+        return set(itertools.combinations(enumerate(point), strength))
 
-    uncovered, chosen = set().union(*map(pairs, grid)), []
+    uncovered, chosen = set().union(*map(combinations, grid)), []
     while uncovered:
-        best = max(grid, key=lambda point: len(pairs(point) & uncovered))
+        best = max(grid, key=lambda point: len(combinations(point) & uncovered))
         chosen.append(best)
-        uncovered -= pairs(best)
+        uncovered -= combinations(best)
     return chosen
+
+
+def all_pairs(grid: list[tuple]) -> list[tuple]:
+    """Every pair of values of any two factors (a covering of strength 2)."""
+    return covering(grid, 2)
