@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -38,7 +39,6 @@ SMOKE = {  # run in a child first: a package whose native code kills the process
     "nixl_cu12": "import nixl_cu12",
     HICACHE: f"import {HICACHE}",
 }
-DIST = {"nixl_cu12": "nixl-cu12"}
 CANDIDATES = [  # name, package, its read (made in the try), whether it reads ranges, its check
     ("preadv", "", lambda p: preadv, True, "files"),
     ("store-read", "", lambda p: store_read, False, "own CRCs"),
@@ -47,8 +47,8 @@ CANDIDATES = [  # name, package, its read (made in the try), whether it reads ra
     ("nixl-uring", "nixl_cu12", lambda p: nixl(p, "use_uring"), True, "files"),
     ("nixl-aio", "nixl_cu12", lambda p: nixl(p, "use_aio"), True, "files"),
     ("sglang", HICACHE, lambda p: sglang(p), False, "files"),
-    ("crc-unit", "", lambda p: crc(True), False, "-"),
-    ("crc-object", "", lambda p: crc(False), False, "-"),
+    ("crc-unit", "", lambda p: functools.partial(crc, per_unit=True), False, "-"),
+    ("crc-object", "", lambda p: functools.partial(crc, per_unit=False), False, "-"),
 ]
 SIZES = {"pages": 128, "layers": 61, "page-tokens": 64, "row-bytes": 1152, "repeats": 7}
 
@@ -194,17 +194,13 @@ def sglang(p: Probe) -> Any:
     return read
 
 
-def crc(per_unit: bool) -> Any:
+def crc(p: Probe, s: Share, per_unit: bool) -> None:
     """crc32c of each payload: a call per unit holding Python's lock (the tier's), or one."""
-
-    def read(p: Probe, s: Share) -> None:
-        ends = np.cumsum(p.units).tolist() if per_unit else [sum(p.units)]
-        for i in s.objs:  # the payload ends its object
-            at = p.starts[i] + p.sizes[i] - ends[-1]
-            for a, b in zip([0, *ends[:-1]], ends, strict=True):
-                crc32c.crc32c(p.view[at + a : at + b], gil_release_mode=0 if per_unit else -1)
-
-    return read
+    ends = np.cumsum(p.units).tolist() if per_unit else [sum(p.units)]
+    for i in s.objs:  # the payload ends its object
+        at = p.starts[i] + p.sizes[i] - ends[-1]
+        for a, b in zip([0, *ends[:-1]], ends, strict=True):
+            crc32c.crc32c(p.view[at + a : at + b], gil_release_mode=0 if per_unit else -1)
 
 
 def load_from_l3(p: Probe, s: Share) -> None:
@@ -228,26 +224,21 @@ def module(name: str, sites: list[str]) -> tuple[Any, str]:
     if child.returncode:  # what it printed last, or the signal that killed it
         why = child.stderr.decode().strip().splitlines() or [f"signal {-child.returncode}"]
         return None, why[-1][:200]
-    return importlib.import_module(name), importlib.metadata.version(
-        DIST.get(name, name.split(".")[0])
-    )
+    dist_name = name.split(".")[0].replace("_", "-")  # nixl_cu12: nixl-cu12
+    return importlib.import_module(name), importlib.metadata.version(dist_name)
 
 
-def measure(p: Probe, make: Any, shares: list[Share], check: str) -> dict[str, Any]:
-    """A read into the zeroed buffer, the timed loads, and whether the buffer holds the files
-    (`check` "files"; else how the candidate checks what it reads)."""
+def prepared(p: Probe, row: dict[str, Any], make: Any, shares: list[Share], check: str) -> Any:
+    """The candidate's load, checked once into the zeroed buffer (None where it failed)."""
     p.buffer[:] = 0
     try:
-        fn, seconds = make(p), []
-        for _ in range(p.repeats + 1):
-            began = time.perf_counter()
-            list(p.pool.map(lambda s: fn(p, s), shares))
-            seconds.append(time.perf_counter() - began)
+        fn = make(p)
+        list(p.pool.map(lambda s: fn(p, s), shares))
     except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}"[:200]}
-    checked = bool(np.array_equal(p.buffer, p.files)) if check == "files" else check
-    m, least = float(np.median(seconds[1:])), min(seconds[1:])
-    return dict(median_ms=m * 1e3, min_ms=least * 1e3, gbps=sum(p.sizes) / m / 1e9, checked=checked)
+        row["error"] = f"{type(e).__name__}: {e}"[:200]
+        return None
+    row["checked"] = bool(np.array_equal(p.buffer, p.files)) if check == "files" else check
+    return lambda: list(p.pool.map(lambda s: fn(p, s), shares))
 
 
 def main() -> None:
@@ -262,37 +253,46 @@ def main() -> None:
     sys.path[:0] = args.site
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     packages = {name: module(name, args.site) for name in SMOKE}
+    mods = {name: mod for name, (mod, _) in packages.items() if mod is not None}
     rows: list[dict[str, Any]] = []
-    print("| candidate | version | T | R | ms | GB/s | x read limit | checked | error |")
     with tempfile.TemporaryDirectory(prefix="probe-reads-") as folder:
         for threads in args.threads:
-            mods = {name: mod for name, (mod, _) in packages.items() if mod is not None}
-            p = Probe(args, threads, folder, mods)
+            p, loads = Probe(args, threads, folder, mods), []
             for name, package, make, ranged, check in CANDIDATES:
                 mod, version = packages.get(package, (None, ""))
                 for ranges in args.ranges if ranged else [1]:
                     row = dict(candidate=name, version=version, threads=threads, ranges=ranges)
-                    if make is None or (package and mod is None):
-                        row["error"] = "imports and runs; not measured" if mod else version
-                    else:
-                        shares = p.shares(1 if name == "load_from_l3" else threads, ranges)
-                        row |= measure(p, make, shares, check)
-                    rows.append(report(row, rows))
+                    rows.append(row)
+                    if package and mod is None:
+                        row["error"] = version
+                        continue
+                    shares = p.shares(1 if name == "load_from_l3" else threads, ranges)
+                    loads.append((row, prepared(p, row, make, shares, check)))
+            for _ in range(args.repeats):  # the candidates in turn: the machine's load hits each
+                for row, load in (x for x in loads if x[1] is not None):
+                    began = time.perf_counter()
+                    load()
+                    row.setdefault("seconds", []).append(time.perf_counter() - began)
             p.engine.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "machine": str(os.uname()), "rows": rows}, f, indent=1)
+    report(rows, sum(p.sizes), args.json)
 
 
-def report(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """`row` with its share of the read limit (preadv of whole objects, the same T), printed."""
-    limit = [r for r in [*rows, row] if r["candidate"] == "preadv" and r["ranges"] == 1]
-    row["x_limit"] = row["gbps"] / limit[-1]["gbps"] if "gbps" in row and limit else None
-    ms, gbps, x = (f"{row[k]:.2f}" if row.get(k) else "" for k in ("median_ms", "gbps", "x_limit"))
-    cells = [row["candidate"], row["version"], row["threads"], row["ranges"], ms, gbps, x]
-    cells += [row.get("checked", ""), row.get("error", "")]
-    print("| " + " | ".join(map(str, cells)) + " |")
-    return row
+def report(rows: list[dict[str, Any]], nbytes: int, path: str | None) -> None:
+    """Each row's median, GB/s and share of the read limit (preadv of whole objects, same T)."""
+    print("| candidate | version | T | R | ms | GB/s | x read limit | checked | error |")
+    limit = {r["threads"]: r for r in rows if r["candidate"] == "preadv" and r["ranges"] == 1}
+    for row in rows:  # the limit's row comes first among its T's
+        if "seconds" in row:
+            row["median_ms"] = float(np.median(row["seconds"])) * 1e3
+            row["gbps"] = nbytes / row["median_ms"] / 1e6
+            row["x_limit"] = row["gbps"] / limit[row["threads"]].get("gbps", np.nan)
+        cells = [row[k] for k in ("candidate", "version", "threads", "ranges")]
+        cells += [f"{row[k]:.2f}" if k in row else "" for k in ("median_ms", "gbps", "x_limit")]
+        cells += [row.get("checked", ""), row.get("error", "")]
+        print("| " + " | ".join(map(str, cells)) + " |")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"machine": str(os.uname()), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
