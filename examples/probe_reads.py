@@ -53,12 +53,10 @@ CANDIDATES = [  # name, package, its read (made in the try), whether it reads ra
 SIZES = {"pages": 128, "layers": 61, "page-tokens": 64, "row-bytes": 1152, "repeats": 7}
 
 
-class Share(NamedTuple):
-    """A thread's objects and reads: (object, offset in it, bytes, offset in the buffer)."""
-
+class Share(NamedTuple):  # a thread's objects, their reads, and those as an array
     k: int
     objs: list[int]
-    reads: list[tuple[int, int, int, int]]
+    reads: list[tuple[int, int, int, int]]  # object, offset in it, bytes, offset in the buffer
     table: np.ndarray
 
 
@@ -70,9 +68,10 @@ class Probe:
         job = pipeline.compose(
             f"model=deepseek_v3 model.num_layers={args.layers} model.kv_row_bytes={args.row_bytes}"
             f" model.page_size={args.page_tokens} topology=tp1 topology.device=cpu storage=file"
-            f" storage.path={folder} strategy=replicated"
-            f" storage.io_threads={threads} workload.num_tokens={tokens}"
-            f" workload.device_tokens={2 * tokens} workload.host_ratio=1.0".split()
+            f" storage.path={folder} strategy=replicated storage.io_threads={threads}"
+            f" workload.num_tokens={tokens} workload.device_tokens={2 * tokens}"
+            " workload.host_ratio=1.0".split()
+            + args.override
         )
         self.engine = e = pipeline.create_engine(job)
         size, source, self.tier = e.sizing.slots_per_page, list(range(n)), e.l3
@@ -249,6 +248,7 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, nargs="+", default=[1, 61], help="per object")
     parser.add_argument("--site", action="append", default=[], help="a folder to import from")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--override", nargs="*", default=[], help="config overrides")
     args = parser.parse_args()
     sys.path[:0] = args.site
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
