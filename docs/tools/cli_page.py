@@ -3,15 +3,13 @@ the committed page is stale). Run from the repository root: `python docs/tools/c
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import difflib
-import inspect
 import io
-import itertools
 import signal
 import sys
 from pathlib import Path
+
+from generated import attribute_docs, write_or_check  # beside this file
 
 from pipeline.cli.main import CLOSED_PIPE, HELP, main
 from pipeline.config.app import CommandLine
@@ -36,15 +34,7 @@ EXIT_CODES = [
 
 def flags() -> list[str]:
     """The flags' own docs: each `CommandLine` field's docstring that names a flag."""
-    (cls,) = ast.parse(inspect.getsource(CommandLine)).body
-    assert isinstance(cls, ast.ClassDef)
-    docs = [
-        " ".join(after.value.value.split())
-        for stmt, after in itertools.pairwise(cls.body)
-        if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
-        if isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)
-    ]
-    return [doc for doc in docs if doc.startswith("`-")]
+    return [doc for doc in attribute_docs(CommandLine).values() if doc.startswith("`-")]
 
 
 def printed(argv: list[str]) -> str:
@@ -90,23 +80,6 @@ def page() -> str:
     for name in SUBCOMMANDS:
         lines += [f"## {name}", "", shown([name, "--help"])]
     return "\n".join(lines)
-
-
-def write_or_check(path: Path, text: str, generator: str, check: bool) -> int:
-    """Write the page, or (`check`) print how the committed one differs: 1 if it does."""
-    if not check:
-        path.write_text(text)
-        return 0
-    old = path.read_text() if path.is_file() else ""
-    diff = list(
-        difflib.unified_diff(
-            old.splitlines(True), text.splitlines(True), str(path), f"{path} (regenerated)"
-        )
-    )
-    if diff:
-        sys.stdout.writelines(diff)
-        print(f"\n{path} is stale: run python {generator}", file=sys.stderr)
-    return 1 if diff else 0
 
 
 if __name__ == "__main__":

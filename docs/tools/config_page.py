@@ -5,18 +5,16 @@ is stale). Run from the repository root: `python docs/tools/config_page.py`."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
 import importlib
-import inspect
 import itertools
 import sys
 import typing
 from pathlib import Path
 from typing import Any
 
-from cli_page import write_or_check  # beside this file
+from generated import attribute_docs, write_or_check  # beside this file
 from omegaconf import OmegaConf
 
 from pipeline.cli.catalog import defaults, description
@@ -64,19 +62,6 @@ class Knob:
     doc: str
     default: Any
     """The schema's default (dataclasses.MISSING: the option must set it)."""
-
-
-def attribute_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string under it), on one line."""
-    (tree,) = ast.parse(inspect.getsource(cls)).body
-    assert isinstance(tree, ast.ClassDef)
-    return {
-        stmt.target.id: " ".join(after.value.value.split())
-        for stmt, after in itertools.pairwise(tree.body)
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-        if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-        if isinstance(after.value.value, str)
-    }
 
 
 def unwrapped(hint: Any) -> tuple[Any, bool]:

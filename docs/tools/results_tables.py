@@ -14,7 +14,7 @@ its paths, pure renames (R100) aside.
 from __future__ import annotations
 
 import argparse
-import difflib
+import functools
 import json
 import re
 import statistics
@@ -24,9 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from generated import write_or_check  # beside this file
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs/benchmarks/results"
 README_PICKS = ROOT / "docs/benchmarks/readme_results.json"
+GENERATOR = "docs/tools/results_tables.py"
 CASE = ("tokens", "direction", "placement", "io", "graphs", "chunk")
 Row = dict[str, Any]
 
@@ -57,20 +60,29 @@ def raw_rows(paths: list[Path]) -> list[Row]:
     return rows
 
 
-def stale(commit: str, paths: list[str]) -> str:
-    """'stale' where a file under `paths` changed since `commit` (pure renames aside),
-    'current' where none did, 'unknown' where git or the commit is not at hand."""
+@functools.cache
+def changed_since(commit: str) -> tuple[str, ...] | None:
+    """Every path changed since `commit` (both names of a renamed file, pure renames aside);
+    None where git or the commit is not at hand. Once per commit: several results share one."""
     try:
         diff = ["git", "diff", "-M", "--name-status", commit]
         out = subprocess.run(diff, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    changed = [
+        return None
+    return tuple(
         name
         for line in out.splitlines()
         if not line.startswith("R100\t")
         for name in line.split("\t")[1:]
-    ]
+    )
+
+
+def stale(commit: str, paths: list[str]) -> str:
+    """'stale' where a file under `paths` changed since `commit` (pure renames aside),
+    'current' where none did, 'unknown' where git or the commit is not at hand."""
+    changed = changed_since(commit)
+    if changed is None:
+        return "unknown"
     return "stale" if any(name.startswith(tuple(paths)) for name in changed) else "current"
 
 
@@ -261,25 +273,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     check = parser.parse_args(argv).check
-    differ = []
+    stale_files = 0
     for name, blocks in (("BENCHMARKS.md", BENCHMARKS_BLOCKS), ("README.md", README_BLOCKS)):
         old = (ROOT / name).read_text()
         first = f"<!-- generated:{next(iter(blocks))} -->"
         if first not in old:
             print(f"{name}: no {first} block, skipped")
             continue
-        new = fill(old, blocks)
-        if new != old:
-            differ.append(name)
-            if check:
-                lines = old.splitlines(), new.splitlines()
-                print("\n".join(difflib.unified_diff(*lines, name, "generated", lineterm="")))
-            else:
-                (ROOT / name).write_text(new)
-    if check and differ:
-        print(f"stale: {', '.join(differ)}; run python docs/tools/results_tables.py")
-        return 1
-    return 0
+        stale_files += write_or_check(ROOT / name, fill(old, blocks), GENERATOR, check)
+    return 1 if stale_files else 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ BUDGETS = {"README.md": 15_000, "BENCHMARKS.md": 40_000}
 PATH = re.compile(r"^(?:pipeline|stages|conf|tests|examples|docs|\.ci)/[\w./-]*$")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SESSION_LOG = re.compile(r"\b(?:sessions? \d+|this session)\b", re.I)
+FENCE_WORDS = re.compile(r"^```(?:bash|console)\n(.*?)^```\n", re.S | re.M)
+"""Shell blocks, whose words may name paths."""
 HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 
 
@@ -94,9 +96,6 @@ def named_paths(text: str) -> set[str]:
     spans = re.findall(r"`([^`\s]+)`", text)
     words = [w for b in FENCE_WORDS.findall(text) for w in b.split()]
     return {p.split("::")[0].rstrip(".,:;)") for p in [*spans, *words] if PATH.match(p)}
-
-
-FENCE_WORDS = re.compile(r"^```(?:bash|console)\n(.*?)^```\n", re.S | re.M)
 
 
 def test_every_repository_path_the_docs_name_exists() -> None:

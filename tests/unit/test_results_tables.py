@@ -26,12 +26,15 @@ SESSION_WORDING = re.compile(r"Session \d|this session", re.IGNORECASE)
 
 
 def generator() -> ModuleType:
+    """The script, imported as it runs (it imports `generated` from beside it)."""
     spec = importlib.util.spec_from_file_location(
         "results_tables", ROOT / "docs/tools/results_tables.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "docs/tools"))
+        spec.loader.exec_module(module)
     return module
 
 
