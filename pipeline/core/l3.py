@@ -133,6 +133,11 @@ class PageObject:
         return found
 
     @functools.cached_property
+    def unit_bytes(self) -> np.ndarray:
+        """Each unit's length, in order (as the header's table says them)."""
+        return np.array([u.page_bytes for u in self.units], dtype=np.uint32)
+
+    @functools.cached_property
     def index(self) -> dict[int, int]:
         """Per unit ordinal, its row in the header's digest table."""
         return {u.ordinal: i for i, u in enumerate(self.units)}
@@ -256,10 +261,14 @@ def unit_digests(
         return None
     if header_check(fields, rest, checks) != check:
         return None
-    rows = unit_rows(rest[len(ns) + len(nm) + KEY_ID :], checks.width)
-    if [n for _, n in rows] != [u.page_bytes for u in obj.units]:
+    table = rest[len(ns) + len(nm) + KEY_ID :]
+    if checks.width == UNIT_BYTES.size:  # CRCs: the table as one array (a read's every page)
+        rows = np.frombuffer(table, dtype="<u4").reshape(-1, 2)
+        return rows[:, 0].tolist() if np.array_equal(rows[:, 1], obj.unit_bytes) else None
+    found = unit_rows(table, checks.width)
+    if [n for _, n in found] != obj.unit_bytes.tolist():
         return None
-    return [d for d, _ in rows]
+    return [d for d, _ in found]
 
 
 def unit_rows(table: bytes, width: int) -> list[tuple[int, int]]:

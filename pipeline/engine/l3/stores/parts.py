@@ -55,13 +55,28 @@ def read_ranges(fd: int, ranges: Sequence[Range], check: Check | None) -> bool:
     IOV_MAX buffers, however partial), checking each as it lands; False at a short file or a
     failed check."""
     for i, (offset, buffers) in enumerate(ranges):
-        views, at = list(buffers), offset
-        while views:
-            got = os.preadv(fd, views[:IOV_MAX], at)
-            if got == 0:
-                return False
-            at += got
-            views = advance(views, got) if len(views) > 1 or got < views[0].nbytes else []
+        whole = not buffers or (
+            len(buffers) <= IOV_MAX and os.preadv(fd, buffers, offset) == nbytes(buffers)
+        )
+        if not whole and not read_rest(fd, offset, buffers):  # partial, or > IOV_MAX buffers
+            return False
         if check is not None and not check(i):
             return False
+    return True
+
+
+def nbytes(buffers: Sequence[memoryview]) -> int:
+    return sum(v.nbytes for v in buffers)
+
+
+def read_rest(fd: int, offset: int, buffers: Sequence[memoryview]) -> bool:
+    """One range read again from its start, one scattering read at a time until it is
+    whole; False at the end of the file."""
+    views, at = list(buffers), offset
+    while views:
+        got = os.preadv(fd, views[:IOV_MAX], at)
+        if got == 0:
+            return False
+        at += got
+        views = advance(views, got)
     return True
