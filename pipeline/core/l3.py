@@ -133,9 +133,9 @@ class PageObject:
         return found
 
     @functools.cached_property
-    def unit_bytes(self) -> np.ndarray:
-        """Each unit's length, in order (as the header's table says them)."""
-        return np.array([u.page_bytes for u in self.units], dtype=np.uint32)
+    def unit_bytes(self) -> bytes:
+        """Each unit's length, in order, as the header's table says them (4 bytes each)."""
+        return np.array([u.page_bytes for u in self.units], dtype="<u4").tobytes()
 
     @functools.cached_property
     def index(self) -> dict[int, int]:
@@ -264,9 +264,9 @@ def unit_digests(
     table = rest[len(ns) + len(nm) + KEY_ID :]
     if checks.width == UNIT_BYTES.size:  # CRCs: the table as one array (a read's every page)
         rows = np.frombuffer(table, dtype="<u4").reshape(-1, 2)
-        return rows[:, 0].tolist() if np.array_equal(rows[:, 1], obj.unit_bytes) else None
+        return rows[:, 0].tolist() if rows[:, 1].tobytes() == obj.unit_bytes else None
     found = unit_rows(table, checks.width)
-    if [n for _, n in found] != obj.unit_bytes.tolist():
+    if [n for _, n in found] != [u.page_bytes for u in obj.units]:
         return None
     return [d for d, _ in found]
 

@@ -11,11 +11,12 @@ in turn, more threads read a group slower than one (BENCHMARKS.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
-from pipeline.engine.l3.stores import PartRead, PartsReader
+from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads
 from pipeline.engine.l3.tier import L3Tier
 
 Run = tuple[int, int, "Future[int]"]
@@ -74,14 +75,44 @@ def read_run(tier: L3Tier, reader: PartsReader, job: ObjectsJob, first: int, sto
             for key, page, table in zip(keys, into, tables, strict=True)
         )
         return next((i for i, ok in enumerate(read) if not ok), len(keys))
-    reads = [
-        part_read(tier, pages, key, int(page), table)
-        for key, page, table in zip(keys, into, tables, strict=True)
-    ]
-    found = reader.read_parts(reads)
-    if found < len(reads) and tier.store.exists([reads[found][0]]) == [True]:
+    spans = span_reads(tier, pages, keys, into, tables)
+    if spans is not None:
+        found = reader.read_spans(spans)
+        name = spans.names[found] if found < len(keys) else ""
+    else:
+        reads = [
+            part_read(tier, pages, key, int(page), table)
+            for key, page, table in zip(keys, into, tables, strict=True)
+        ]
+        found = reader.read_parts(reads)
+        name = reads[found][0] if found < len(keys) else ""
+    if name and tier.store.exists([name]) == [True]:
         tier.trace.op("l3_corrupt")  # there, and not what its first group's header said
     return found
+
+
+def span_reads(
+    tier: L3Tier, pages: PageMap, keys: list[str], into: Iterable[int], tables: list[list[int]]
+) -> SpanReads | None:
+    """The reads of `pages`' units of these pages as one range each, straight into one run
+    of pool memory, each checked by one CRC that its units' CRCs combine to; None where the
+    units are not one run in the object and in the pool, or the check is keyed."""
+    runs_crc, groups = tier.runs_crc, [g for g, (_, at) in enumerate(pages.groups) if at]
+    if runs_crc is None or len(groups) != 1 or pages.spans(0) is None:
+        return None
+    g, obj = groups[0], tier.object
+    at, rows, sizes = (
+        pages.groups[g][0],
+        [pages.rows[j] for j in pages.groups[g][1]],
+        pages.sizes[g],
+    )
+    names = [tier.name(key) for key in keys]
+    heads = [obj.header_size(tier.space, name, tier.checks) for name in names]
+    views = [pages.spans(int(page))[g] for page in into]  # type: ignore[index]
+    crcs = [runs_crc([table[r] for r in rows], sizes) for table in tables]
+    return SpanReads(
+        names, [h + obj.page_bytes for h in heads], [h + at for h in heads], views, crcs
+    )
 
 
 def part_read(tier: L3Tier, pages: PageMap, key: str, page: int, table: list[int]) -> PartRead:
@@ -104,8 +135,7 @@ def settle_runs(tier: L3Tier, job: ObjectsJob, runs: list[Run]) -> int:
     into = "pool" if tier.page_map(job.units, device=False).direct else "staging"
     for first, stop, run in runs:
         found = first + run.result()
-        for _ in range(first, found):
-            tier.trace.op("l3_read", bytes=nbytes, into=into)
+        tier.trace.repeat("l3_read", found - first, bytes=nbytes, into=into)
         if found < stop:
             tier.trace.op("l3_miss")
             return found

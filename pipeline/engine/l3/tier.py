@@ -110,6 +110,7 @@ class L3Tier:
         self.runs_crc = CrcRuns() if checks.key is None else None  # a MAC does not combine
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
+        self._known: dict[tuple[bool, int], tuple[tuple[Unit, ...], PageMap]] = {}
 
     def reads(self, fallback: bool) -> tuple[Unit, ...]:
         """The units this rank reads: its roles', or every unit (fallback)."""
@@ -142,9 +143,13 @@ class L3Tier:
 
     def page_map(self, units: tuple[Unit, ...], *, device: bool) -> PageMap:
         """`units`' page map in the host (or device) pool, made once per set of units."""
+        known = self._known.get((device, id(units)))  # the same tuple: the map, at once
+        if known is not None and known[0] is units:
+            return known[1]
         key = (device, tuple(u.ordinal for u in units))
         if key not in self._maps:
             self._maps[key] = PageMap(self.object, units, self.placement(device=device))
+        self._known[(device, id(units))] = (units, self._maps[key])  # held: its id stays its
         return self._maps[key]
 
     def read(

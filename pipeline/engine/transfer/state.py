@@ -59,6 +59,16 @@ class Trace:
     def op(self, kind: str, **fields: Any) -> None:
         self.count(kind, side_of(kind, fields), fields.get("bytes", 0), fields)
 
+    def repeat(self, kind: str, times: int, **fields: Any) -> None:
+        """`op` `times` over with the same fields: one count where no op is kept (a streamed
+        load's reads, a run of pages a group: an op each held Python's lock a while)."""
+        if self.keep_ops or self._captures:
+            for _ in range(times):
+                self.op(kind, **fields)
+        elif times:
+            nbytes = fields.get("bytes", 0) * times
+            self.count(kind, side_of(kind, fields), nbytes, times=times)
+
     def count(
         self,
         kind: str,

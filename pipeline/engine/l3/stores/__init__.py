@@ -15,7 +15,7 @@ from pipeline.engine.l3.stores.capacity import Quota
 from pipeline.engine.l3.stores.direct import DirectReads
 from pipeline.engine.l3.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.l3.stores.mooncake import MooncakeStore
-from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range
+from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, SpanReads
 
 __all__ = [
     "Check",
@@ -26,6 +26,7 @@ __all__ = [
     "PartRead",
     "PartsReader",
     "Range",
+    "SpanReads",
     "open_store",
 ]
 
@@ -38,6 +39,9 @@ class PartsReader(Protocol):
         """Each read as `ObjectStore.read` does it, in one call where the store can batch them;
         how many of them, from the first, found their blob and passed every check (it stops
         at the first that did not)."""
+
+    def read_spans(self, spans: SpanReads) -> int:
+        """`read_parts` of reads of one range into one buffer each, checked by its CRC."""
 
     def close(self) -> None: ...
 

@@ -7,8 +7,10 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+import crc32c
+
 from pipeline.engine.l3.stores.counters import Counters
-from pipeline.engine.l3.stores.parts import Check, PartRead, Range
+from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads
 
 
 class OpenFiles(Protocol):
@@ -20,11 +22,11 @@ class OpenFiles(Protocol):
         """A descriptor of the regular file `name` opened for reads, and its status."""
 
     def read_open(
-        self, fd: int, info: os.stat_result, size: int, ranges: Sequence[Range], check: Check
+        self, fd: int, info: os.stat_result, size: int, ranges: Sequence[Range], check: Check | None
     ) -> bool:
         """A read from an object already open."""
 
-    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check) -> bool:
+    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         """A read that opens the object for itself (not counted)."""
 
 
@@ -44,10 +46,24 @@ class FileParts:
         self.store.counters.add(hits=found, misses=int(found < len(reads)))
         return found
 
-    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check) -> bool:
-        if name not in self.held:
+    def read_spans(self, spans: SpanReads) -> int:
+        """The reads of `spans` in order, each a `preadv` and a CRC call (outside Python's
+        lock) on the object held open, until one misses."""
+        found = 0
+        for name, size, offset, view, crc in zip(
+            spans.names, spans.sizes, spans.offsets, spans.views, spans.crcs, strict=True
+        ):
+            if not self._read(name, size, [(offset, [view])], None) or crc32c.crc32c(view) != crc:
+                break
+            found += 1
+        self.store.counters.add(hits=found, misses=int(found < len(spans.names)))
+        return found
+
+    def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        held = self.held.get(name)
+        if held is None:
             try:
-                self.held[name] = self.store.open_read(name)
+                held = self.held[name] = self.store.open_read(name)
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors
                     self.close()
@@ -55,7 +71,7 @@ class FileParts:
                 return False
             except ValueError:
                 return False
-        return self.store.read_open(*self.held[name], size, ranges, check)
+        return self.store.read_open(*held, size, ranges, check)
 
     def close(self) -> None:
         for fd, _ in self.held.values():

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
-from pipeline.engine.l3.stores.parts import Check, PartRead, Range
+from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads
 
 
 class RangedGets(Protocol):
@@ -58,6 +58,9 @@ class MooncakeParts:
                 return i
         self.store.counters.add(hits=len(reads))
         return len(reads)
+
+    def read_spans(self, spans: SpanReads) -> int:
+        return self.read_parts(spans.part_reads())
 
     def _get(self, names: list[str], parts: list[tuple[list[int], ...]]) -> list[int]:
         """Each read's bytes landed through the session (negative: not through it)."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeAlias
 
+import crc32c
 import numpy as np
 
 Part: TypeAlias = bytes | bytearray | memoryview
@@ -23,6 +26,34 @@ CPU's cache); False ends the read as a miss."""
 PartRead: TypeAlias = tuple[str, int, Sequence[Range], Check]
 """A read of some ranges of one object: (name, its size, the ranges, their check), as
 `ObjectStore.read` takes them."""
+
+
+@dataclass(frozen=True)
+class SpanReads:
+    """One byte range of each of many objects, each into one buffer and checked by one
+    CRC-32C (a streamed load's later group of layers, for a run of pages): the reads of a
+    batch, made without a Python call per range beyond the read and its CRC."""
+
+    names: Sequence[str]
+    sizes: Sequence[int]
+    """Each object's size (a read of an object of another size is a miss)."""
+    offsets: Sequence[int]
+    views: Sequence[memoryview]
+    crcs: Sequence[int]
+    """The CRC-32C each range's bytes must have."""
+
+    def part_reads(self) -> list[PartRead]:
+        """The same reads as `PartRead`s (for a store that batches those its own way)."""
+        return [
+            (name, size, [(offset, [view])], functools.partial(span_ok, view, crc))
+            for name, size, offset, view, crc in zip(
+                self.names, self.sizes, self.offsets, self.views, self.crcs, strict=True
+            )
+        ]
+
+
+def span_ok(view: memoryview, crc: int, _: int) -> bool:
+    return bool(crc32c.crc32c(view) == crc)
 
 
 def advance(views: list[memoryview], done: int) -> list[memoryview]:
