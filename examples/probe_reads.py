@@ -49,6 +49,7 @@ CANDIDATES = [  # name, package, its read (made in the try), whether it reads ra
     ("sglang", HICACHE, lambda p: sglang(p), False, "files"),
     ("crc-unit", "", lambda p: functools.partial(crc, per_unit=True), False, "-"),
     ("crc-object", "", lambda p: functools.partial(crc, per_unit=False), False, "-"),
+    ("copy", "", lambda p: copy, False, "files"),
 ]
 SIZES = {"pages": 128, "layers": 61, "page-tokens": 64, "row-bytes": 1152, "repeats": 7}
 
@@ -202,6 +203,14 @@ def crc(p: Probe, s: Share, per_unit: bool) -> None:
             crc32c.crc32c(p.view[at + a : at + b], gil_release_mode=0 if per_unit else -1)
 
 
+def copy(p: Probe, s: Share) -> None:
+    """One copy of the objects' bytes in memory (torch's, as the load's host-to-device copy
+    on a CPU rank): what the issue's bar adds to SGLang's read."""
+    for i in s.objs:
+        at = slice(p.starts[i], p.starts[i] + p.sizes[i])
+        torch.from_numpy(p.buffer[at]).copy_(torch.from_numpy(p.files[at]))
+
+
 def load_from_l3(p: Probe, s: Share) -> None:
     e, n = p.engine, len(p.keys)
     size, fresh, target = e.sizing.slots_per_page, e.host_allocator.alloc(n), range(n, 2 * n)
@@ -290,6 +299,14 @@ def report(rows: list[dict[str, Any]], nbytes: int, path: str | None) -> None:
         cells += [f"{row[k]:.2f}" if k in row else "" for k in ("median_ms", "gbps", "x_limit")]
         cells += [row.get("checked", ""), row.get("error", "")]
         print("| " + " | ".join(map(str, cells)) + " |")
+    for t in sorted({r["threads"] for r in rows}):
+        by = {r["candidate"]: r["median_ms"] for r in rows if r["threads"] == t and "seconds" in r}
+        if {"sglang", "copy", "load_from_l3"} <= by.keys():
+            bar = by["sglang"] + by["copy"]
+            print(
+                f"T={t}: load_from_l3 {by['load_from_l3']:.1f} ms against SGLang's read plus "
+                f"one copy {bar:.1f} ms: x {by['load_from_l3'] / bar:.2f}"
+            )
     if path:
         with open(path, "w") as f:
             json.dump({"machine": str(os.uname()), "rows": rows}, f, indent=1)
