@@ -40,6 +40,8 @@ def load(folder: str) -> dict[str, Any]:
     result["folder"] = folder
     if "raw" in result:
         result["rows"] = raw_rows([RESULTS / folder / name for name in result["raw"]])
+    if "raw_l3" in result:
+        result["rows"] = l3_rows([RESULTS / folder / name for name in result["raw_l3"]])
     result["stale"] = stale(result["commit"], result["paths"])
     return result
 
@@ -57,6 +59,17 @@ def raw_rows(paths: list[Path]) -> list[Row]:
         row["copy_calls"] = " + ".join(f"{n} {op}" for op, n in first["ops"][0].items())
         row["bit_exact"] = all(r["bit_exact"] and r["reference_bit_exact"] for r in same)
         rows.append(row)
+    return rows
+
+
+def l3_rows(paths: list[Path]) -> list[Row]:
+    """One row per case of each `bench bench=l3` JSON, as the l3 table names its fields."""
+    rows = []
+    for path in paths:
+        for r in json.loads(path.read_text())["rows"]:
+            row = {k: r[k] for k in ("store", "cache", "io", "io_threads", "tokens", "gbps")}
+            row |= {"load_ms": r["ms"], "x_limit": r["x_limit"], "limit": "read"}
+            rows.append(row | {"stream_layers": r["stream_layers"]})
     return rows
 
 
@@ -163,14 +176,15 @@ def ttft() -> str:
 
 def l3_limits() -> str:
     folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold", "2026-12-01-cpu-l3-read"]
-    results = [load(f) for f in folders]
+    results = [load(f) for f in [*folders, "2026-12-05-cpu-l3-read-path"]]
     names = ["store", "cache", "io", "io_threads", "tokens", "load_ms", "gbps"]
     header = ["commit", "hardware", "store", "cache", "io", "I/O threads", "tokens", "load ms"]
-    header += ["GB/s", "x limit", "limit"]
+    header += ["GB/s", "x limit", "limit", "layers a read"]
     rows = []
     for result in results:
         for r in result["rows"]:
             cells = [*(r[n] for n in names), ratio(r["x_limit"], 2), r["limit"]]
+            cells.append(r.get("stream_layers") or "all")
             rows.append([commit_cell(result), short(result["hardware"]), *cells])
     return with_runs(table(header, rows), results)
 

@@ -72,9 +72,9 @@ def test_every_result_file_names_its_commit_date_hardware_software_command_and_s
         result = json.loads(path.read_text())
         assert result.keys() >= FIELDS, (path, FIELDS - result.keys())
         assert all(result[f] for f in FIELDS), path
-        assert ("raw" in result) != ("rows" in result), path
+        assert len(result.keys() & {"raw", "raw_l3", "rows"}) == 1, path
         assert result["source"].startswith(("raw bench JSON", "transcribed from", "computed")), path
-        for name in result.get("raw", []):
+        for name in result.get("raw", []) + result.get("raw_l3", []):
             assert (path.parent / name).is_file(), (path, name)
 
 
