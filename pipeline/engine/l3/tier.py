@@ -98,9 +98,7 @@ class L3Tier:
         """The write-back thread."""
         self.io = io
         """The threads that read and write objects (`storage.io_threads`)."""
-        self.scratches = scratches
-        self.owners = owners
-        self.storage = storage
+        self.scratches, self.owners, self.storage = scratches, owners, storage
         self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)
