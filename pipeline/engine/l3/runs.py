@@ -110,7 +110,10 @@ def span_reads(
     names = [tier.name(key) for key in keys]
     heads = [obj.header_size(tier.space, name, tier.checks) for name in names]
     views = [pages.spans(int(page))[g] for page in into]  # type: ignore[index]
-    crcs = [runs_crc([table[r] for r in rows], sizes) for table in tables]
+    if len(rows) == 1:
+        crcs = [table[rows[0]] for table in tables]
+    else:
+        crcs = [runs_crc([table[r] for r in rows], sizes) for table in tables]
     return SpanReads(
         names, [h + obj.page_bytes for h in heads], [h + at for h in heads], views, crcs
     )

@@ -10,6 +10,7 @@ from typing import Protocol
 import crc32c
 
 from pipeline.engine.l3.stores.counters import Counters
+from pipeline.engine.l3.stores.direct import DirectReads
 from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads
 
 
@@ -17,6 +18,8 @@ class OpenFiles(Protocol):
     """What a `FileParts` reads through (the file store)."""
 
     counters: Counters
+    direct: DirectReads | None
+    """Set where reads bypass the page cache (they go through `read_open`)."""
 
     def open_read(self, name: str) -> tuple[int, os.stat_result]:
         """A descriptor of the regular file `name` opened for reads, and its status."""
@@ -49,11 +52,21 @@ class FileParts:
     def read_spans(self, spans: SpanReads) -> int:
         """The reads of `spans` in order, each a `preadv` and a CRC call (outside Python's
         lock) on the object held open, until one misses."""
-        found = 0
+        found, plain = 0, self.store.direct is None
         for name, size, offset, view, crc in zip(
             spans.names, spans.sizes, spans.offsets, spans.views, spans.crcs, strict=True
         ):
-            if not self._read(name, size, [(offset, [view])], None) or crc32c.crc32c(view) != crc:
+            held = self.held.get(name)
+            if plain and held is not None and held[1].st_size == size:  # the common case
+                try:
+                    whole = os.preadv(held[0], [view], offset) == view.nbytes
+                except OSError:
+                    whole = False
+                if not whole and not self.store.read_open(*held, size, [(offset, [view])], None):
+                    break
+            elif not self._read(name, size, [(offset, [view])], None):
+                break
+            if crc32c.crc32c(view) != crc:
                 break
             found += 1
         self.store.counters.add(hits=found, misses=int(found < len(spans.names)))
