@@ -182,6 +182,7 @@ def test_later_groups_read_no_header_and_check_against_the_first(
         tier = engine.l3
         assert tier is not None
         real_fetch, real_read, real_parts = tier.fetch, FileStore.read, FileParts.read_parts
+        real_spans = FileParts.read_spans
         real_submit = tier.io.submit
         starts: list[int] = []
         later: list[int] = []
@@ -194,6 +195,10 @@ def test_later_groups_read_no_header_and_check_against_the_first(
         def read_parts(reader: FileParts, reads: Any) -> int:
             later.extend(ranges[0][0] for _, _, ranges, _ in reads)
             return real_parts(reader, reads)
+
+        def read_spans(reader: FileParts, spans: Any) -> int:
+            later.extend(spans.offsets)
+            return real_spans(reader, spans)
 
         def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
             tasks[0] += 1
@@ -210,6 +215,7 @@ def test_later_groups_read_no_header_and_check_against_the_first(
 
         monkeypatch.setattr(FileStore, "read", read)
         monkeypatch.setattr(FileParts, "read_parts", read_parts)
+        monkeypatch.setattr(FileParts, "read_spans", read_spans)
         monkeypatch.setattr(tier, "fetch", fetch)
         loaded, _, _ = load(engine, keys)
         handle = loaded.handle
