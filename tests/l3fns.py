@@ -257,3 +257,45 @@ def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank:
         return [*found, sorted(set(reads))]
     finally:
         engine.close()
+
+
+def admitted(jobs: list[Job], rank: int, world_size: int, local_rank: int) -> list[dict]:
+    """Per job (storage.write_admission=after_hits, admit_after_hits=2): a one-off prefix
+    looked up once and written back, and a repeated one written back after its first lookup
+    and again after its second; what a lookup then finds of each (on every rank) and the
+    admission counts."""
+    found = []
+    for job in jobs:
+        engine = open_engine(job.recipe(), local_rank)
+        try:
+            found.append(_admitted(engine))
+        finally:
+            engine.close()
+    return found
+
+
+def _admitted(engine: Engine) -> dict[str, Any]:
+    size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
+    fill_random(engine, pages, 5)
+    host = engine.host_allocator.alloc(GRID_PAGES)
+    engine.backup(page_tokens(host, size), page_tokens(pages, size)).wait()
+    one_off, repeated = (engine.l3_keys(grid_tokens(i, GRID_PAGES * size)) for i in (7, 8))
+
+    def written_back(keys: list[str]) -> int:
+        engine.write_back(keys, page_tokens(host, size)).wait()
+        while engine.acks.pending:  # every rank's part is stored once all are released
+            engine.poll()
+        return int(engine.stats()["hicache_l3_write_admitted_pages_total"])
+
+    seen = [engine.lookup(one_off), engine.lookup(repeated)]
+    written_back(one_off)
+    admitted_first = written_back(repeated)  # both named once: neither stored
+    seen.append(engine.lookup(repeated))  # named twice now
+    admitted_then = written_back(repeated)
+    stats = engine.stats()
+    return {
+        "seen": seen,
+        "admitted": [admitted_first, admitted_then],
+        "declined": int(stats["hicache_l3_write_declined_pages_total"]),
+        "found": [engine.lookup(one_off), engine.lookup(repeated)],
+    }

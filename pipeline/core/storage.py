@@ -46,6 +46,14 @@ class PrefetchPolicy(Enum):
     timeout = "timeout"
 
 
+class WriteAdmission(Enum):
+    """Which pages a write-back stores: always (every one), after_hits (a page named by
+    storage.admit_after_hits lookups or prefetches, this one included)."""
+
+    always = "always"
+    after_hits = "after_hits"
+
+
 class StorageKind(Enum):
     """none: no L3; file: objects in a folder on local disk; mooncake: Mooncake Store."""
 
@@ -127,6 +135,18 @@ class StorageConfig:
     tenant's own least recently used objects, down to evict_to of it, never another's.
     0: no quota."""
 
+    write_admission: WriteAdmission = WriteAdmission.always
+    """always: a write-back stores every page it names; after_hits: only pages that lookups
+    or prefetches named at least admit_after_hits times (a one-off prompt's prefix never
+    fills the store). Every rank of a replica group counts the same collective calls, so
+    all decide alike."""
+    admit_after_hits: int = 2
+    """write_admission=after_hits: the lookups or prefetches that name a page before a
+    write-back stores it (SGLang's write_through_selective takes 2)."""
+    admit_tracked_pages: int = 100_000
+    """write_admission=after_hits: the pages whose counts are kept (about 200 B each); the
+    least recently named is forgotten first, and counts from 0 when named again."""
+
     def __post_init__(self) -> None:
         found = at_least(
             "storage",
@@ -136,6 +156,8 @@ class StorageConfig:
             load_chunk_pages=0,
             stream_layers=0,
             min_hit_pages=1,
+            admit_after_hits=1,
+            admit_tracked_pages=1,
         )
         found += finite("storage", self, "evict_to") + self._capacity_problems() + self._names()
         timeout = self.prefetch_timeout_s
@@ -149,6 +171,11 @@ class StorageConfig:
                     f"storage.io_threads={self.io_threads}: at most {MAX_IO_THREADS}",
                 )
             )
+        raise_problems(found + self._where_problems())
+
+    def _where_problems(self) -> list[Problem]:
+        """The folder, master and metadata server: where the store is."""
+        found = []
         if self.path is not None and not self.path.strip():
             found.append(
                 Problem(
@@ -176,7 +203,7 @@ class StorageConfig:
                     "storage.master (e.g. http://host:8080/metadata)",
                 )
             )
-        raise_problems(found)
+        return found
 
     def _names(self) -> list[Problem]:
         found = []

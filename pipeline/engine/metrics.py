@@ -98,6 +98,12 @@ SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read
         "Pages an L3 lookup did not find",
         lambda now: now.l3_pages["misses"],
     ),
+    "l3_write_admitted_pages": (CounterMetricFamily, "Pages written back", _op("l3_admitted")),
+    "l3_write_declined_pages": (
+        CounterMetricFamily,
+        "Pages a write-back left out: named fewer than storage.admit_after_hits times",
+        _op("l3_declined"),
+    ),
     "l3_read_misses": (
         CounterMetricFamily,
         "L3 loads that met a missing or unreadable page",

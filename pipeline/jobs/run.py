@@ -99,7 +99,7 @@ class Cycles:
         self.seconds["backup"] += time.perf_counter() - start
         keys = engine.l3_keys(prompt(engine, self.workload, cycle)) if engine.l3 else []
         if keys:
-            host = self.write_back_and_evict(keys, host)
+            host, keys = self.write_back_and_evict(keys, host)
         target = self.device_alloc.alloc(n, pick)  # other slots than the source
         self.device_alloc.free(source)
         poison(engine, source + target)
@@ -115,10 +115,13 @@ class Cycles:
         self.device_alloc.free(target)
         engine.host_allocator.free(host)
 
-    def write_back_and_evict(self, keys: list[str], host: list[int]) -> list[int]:
+    def write_back_and_evict(self, keys: list[str], host: list[int]) -> tuple[list[int], list[str]]:
         """Store the backed-up pages in L3, then drop them from the host tier (poisoned and
-        freed): the free host pages the load-back from L3 reads into."""
+        freed): (the free host pages the load-back from L3 reads into, the keys). A prefix
+        that write admission declines (`storage.write_admission`: this round's prefix is
+        new) stays in the host tier and loads back from there: (its host pages, no keys)."""
         engine, size = self.engine, self.engine.sizing.slots_per_page
+        stored = engine.l3 is not None and bool(engine.l3.admission.admitted(keys).all())
         start = time.perf_counter()
         engine.write_back(keys, page_tokens(host, size)).wait()
         self.seconds["write_back"] = (
@@ -126,9 +129,11 @@ class Cycles:
         )
         while engine.acks.pending:
             engine.poll()
+        if not stored:
+            return host, []
         poison_host(engine, host)
         engine.host_allocator.free(host)
-        return engine.host_allocator.alloc(len(host), self.pick)
+        return engine.host_allocator.alloc(len(host), self.pick), keys
 
     def load_back(
         self, keys: list[str], host: torch.Tensor, target: torch.Tensor

@@ -88,10 +88,12 @@ def start(
     """Lend the job's host pages to the prefetch and run the strategy's fetch stages up to
     the last, which agrees on hits: the plan's agreement (dedup strategies) and the reads'
     start. A plan the ranks disagree on reads nothing (a fallback reads into device pages,
-    not known yet), and its load finds no page."""
+    not known yet), and its load finds no page. Its keys count as named for write
+    admission."""
     # a copy: the caller may reuse its tensor, and the load takes the slots checked here
     prefetch = Prefetch(job, host_indices.clone(), time.monotonic(), slots)
     slots.lend(job.host_pages, prefetch.name)
+    tier.admission.named(job.keys)  # a prefetch is a lookup that reads: its pages count
     try:
         for stage in stages[:-1]:
             if job.fallback:

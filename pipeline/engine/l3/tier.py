@@ -29,6 +29,7 @@ from pipeline.core.model import Unit
 from pipeline.core.ownership import OwnerMap
 from pipeline.core.storage import StorageConfig
 from pipeline.engine.cuda.streams import Event, WorkerStream
+from pipeline.engine.l3.admission import Admission
 from pipeline.engine.l3.jobs import ObjectsJob, window_pages
 from pipeline.engine.l3.pages import (
     HEADER,
@@ -103,8 +104,9 @@ class L3Tier:
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
-        self.checks = checks
-        self.digest = checks.unit()
+        self.checks, self.digest = checks, checks.unit()
+        self.admission = Admission(storage)
+        """Which pages a write-back stores (`storage.write_admission`)."""
         self.runs_crc = CrcRuns() if checks.key is None else None  # a MAC does not combine
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
@@ -210,8 +212,8 @@ class L3Tier:
     ) -> Event:
         """Run the write-back stages on the tier's thread once `after` completes; the event
         completes when this rank's part is done (stored, or sent to the writer), with the
-        error of a failed one."""
-        done = self.stream.new_event()
+        error of a failed one. Only the pages `admission` admits are stored."""
+        done, job = self.stream.new_event(), self.admitted(job)
 
         def work() -> None:
             try:
@@ -227,10 +229,23 @@ class L3Tier:
         self.stream.submit(work)
         return done
 
+    def admitted(self, job: ObjectsJob) -> ObjectsJob:
+        """The write-back `job` of the pages `admission` admits (the same on every rank of
+        the group), each counted as admitted or declined."""
+        keep = self.admission.admitted(job.keys)
+        self.trace.repeat("l3_admitted", int(keep.sum()))
+        self.trace.repeat("l3_declined", len(keep) - int(keep.sum()))
+        if keep.all():
+            return job
+        keys = [key for key, kept in zip(job.keys, keep, strict=True) if kept]
+        return ObjectsJob(keys, job.host_pages[keep])
+
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` whose objects this replica group can read: the MIN
-        over the group of each reader's leading run of present objects."""
+        over the group of each reader's leading run of present objects. Each key counts as
+        named once for write admission."""
         check_keys(keys, len(keys))
+        self.admission.named(keys)
         present = self.store.exists([self.name(k) for k in keys]) if self.roles.reads else []
         mine = present.index(False) if False in present else len(keys)
         return min(self.agree(mine))

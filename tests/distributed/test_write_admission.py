@@ -1,0 +1,65 @@
+"""Write admission on real gloo ranks (`storage.write_admission=after_hits`): under every
+strategy a one-off prefix is never written to the file store and a repeated one is, every rank
+of the group deciding alike from the lookups it took part in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import l3fns
+import pytest
+from conftest import job_config
+
+from pipeline.jobs.launch import launch
+
+pytestmark = pytest.mark.distributed
+
+STRATEGIES = ("replicated", "single_source", "rotating")
+
+
+def test_after_two_hits_only_a_repeated_prefix_is_written(tmp_path: Path) -> None:
+    jobs = [
+        job_config(
+            f"strategy={strategy}",
+            "model=tiny_dsa",
+            "topology=tp2",
+            "storage=file",
+            f"storage.path={tmp_path / strategy}",
+            "storage.write_admission=after_hits",
+            "storage.admit_after_hits=2",
+        )
+        for strategy in STRATEGIES
+    ]
+    control = job_config(  # the default: every page written
+        "strategy=replicated",
+        "model=tiny_dsa",
+        "topology=tp2",
+        "storage=file",
+        f"storage.path={tmp_path / 'always'}",
+    )
+    for folder in (*STRATEGIES, "always"):
+        (tmp_path / folder).mkdir()
+    jobs.append(control)
+    ranks = launch(l3fns.admitted, jobs, 2, backend="gloo", timeout_s=120)
+    assert ranks is not None
+    pages = l3fns.GRID_PAGES
+    for i, strategy in enumerate(STRATEGIES):
+        reports = [ranks[r][i] for r in range(2)]
+        assert reports[0] == reports[1], strategy  # every rank decided alike
+        assert reports[0] == {
+            "seen": [0, 0, 0],
+            "admitted": [0, pages],  # the first write-back stored nothing
+            "declined": 2 * pages,
+            "found": [0, pages],  # the one-off prefix was never written
+        }, strategy
+    always = [ranks[r][-1] for r in range(2)]
+    assert (
+        always[0]
+        == always[1]
+        == {
+            "seen": [0, 0, pages],  # the repeated prefix was written at once
+            "admitted": [2 * pages, 3 * pages],
+            "declined": 0,
+            "found": [pages, pages],
+        }
+    )
