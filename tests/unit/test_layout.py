@@ -24,6 +24,7 @@ LAYERS = {
     "pipeline.jobs": 4,
     "pipeline.cli": 5,
     "pipeline.api": 5,
+    "pipeline.integrations": 5,
     "pipeline.__main__": 6,
 }
 """Each package's layer: a module imports only from its own layer or below."""
