@@ -18,6 +18,7 @@ import importlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,9 @@ def import_sglang() -> None:
 
 @dataclass
 class HostPool:
-    """A host pool of SGLang's buffer shapes: `kv_buffer` as its `init_kv_buffer` makes it."""
+    """A host pool of SGLang's buffer shapes: `kv_buffer` as its `init_kv_buffer` makes it.
+    Made by `host_pool`, as a class named after the SGLang pool it stands for (the backend
+    serves exactly those)."""
 
     layout: str
     mla: bool
@@ -113,6 +116,20 @@ class HostPool:
         generator = torch.Generator().manual_seed(seed)
         flat = self.kv_buffer.view(-1).view(torch.uint8)
         flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=generator))
+
+
+class MLATokenToKVPoolHost(HostPool):
+    """Stands in for SGLang's MLA host pool."""
+
+
+class MHATokenToKVPoolHost(HostPool):
+    """Stands in for SGLang's MHA host pool."""
+
+
+def host_pool(layout: str, mla: bool, **sizes: Any) -> HostPool:
+    """A stand-in of SGLang's MLA (or MHA) host pool of this layout."""
+    kind = MLATokenToKVPoolHost if mla else MHATokenToKVPoolHost
+    return kind(layout, mla, **sizes)
 
 
 def slots(pages: list[int], page_size: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MOONCAKE
-from sglangfns import HostPool, import_sglang, slots
+from sglangfns import HostPool, MHATokenToKVPoolHost, host_pool, import_sglang, slots
 
 import_sglang()
 
@@ -117,7 +117,7 @@ def test_pages_of_every_layout_round_trip_bit_exact(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pool = HostPool(layout, mla, page_num=8, page_size=4, layer_num=3)
+    pool = host_pool(layout, mla, page_num=8, page_size=4, layer_num=3)
     pool.fill(seed=1)
     backend = built(extra(store_config(store, tmp_path, request)), pool, mla=mla)
     assert isinstance(backend, PipelineStorage)
@@ -147,7 +147,7 @@ def test_an_object_reads_into_any_layout(mla: bool, tmp_path: Path) -> None:
     """One stored form per page whatever the layout that wrote it."""
     config = extra({"kind": "file", "path": str(tmp_path)})
     pools = {
-        layout: HostPool(layout, mla, page_num=4, page_size=4, layer_num=3) for layout in LAYOUTS
+        layout: host_pool(layout, mla, page_num=4, page_size=4, layer_num=3) for layout in LAYOUTS
     }
     pools["page_first"].fill(seed=2)
     writer = built(config, pools["page_first"], mla=mla)
@@ -166,7 +166,7 @@ def test_an_object_reads_into_any_layout(mla: bool, tmp_path: Path) -> None:
 def test_sglang_pages_are_the_projects_objects(tmp_path: Path) -> None:
     """An MLA pool of tiny_mla's geometry, keyed under its name: the project's scheduler
     view finds what SGLang wrote, by SGLang's own hashes."""
-    pool = HostPool("layer_first", True, page_num=4, page_size=4, layer_num=5)
+    pool = host_pool("layer_first", True, page_num=4, page_size=4, layer_num=5)
     backend = built(extra({"kind": "file", "path": str(tmp_path)}, model="tiny_mla"), pool)
     backend.batch_set_v1(HASHES[:3], slots([0, 1, 2], 4))
     backend.close()
@@ -182,7 +182,7 @@ def test_sglang_pages_are_the_projects_objects(tmp_path: Path) -> None:
 def test_a_corrupt_or_truncated_object_is_a_miss(
     layout: str, store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    pool = HostPool(layout, True, page_num=8, page_size=4, layer_num=3)
+    pool = host_pool(layout, True, page_num=8, page_size=4, layer_num=3)
     pool.fill(seed=3)
     backend = built(extra(store_config(store, tmp_path, request)), pool)
     try:
@@ -209,7 +209,7 @@ def test_a_corrupt_or_truncated_object_is_a_miss(
 
 
 def test_bad_input_is_refused_before_a_byte_moves(tmp_path: Path) -> None:
-    pool = HostPool("layer_first", True, page_num=4, page_size=4, layer_num=3)
+    pool = host_pool("layer_first", True, page_num=4, page_size=4, layer_num=3)
     pool.fill(seed=4)
     backend = built(extra({"kind": "file", "path": str(tmp_path)}), pool)
     before = pool.kv_buffer.clone()
@@ -245,7 +245,7 @@ def test_bad_input_is_refused_before_a_byte_moves(tmp_path: Path) -> None:
 def test_a_bad_extra_config_is_a_clear_error(
     config: dict[str, Any], error: type, message: str
 ) -> None:
-    pool = HostPool("layer_first", True, page_num=2, page_size=4, layer_num=1)
+    pool = host_pool("layer_first", True, page_num=2, page_size=4, layer_num=1)
     with pytest.raises(error, match=message):
         built({**extra({"kind": "file", "path": "/x"}), **config}, pool)
 
@@ -253,14 +253,23 @@ def test_a_bad_extra_config_is_a_clear_error(
 def test_what_is_not_supported_says_so(tmp_path: Path) -> None:
     config = extra({"kind": "file", "path": str(tmp_path)})
     with pytest.raises(NotImplementedError, match="host layout 'page_head'"):
-        built(config, HostPool("page_head", False, page_num=2, page_size=4, layer_num=1), mla=False)
+        built(
+            config, host_pool("page_head", False, page_num=2, page_size=4, layer_num=1), mla=False
+        )
+
+    class MHATokenToKVPoolMXFP8Host(MHATokenToKVPoolHost):
+        """SGLang's MXFP8 pool keeps its scales beside kv_buffer: not served."""
+
+    mxfp8 = MHATokenToKVPoolMXFP8Host("layer_first", False, page_num=2, page_size=4, layer_num=1)
+    with pytest.raises(NotImplementedError, match="host pool MHATokenToKVPoolMXFP8Host"):
+        built(config, mxfp8, mla=False)
     with pytest.raises(NotImplementedError, match="context parallel"):
         built(
             config,
-            HostPool("layer_first", True, page_num=2, page_size=4, layer_num=1),
+            host_pool("layer_first", True, page_num=2, page_size=4, layer_num=1),
             attn_cp_size=2,
         )
-    backend = built(config, HostPool("layer_first", True, page_num=2, page_size=4, layer_num=1))
+    backend = built(config, host_pool("layer_first", True, page_num=2, page_size=4, layer_num=1))
     with pytest.raises(NotImplementedError, match="batch_get_v1"):
         backend.batch_get(HASHES[:1], [None])
     with pytest.raises(NotImplementedError):
@@ -270,7 +279,7 @@ def test_what_is_not_supported_says_so(tmp_path: Path) -> None:
 
 def test_the_file_store_follows_no_link(tmp_path: Path) -> None:
     root, outside = tmp_path / "l3", tmp_path / "outside"
-    pool = HostPool("page_first_direct", True, page_num=4, page_size=4, layer_num=2)
+    pool = host_pool("page_first_direct", True, page_num=4, page_size=4, layer_num=2)
     pool.fill(seed=5)
     backend = built(extra({"kind": "file", "path": str(root)}), pool)
     backend.batch_set_v1(HASHES[:1], slots([0], 4))
@@ -287,7 +296,7 @@ def test_the_file_store_follows_no_link(tmp_path: Path) -> None:
 
 
 def test_a_bounded_file_store_evicts_the_least_recently_used(tmp_path: Path) -> None:
-    pool = HostPool("layer_first", True, page_num=8, page_size=4, layer_num=2, kv_cache_dim=512)
+    pool = host_pool("layer_first", True, page_num=8, page_size=4, layer_num=2, kv_cache_dim=512)
     pool.fill(seed=6)  # 8 KiB pages: objects, not the room kept for a header, fill the store
     probe = built(extra({"kind": "file", "path": str(tmp_path / "probe")}), pool)
     object_bytes = probe.io.size
@@ -319,7 +328,7 @@ def test_a_keyed_store_reads_no_unkeyed_object(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_bytes(bytes(range(32)))
     key_file.chmod(0o600)
-    pool = HostPool("layer_first", True, page_num=4, page_size=4, layer_num=2)
+    pool = host_pool("layer_first", True, page_num=4, page_size=4, layer_num=2)
     plain = built(extra({"kind": "file", "path": str(tmp_path / "l3")}), pool)
     plain.batch_set_v1(HASHES[:1], slots([0], 4))
     plain.close()

@@ -70,7 +70,7 @@ class PipelineStorage(HiCacheStorage):
             self.io.close()
             self.io.store.close()
         name = self.settings.model or model_name(self.config)
-        pages = HostPages(mem_pool_host, mla=self.config.is_mla_model, name=name)
+        pages = HostPages(mem_pool_host, name=name)
         storage = self.settings.storage
         space = namespace(pages.model, storage.model_revision, storage.tenant)
         if storage.path is not None:  # as SGLang's own file backend, make the folder
@@ -80,7 +80,7 @@ class PipelineStorage(HiCacheStorage):
             store,
             pages,
             space=space,
-            share=share(self.config),
+            share=share(self.config, mla=pages.mla),
             checks=self.checks,
             num_threads=storage.io_threads,
         )

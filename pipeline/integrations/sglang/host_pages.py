@@ -31,6 +31,9 @@ KV_DTYPES = {
 }
 """The KV dtypes SGLang's pools keep that this project's format names (fp8 as uint8 bytes;
 the torch dtype also goes into the model's name, so e4m3 and e5m2 never share objects)."""
+POOLS = {"MLATokenToKVPoolHost": True, "MHATokenToKVPoolHost": False}
+"""SGLang's host pools whose `kv_buffer` holds all of a page's KV, by class name (exactly:
+a subclass such as the MXFP8 pool keeps scales in other buffers), and whether it is MLA."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,14 @@ class HostPages:
     """One SGLang host pool (`MLATokenToKVPoolHost` or `MHATokenToKVPoolHost`, or a pool of
     their buffer shapes) as pages of units, each a view of the pool."""
 
-    def __init__(self, pool: Any, *, mla: bool, name: str) -> None:
-        layout, buffer = pool.layout, pool.kv_buffer
+    def __init__(self, pool: Any, *, name: str) -> None:
+        kind = type(pool).__name__
+        if kind not in POOLS:
+            raise NotImplementedError(
+                f"host pool {kind}: this backend moves the pages of {sorted(POOLS)} (a DSA "
+                "indexer, Mamba, SWA or scale pool moves through SGLang's v2 calls: not served)"
+            )
+        layout, buffer, mla = pool.layout, pool.kv_buffer, POOLS[kind]
         if layout not in LAYOUTS:
             raise NotImplementedError(
                 f"host layout {layout!r}: this backend moves {', '.join(LAYOUTS)} pages "

@@ -62,10 +62,10 @@ def model_name(config: Any) -> str:
     return name or "sglang"
 
 
-def share(config: Any) -> str:
+def share(config: Any, *, mla: bool) -> str:
     """Which share of a page's KV this rank holds ('' for MLA, whose ranks hold it whole;
     MHA: this rank's heads), as `PageObject.share` names it."""
-    if config.is_mla_model or config.tp_size == 1:
+    if mla or config.tp_size == 1:
         return ""
     return f"-s{config.tp_rank}of{config.tp_size}"
 
