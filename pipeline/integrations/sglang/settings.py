@@ -11,9 +11,19 @@ from typing import Any
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores.files import TIMEOUT_S
 
-FACTORY_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-"""The keys SGLang's dynamic factory and cache controller read (`tp_lcm_size` it removes
-before the backend sees the config)."""
+SGLANG_KEYS = (
+    "backend_name",
+    "module_path",
+    "class_name",
+    "interface_v1",
+    "tp_lcm_size",
+    "prefetch_threshold",
+    "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys",
+)
+"""The keys SGLang's dynamic factory and cache controllers read (most of them it removes
+before the backend sees the config): left to SGLang."""
 STORE_KEYS = (
     "kind",
     "path",
@@ -55,7 +65,7 @@ def settings(extra: dict[str, Any] | None) -> Settings:
             'extra config: set "interface_v1": 1, so SGLang moves pages through '
             "batch_get_v1/batch_set_v1 (zero-copy); this backend has no other path"
         )
-    unknown = sorted(set(extra) - {*FACTORY_KEYS, "storage", "model", "timeout_s"})
+    unknown = sorted(set(extra) - {*SGLANG_KEYS, "storage", "model", "timeout_s"})
     if unknown:
         raise ValueError(
             f"extra config: unknown keys {unknown}; this backend reads 'storage', "
