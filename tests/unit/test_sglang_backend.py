@@ -338,3 +338,17 @@ def test_a_keyed_store_reads_no_unkeyed_object(tmp_path: Path) -> None:
     assert keyed.batch_get_v1(HASHES[:1], slots([1], 4)) == [False]
     assert keyed.counts()["forged_objects"] == 1
     keyed.close()
+
+
+def test_a_second_pool_attaches_to_the_same_store(tmp_path: Path) -> None:
+    """SGLang attaches storage again after a detach: a new host pool, the same objects."""
+    first = host_pool("page_first", True, page_num=4, page_size=4, layer_num=2)
+    first.fill(seed=7)
+    backend = built(extra({"kind": "file", "path": str(tmp_path)}), first)
+    backend.batch_set_v1(HASHES[:2], slots([0, 1], 4))
+    second = host_pool("page_first_direct", True, page_num=4, page_size=4, layer_num=2)
+    backend.register_mem_pool_host(second)
+    assert backend.batch_get_v1(HASHES[:2], slots([3, 2], 4)) == [True, True]
+    assert torch.equal(second.layer_rows(3), first.layer_rows(0))
+    assert backend.get_stats() is None  # SGLang's metrics only with --enable-metrics
+    backend.close()

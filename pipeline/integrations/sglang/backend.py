@@ -49,6 +49,8 @@ class PipelineStorage(HiCacheStorage):
     Mooncake; built by SGLang's `StorageBackendFactory` from the extra config."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        # SGLang's dynamic factory passes its own keyword arguments as one dict (`kwargs`):
+        # none of them concern this backend
         problem = unsupported(storage_config)
         if problem is not None:
             raise NotImplementedError(problem)
@@ -66,9 +68,7 @@ class PipelineStorage(HiCacheStorage):
         """Open the store for the objects of this host pool's pages (its layout, dtype and
         geometry name their namespace)."""
         super().register_mem_pool_host(mem_pool_host)
-        if self.io is not None:
-            self.io.close()
-            self.io.store.close()
+        self._close_io()  # SGLang attaches again after a detach: a new pool, a new store
         name = self.settings.model or model_name(self.config)
         pages = HostPages(mem_pool_host, name=name)
         storage = self.settings.storage
@@ -76,14 +76,18 @@ class PipelineStorage(HiCacheStorage):
         if storage.path is not None:  # as SGLang's own file backend, make the folder
             os.makedirs(storage.path, mode=0o700, exist_ok=True)
         store = open_store(storage, largest_object(pages.model), timeout_s=self.settings.timeout_s)
-        self.io = PageIO(
-            store,
-            pages,
-            space=space,
-            share=share(self.config, mla=pages.mla),
-            checks=self.checks,
-            num_threads=storage.io_threads,
-        )
+        try:
+            self.io = PageIO(
+                store,
+                pages,
+                space=space,
+                share=share(self.config, mla=pages.mla),
+                checks=self.checks,
+                num_threads=storage.io_threads,
+            )
+        except BaseException:  # Mooncake refused to register the pool
+            store.close()
+            raise
 
     def _io(self) -> PageIO:
         if self.io is None:
@@ -207,7 +211,10 @@ class PipelineStorage(HiCacheStorage):
 
     def close(self) -> None:
         self.threads.shutdown()
+        self._close_io()
+
+    def _close_io(self) -> None:
         if self.io is not None:
-            self.io.close()
-            self.io.store.close()
-            self.io = None
+            io, self.io = self.io, None
+            io.close()
+            io.store.close()
