@@ -352,3 +352,26 @@ def test_a_second_pool_attaches_to_the_same_store(tmp_path: Path) -> None:
     assert torch.equal(second.layer_rows(3), first.layer_rows(0))
     assert backend.get_stats() is None  # SGLang's metrics only with --enable-metrics
     backend.close()
+
+
+@pytest.mark.parametrize(
+    ("mla", "reader", "found"),
+    [
+        pytest.param(True, {"tp_rank": 1}, 2, id="mla-another-tp-rank-finds-them"),
+        pytest.param(False, {"tp_rank": 1}, 0, id="mha-another-tp-rank-holds-other-heads"),
+        pytest.param(False, {"tp_size": 1}, 0, id="mha-another-tp-size"),
+        pytest.param(True, {"pp_rank": 1}, 0, id="another-pipeline-stage"),
+    ],
+)
+def test_ranks_share_objects_only_where_they_hold_the_same_bytes(
+    mla: bool, reader: dict[str, int], found: int, tmp_path: Path
+) -> None:
+    config = extra({"kind": "file", "path": str(tmp_path)})
+    pool = host_pool("layer_first", mla, page_num=4, page_size=4, layer_num=2)
+    ranks = {"tp_rank": 0, "tp_size": 2, "pp_rank": 0, "pp_size": 2}
+    writer = built(config, pool, mla=mla, **ranks)
+    writer.batch_set_v1(HASHES[:2], slots([0, 1], 4))
+    other = built(config, pool, mla=mla, **{**ranks, **reader})
+    assert other.batch_exists(HASHES[:2]) == found
+    writer.close()
+    other.close()
