@@ -1,4 +1,4 @@
-"""SGLang for the tests of `pipeline.integrations.sglang`: its package put on the path, and
+"""SGLang for the tests of `pipeline.integrations.sglang`: its storage interface imported, and
 host pools of its buffer shapes.
 
 What is SGLang's own code in those tests: `HiCacheStorage`, `HiCacheStorageConfig` and
@@ -15,36 +15,22 @@ exercised: L3 moves only host pages.
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-PROBE_SITES = (Path("/work/probe-sites/sglang"), Path("/work/probe-sites/sglang-deps"))
-"""Where a `pip install --no-deps --target` of SGLang and its small imports may live, until
-the project's `sglang` extra installs them into the environment."""
-
 
 def import_sglang() -> None:
-    """Import SGLang's storage interface, from the environment or the probe sites (added at
-    the end of sys.path: installed packages win); skip the module's tests where neither has
-    it."""
-    try:
-        importlib.import_module("sglang.srt.mem_cache.storage.backend_factory")
-        return
-    except ImportError:
-        sys.path.extend(str(p) for p in PROBE_SITES if p.is_dir() and str(p) not in sys.path)
-        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-            del sys.modules[name]  # a failed import leaves partial modules behind
+    """Import SGLang's storage interface; skip the module's tests where it is not installed
+    (`.ci/run` installs it, so there they run)."""
     try:
         importlib.import_module("sglang.srt.mem_cache.storage.backend_factory")
     except ImportError as e:
         pytest.skip(
             f"needs SGLang's storage interface ({e}): pip install --no-deps sglang==0.5.23 "
-            "and the packages of the project's sglang extra",
+            "&& pip install -e '.[sglang]'",
             allow_module_level=True,
         )
 

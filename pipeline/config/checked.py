@@ -160,6 +160,7 @@ def typed_job(groups: dict[str, Built], verdict: Verdict, strict: bool) -> Job:
         simulate=groups["simulate"].obj,
         soak=groups["soak"].obj,
         storage=groups["storage"].obj,
+        events=groups["events"].obj,
         verdict=verdict,
         strict=strict,
     )

@@ -33,7 +33,9 @@ from pipeline.core.topology import Topology
 log = logging.getLogger("hicache-pipeline.config")
 ALL_GROUPS = frozenset(GROUP_SCHEMAS)
 """What `validate` checks: every group (a command checks only those it reads)."""
-JOB_GROUPS = frozenset({"model", "topology", "strategy", "workload", "runtime", "storage"})
+JOB_GROUPS = frozenset(
+    {"model", "topology", "strategy", "workload", "runtime", "storage", "events"}
+)
 """What every command that composes a job reads; bench, simulate and soak add their own."""
 READS = {
     **dict.fromkeys(("run", "plan", "explain", "check-ordering"), JOB_GROUPS),

@@ -16,6 +16,7 @@ from pipeline.config.schema import (
     WorkloadConfig,
 )
 from pipeline.core.checks import Problem
+from pipeline.core.events import EventsConfig
 from pipeline.core.l3 import object_bytes
 from pipeline.core.model import ModelGeometry
 from pipeline.core.sizing import (
@@ -46,6 +47,7 @@ class Job:
     simulate: SimulateConfig
     soak: SoakConfig
     storage: StorageConfig
+    events: EventsConfig
     verdict: Verdict
     """Why the effective strategy is the one that runs."""
     strict: bool
@@ -65,6 +67,7 @@ class Job:
             model=self.model,
             topology=self.topology,
             storage=self.storage,
+            events=self.events,
             budget=self.budget(),
             backend=self.runtime.backend,
             timeout_s=self.runtime.timeout_s,

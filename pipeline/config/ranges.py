@@ -100,6 +100,7 @@ RANGES: dict[str, Range] = {
     "storage.evict_to": Range(0.01, 1, "a fraction of capacity_bytes"),
     "storage.prefetch_timeout_s": Range(0.001, WEEK_S, "seconds: at most a week"),
     "storage.min_hit_pages": Range(1, MAX_TOKENS, "pages"),
+    "events.buffer_steps": Range(1, MAX_ROUNDS, "batches"),
     "storage.admit_after_hits": Range(1, MAX_ROUNDS, "lookups"),
     "storage.admit_tracked_pages": Range(1, 100_000_000, "pages: about 20 GB of counts"),
     "storage.tenant_quota_bytes": Range(0, int(LARGEST_NUMBER), "bytes, at most capacity_bytes"),

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.config.schema_check import shown
 from pipeline.core.checks import Problem
+from pipeline.core.events import host_of
 
 ENDPOINT_KEYS = ("master", "metadata_server")
 """storage keys that name a network endpoint every rank would connect to."""
@@ -42,7 +43,7 @@ FILES_READ: dict[str, re.Pattern | None] = {"runtime.links": PRESET, "storage.au
 """Keys whose value names a file a job reads (and the pattern of a value that names a shipped
 preset instead): a config file may name one only inside its own folder, so it cannot make a
 job read a file elsewhere (and echo its values in an error)."""
-LISTENERS = ("runtime.metrics_address",)
+LISTENERS = ("runtime.metrics_address", "events.endpoint", "events.replay_endpoint")
 """Keys whose value is an address a job listens on: loopback only, from a config file."""
 
 
@@ -82,7 +83,7 @@ def reach_problems(group: str, data: dict[str, Any], root: Path) -> list[Problem
     ]
     for key in LISTENERS:
         head, _, name = key.partition(".")
-        if head == group and name in data and not loopback(data[name]):
+        if head == group and data.get(name) is not None and not loopback(host_of(data[name])):
             message = (
                 f"{key}={shown(data[name])}: a config file may bind only a loopback address "
                 f"(127.0.0.1, ::1, localhost); to listen there, pass {key}=... on the "

@@ -19,6 +19,7 @@ from pipeline.core.checks import (
     finite,
     raise_problems,
 )
+from pipeline.core.events import EventsConfig
 from pipeline.core.model import ModelGeometry
 from pipeline.core.sizing import parse_bytes
 from pipeline.core.storage import StorageConfig
@@ -162,6 +163,8 @@ class Config:
     """What `soak` drives."""
     storage: StorageConfig
     """The L3 store behind the host tier."""
+    events: EventsConfig
+    """Where the engine publishes which pages its host and L3 tiers hold."""
     strict: bool = False
     """Refuse to run (and make explain exit 1) when the requested strategy is inactive."""
 
@@ -176,4 +179,5 @@ GROUP_SCHEMAS: dict[str, type] = {
     "simulate": SimulateConfig,
     "soak": SoakConfig,
     "storage": StorageConfig,
+    "events": EventsConfig,
 }

@@ -9,6 +9,7 @@ only the page ids (`pages_of`), never the rows.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -137,6 +138,8 @@ class PageAllocator:
         """Allocated and the caller's: neither free nor lent."""
         self._lent: dict[int, str] = {}
         """Lent pages: who holds each (a prefetch, named as the refusals name it)."""
+        self.freed: Callable[[list[int]], None] | None = None
+        """Told the pages each `free` frees (an engine's KV events: a host eviction)."""
 
     @property
     def num_free(self) -> int:
@@ -172,6 +175,8 @@ class PageAllocator:
         self._free.update(pages)
         self._holds_data[pages] = False
         self._own[pages] = False
+        if self.freed is not None:
+            self.freed(pages)
 
     def free_pages(self) -> list[int]:
         return sorted(self._free)

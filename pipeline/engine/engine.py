@@ -20,13 +20,14 @@ from pipeline.core.sizing import Sizing
 from pipeline.core.slots import PageAllocator
 from pipeline.core.strategy import Ordering
 from pipeline.core.topology import Topology
+from pipeline.engine import l3_calls as calls
 from pipeline.engine.acks import Ack, AckLedger, digest_of
 from pipeline.engine.cuda.streams import Event, Stream, follow
+from pipeline.engine.events import Keys, KvEvents, backed_up
 from pipeline.engine.host_slots import HostSlots
-from pipeline.engine.l3.handles import L3Load, WindowedLoad
-from pipeline.engine.l3.jobs import objects_job, prefetch_job
-from pipeline.engine.l3.load import stream_from_l3, streamed_layers, windowed_from_l3
-from pipeline.engine.l3.prefetch import Prefetch, agreed_pages, refused, start
+from pipeline.engine.l3.handles import L3Load
+from pipeline.engine.l3.jobs import prefetch_job
+from pipeline.engine.l3.prefetch import Prefetch, start
 from pipeline.engine.l3.tier import L3Tier
 from pipeline.engine.metrics import EngineMetrics, readings
 from pipeline.engine.runtime import Runtime
@@ -53,6 +54,7 @@ class Engine:
         acks: AckLedger,
         graphs: TransferGraphs | None = None,
         l3: L3Tier | None = None,
+        events: KvEvents | None = None,
     ) -> None:
         self.strategy = strategy
         self.runtime = runtime
@@ -89,21 +91,26 @@ class Engine:
         read = functools.partial(readings, self.trace, self.host_allocator, l3, self._l3_pages)
         self.metrics = EngineMetrics(runtime.rank, read)
         """This rank's Prometheus registry (`stats()`; served with runtime.metrics_port)."""
+        self.events = events  # what this rank publishes of its tiers (None: nothing)
 
     @property
     def host_slots(self) -> HostSlots:
         """The host tier's slots: `alloc`, `free` after an eviction, `reuse` for load_from_l3."""
         return HostSlots(self.host_allocator, self.sizing.slots_per_page)
 
-    def backup(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> Event:
+    def backup(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, keys: Keys = None
+    ) -> Event:
         """Copy device slots to host slots of the caller's (`host_slots.alloc`); the ack. ValueError
-        naming the argument for malformed slots, or host slots not allocated or lent."""
+        naming the argument for malformed slots, or host slots not allocated or lent. `keys`
+        (a page key per page, optional) name the pages in the host tier's KV events."""
         self._usable()
         stream, graphs = self.runtime.write_stream, self.graphs
         t = self.transfer(Direction.backup, host_indices, device_indices, stream, graphs)
+        said = backed_up(self.events, t.plan.host_pages, keys)
         self.host_allocator.hold_data(t.plan.host_pages)
         issue_transfer(self.strategy.backup, t, stream, stream, graphs)
-        self.acks.submit("backup", t.done)
+        self.acks.submit("backup", t.done, said)
         self._last_backup = t.done
         return t.done
 
@@ -126,16 +133,16 @@ class Engine:
 
     def l3_keys(self, tokens: Sequence[int]) -> list[str]:
         """One L3 key per page of a prefix's token ids (whole pages, from its first token)."""
-        return prefix_keys(tokens, self.sizing.slots_per_page, self._l3().space)
+        keys = prefix_keys(tokens, self.sizing.slots_per_page, self._l3().space)
+        if self.events is not None:
+            self.events.keyed(keys, tokens)
+        return keys
 
     def write_back(self, keys: list[str], host_indices: torch.Tensor) -> Event:
         """Store backed-up host slots in L3 under their page keys, on the write-back thread
         after every backup so far; the ack: this rank's objects are stored (free after it).
         Refused for host slots not allocated, a prefetch's, or holding no data."""
-        job = objects_job(keys, host_indices, None, self.spec, self.host_allocator)
-        done = self._l3().write_back(self.strategy.l3.write_back, job, self._last_backup)
-        self.acks.submit("write_back", done)
-        return done
+        return calls.write_back(self, self._l3(), keys, host_indices, self._last_backup)
 
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` the replica group can load from L3 (a collective; 0
@@ -155,14 +162,7 @@ class Engine:
         the forward waits for them where the load streams (`storage.stream_layers`), else
         window by window as read. Refused for host slots not allocated, a prefetch's, or
         holding data."""
-        tier, start = self._l3(), time.monotonic()
-        job = objects_job(keys, host_indices, device_indices, self.spec, self.host_allocator)
-        if per_group := streamed_layers(self, tier):
-            loaded = stream_from_l3(self, tier, job, per_group, (host_indices, device_indices))
-        else:
-            loaded = windowed_from_l3(self, tier, job, (host_indices, device_indices))
-        self.metrics.observe("fetch", time.monotonic() - start)
-        return loaded
+        return calls.load_from_l3(self, self._l3(), keys, (host_indices, device_indices))
 
     def prefetch(self, keys: list[str], host_indices: torch.Tensor) -> Prefetch:
         """Start reading `keys`' pages from L3 into free host slots (that hold no data, from
@@ -179,14 +179,7 @@ class Engine:
         slots of the other pages back to the free list, on every rank (a collective). A
         prefetch ended already or bad `device_indices` on any rank raise ValueError on every
         rank before anything changes; the prefetch stays usable (load it again, or cancel)."""
-        tier, why = self._l3(), refused(prefetch, device_indices, self.spec, self.host_allocator)
-        hits = agreed_pages(tier, prefetch, why)
-        prefetch.end("loaded", free=slice(hits, None))
-        self.host_allocator.hold_data(prefetch.job.host_pages[:hits])
-        slots, host = slice(0, hits * self.sizing.slots_per_page), prefetch.host_indices
-        load = self.load(host[slots], device_indices[slots]) if hits else None
-        self.metrics.observe("fetch", time.monotonic() - prefetch.started_s)
-        return L3Load(hits, False, WindowedLoad([load]) if load else None)
+        return calls.load_prefetched(self, self._l3(), prefetch, device_indices)
 
     def _l3(self) -> L3Tier:
         self._usable()
@@ -204,6 +197,8 @@ class Engine:
             self.graphs.clear()
         if self.l3 is not None:
             self.l3.close()
+        if self.events is not None:
+            self.events.close()
         self.runtime.close()
 
     def poll(self) -> list[Ack]:
@@ -213,6 +208,8 @@ class Engine:
         now = time.monotonic()
         for ack in released:
             self.metrics.observe(ack.kind, now - ack.submitted_s)
+        if self.events is not None:
+            self.events.released(released)
         return released
 
     def stats(self) -> dict[str, float]:

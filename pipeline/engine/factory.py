@@ -12,14 +12,15 @@ import contextlib
 import dataclasses
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from pipeline.core.events import EventsConfig
 from pipeline.core.l3 import Checks, PageObject, largest_object, namespace, page_roles, share_of
 from pipeline.core.model import ModelGeometry
-from pipeline.core.ownership import OwnerMap
+from pipeline.core.ownership import OwnerMap, Ownership
 from pipeline.core.sizing import PoolBudget, size_rank
 from pipeline.core.storage import StorageConfig
 from pipeline.core.topology import IoBackend, Topology
@@ -28,6 +29,7 @@ from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
 from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
+from pipeline.engine.events import KvEvents, open_events
 from pipeline.engine.l3.pages import Scratches
 from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.l3.stores.files import read_key_file
@@ -49,6 +51,8 @@ class EngineRecipe:
     """Normalized: the layout and io backend that run."""
     storage: StorageConfig
     budget: PoolBudget
+    events: EventsConfig = field(default_factory=EventsConfig)
+    """Where the engine publishes KV events (none: nowhere)."""
     backend: Backend = Backend.auto
     timeout_s: float = 120.0
     """Every collective's and rank join's timeout."""
@@ -132,17 +136,12 @@ def engine_on(
     uva = runtime.device.type == "cuda" and topology.io_backend is IoBackend.kernel
     graphs = config.cuda_graph_cache if uva else 0  # kernels reach the host pool by UVA
     res = allocate(runtime, model, topology, config, owners, sizing, uva, keep_trace, device_kv)
-    acks = AckLedger(
-        runtime.cpu_group,
-        skip_enabled=config.idle_sync_skip.enabled,
-        max_skips=config.idle_sync_skip.max_skips,
-        storage_attached=recipe.storage.attached,
-        debug_consensus=recipe.debug_consensus,
-        poll_timer_every=config.poll_timer_every,
-    )
+    acks = ack_ledger(recipe, runtime)
     tier = open_tier(recipe.storage, runtime, model, topology, owners, res, store)
+    events = None
     try:
-        return Engine(
+        events = events_of(recipe, runtime.rank)
+        engine = Engine(
             strategy=recipe.strategy,
             runtime=runtime,
             model=model,
@@ -152,11 +151,38 @@ def engine_on(
             acks=acks,
             graphs=TransferGraphs(graphs) if graphs else None,
             l3=tier,
+            events=events,
         )
     except BaseException:
         if tier is not None:  # its store, threads and registrations: the caller has no engine
             tier.close()
+        if events is not None:
+            events.close()
         raise
+    if events is not None:
+        events.watch(engine.host_allocator, tier)
+    return engine
+
+
+def ack_ledger(recipe: EngineRecipe, runtime: Runtime) -> AckLedger:
+    """The engine's ack ledger over its gloo group, with the strategy's idle-sync skip."""
+    config = recipe.strategy.config
+    return AckLedger(
+        runtime.cpu_group,
+        skip_enabled=config.idle_sync_skip.enabled,
+        max_skips=config.idle_sync_skip.max_skips,
+        storage_attached=recipe.storage.attached,
+        debug_consensus=recipe.debug_consensus,
+        poll_timer_every=config.poll_timer_every,
+    )
+
+
+def events_of(recipe: EngineRecipe, rank: int) -> KvEvents | None:
+    """The rank's KV events (`open_events`): one publisher per rank where each rank holds
+    its own copy (replicated), else one per replica group."""
+    per_rank = recipe.strategy.config.ownership is Ownership.replicated
+    model, topology = recipe.model, recipe.topology
+    return open_events(recipe.events, recipe.storage, topology, model, rank, per_rank=per_rank)
 
 
 def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:

@@ -13,6 +13,7 @@ from test_hostile_configs import SECRET, attempt, refused
 
 import pipeline
 from pipeline.config.links import links_of
+from pipeline.core.checks import ConfigError
 
 SECRET_LINKS = f"machine: x\nh2d_gbps: hunter2\nd2h_gbps: {SECRET}\n"
 MEASURED = "defaults: [base_runtime]\nlinks: links/measured.yaml\n"
@@ -133,6 +134,24 @@ def test_a_config_file_may_listen_on_loopback_and_the_operator_anywhere(address,
     assert job.runtime.metrics_address == address
     job = pipeline.compose(["runtime=local", "runtime.metrics_address=0.0.0.0"], config_dir=args[1])
     assert job.runtime.metrics_address == "0.0.0.0"
+
+
+@pytest.mark.parametrize("key", ["endpoint", "replay_endpoint"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "10.1.2.3"])
+def test_a_config_file_publishes_kv_events_on_loopback_only(key: str, host: str, world) -> None:
+    """The events group's sockets are listeners too: a config file binds loopback only, the
+    operator's command line anywhere."""
+    text = f"defaults: [base_events]\nkind: zmq\n{key}: 'tcp://{host}:6001'\n"
+    args = option(world, "events", "open", text)
+    with pytest.raises(ConfigError, match=f"events.{key}.*loopback"):
+        pipeline.compose(["events=open"], config_dir=args[1])
+    (world["dir"] / "events" / "open.yaml").unlink()  # the folder is checked whole
+    text = f"defaults: [base_events]\nkind: zmq\n{key}: 'tcp://127.0.0.1:6001'\n"
+    args = option(world, "events", "local", text)
+    assert pipeline.compose(["events=local"], config_dir=args[1]).events.kind.value == "zmq"
+    override = f"events.{key}='tcp://{host}:6002'"  # quoted: Hydra reads [ as a list
+    opened = pipeline.compose(["events=local", override], config_dir=args[1])
+    assert f"{host}:6002" in (opened.events.endpoint + str(opened.events.replay_endpoint))
 
 
 def test_validate_json_places_each_refusal_at_its_line(world, capsys, caplog) -> None:

@@ -22,7 +22,7 @@ from pipeline.config.compose import Session
 from pipeline.core.checks import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = "model|topology|strategy|workload|runtime|bench|simulate|soak|storage"
+GROUPS = "model|topology|strategy|workload|runtime|bench|simulate|soak|storage|events"
 KNOB = re.compile(rf"(?<![\w./-])({GROUPS})((?:\.[a-z_][a-z0-9_]*)+)(?![\w/(])")
 SHORT = re.compile(rf"`({GROUPS})\.\*` \(")
 FILES = {"json", "jsonl", "md", "png", "py", "yaml"}

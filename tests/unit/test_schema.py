@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.config import drive_schemas, schema
 from pipeline.config.schema import BenchConfig, RuntimeConfig, SimulateConfig, WorkloadConfig
-from pipeline.core import model, storage, strategy, topology
+from pipeline.core import events, model, storage, strategy, topology
 from pipeline.core.checks import ConfigError
 from pipeline.core.ownership import Ownership
 from pipeline.core.strategy import IdleSyncSkipConfig, StrategyConfig
@@ -28,6 +28,7 @@ SCHEMAS = {
     model: ["ModelGeometry", "IndexerConfig"],
     topology: ["Topology"],
     storage: ["StorageConfig"],
+    events: ["EventsConfig"],
 }
 CASES = [(module, name) for module, names in SCHEMAS.items() for name in names]
 
@@ -100,6 +101,15 @@ KNOB_ERRORS = [
         {"prefetch_timeout_s": 0.0},
         "storage.prefetch_timeout_s=0.0: seconds, > 0",
     ),
+    (storage.StorageConfig, {"admit_after_hits": 0}, "storage.admit_after_hits=0 must be >= 1"),
+    (events.EventsConfig, {"endpoint": "ipc:///tmp/x"}, "events.endpoint='ipc:///tmp/x': tcp://"),
+    (events.EventsConfig, {"replay_endpoint": "tcp://h"}, "events.replay_endpoint='tcp://h': tcp"),
+    (
+        events.EventsConfig,
+        {"replay_endpoint": "tcp://127.0.0.1:5557"},
+        "events.replay_endpoint: another port than events.endpoint",
+    ),
+    (events.EventsConfig, {"buffer_steps": 0}, "events.buffer_steps=0 must be >= 1"),
 ]
 REQUIRED = {
     StrategyConfig: {"name": "s", "ownership": Ownership.replicated},

@@ -132,6 +132,11 @@ class L3Tier:
     def name(self, key: str) -> str:
         return self.object.name(self.space, key)
 
+    def keys_of(self, names: list[str]) -> list[str]:
+        """The page keys of those of `names` that are this tier's objects."""
+        first, leaf = f"{self.space}/", len(self.space) + 4  # space/ab/<key><share>
+        return [name[leaf : leaf + 32] for name in names if name.startswith(first)]
+
     def placement(self, *, device: bool) -> Placement:
         if device not in self._placements:
             pool = self.device_pool.buffers if device else self.host_pool.views
@@ -212,8 +217,8 @@ class L3Tier:
     ) -> Event:
         """Run the write-back stages on the tier's thread once `after` completes; the event
         completes when this rank's part is done (stored, or sent to the writer), with the
-        error of a failed one. Only the pages `admission` admits are stored."""
-        done, job = self.stream.new_event(), self.admitted(job)
+        error of a failed one (`job`: the pages `admitted` lets through)."""
+        done = self.stream.new_event()
 
         def work() -> None:
             try:

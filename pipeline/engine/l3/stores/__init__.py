@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores.capacity import Quota
+from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads
 from pipeline.engine.l3.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.l3.stores.mooncake import MooncakeStore
@@ -50,6 +51,9 @@ class ObjectStore(Protocol):
     """Blobs by name. A blob is written from a list of buffers (a header and its units' pages)
     and read as byte ranges into buffers (a reader's units' rows in the pool): no joining
     copy, and a reader of some units reads only theirs."""
+
+    counters: Counters
+    """What this process counted, and who hears of its evictions."""
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
         """Store the parts' bytes, in order, as one blob under `name` (replacing what was

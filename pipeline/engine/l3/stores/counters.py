@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 
 COUNTED = ("hits", "misses", "writes", "written_bytes", "evictions", "evicted_bytes")
 """hits / misses: reads that returned an object, or a miss; writes, written_bytes: objects
@@ -16,6 +17,15 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: collections.Counter[str] = collections.Counter()
+        self.listeners: list[Callable[[list[str]], None]] = []
+        """Told the names of the objects this process evicts (an engine's KV events)."""
+
+    def evicted(self, names: list[str], nbytes: int) -> None:
+        """Objects this process removed to stay under capacity (`nbytes` in all): counted,
+        and told to each listener (on the thread that evicted)."""
+        self.add(evictions=len(names), evicted_bytes=nbytes)
+        for listener in list(self.listeners):
+            listener(names)
 
     def add(self, **amounts: int) -> None:
         with self._lock:

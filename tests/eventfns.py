@@ -1,0 +1,207 @@
+"""The KV-event tests' two sides: a rank that runs a scripted round of every tier's changes, and
+a real ZeroMQ subscriber (pyzmq, in the test's process) that decodes what each publisher sent,
+asks the replay socket for what it missed and rebuilds each tier's residency from the events."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from pipeline.config.job import Job
+from pipeline.core.slots import page_tokens
+from pipeline.engine.engine import Engine
+from pipeline.engine.events import EventBatch, block_hash
+from pipeline.engine.factory import open_engine
+from pipeline.jobs.contents import fill_random
+
+PAGES = 4
+WAIT_S = 60.0
+
+
+def free_ports(count: int) -> int:
+    """A first port of `count` consecutive ports that are free now."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as held:
+                    held.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no free ports")
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+def scripted(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> dict:
+    """Backup (with keys), host eviction, write-back, a store eviction (a bounded file
+    store), a load from L3; then what the tiers really hold (as block hashes), and wait for
+    the test's subscriber to finish its replays before the publisher closes."""
+    job, folder = args
+    engine = open_engine(job.recipe(), local_rank)
+    try:
+        held = _script(engine)
+        Path(folder, f"done-{rank}").touch()
+        wait_for(Path(folder, "replayed"))
+        return held
+    finally:
+        engine.close()
+
+
+def _script(engine: Engine) -> dict[str, Any]:
+    size, tier = engine.sizing.slots_per_page, engine.l3
+    assert tier is not None
+    prefixes = [engine.l3_keys(list(range(i * 10_000, i * 10_000 + PAGES * size))) for i in (1, 2)]
+    fill_random(engine, list(range(PAGES)), 3)
+
+    def settle() -> None:
+        while engine.acks.pending:
+            engine.poll()
+        engine.poll()  # a load's pages are said once it has landed: one more step
+
+    for keys in prefixes:
+        pages = engine.host_allocator.alloc(PAGES)
+        slots = page_tokens(pages, size)
+        engine.backup(slots, page_tokens(list(range(PAGES)), size), keys=keys).wait()
+        settle()
+        engine.write_back(keys, slots).wait()  # the second evicts some of the first
+        settle()
+        engine.host_allocator.free(pages)  # a host eviction
+    keys = prefixes[1]
+    pages = engine.host_allocator.alloc(PAGES)
+    assert engine.lookup(keys) == PAGES
+    loaded = engine.load_from_l3(keys, page_tokens(pages, size), page_tokens([8, 9, 10, 11], size))
+    assert loaded.hits == PAGES and loaded.handle is not None
+    loaded.handle.done().wait()
+    settle()
+    every = [k for keys in prefixes for k in keys]
+    stored = tier.store.exists([tier.name(k) for k in every])
+    return {
+        "host": sorted(block_hash(k) for k in keys),  # the loaded prefix's pages
+        "l3": sorted(block_hash(k) for k, there in zip(every, stored, strict=True) if there),
+        "evicted": len(every) - sum(stored),
+        "tokens": list(range(10_000, 10_000 + PAGES * size)),  # the first prefix's
+        "page_tokens": size,
+    }
+
+
+@dataclass
+class Stream:
+    """What one publisher sent: batches by sequence number, from live messages and replays."""
+
+    endpoint: str
+    replay: str
+    live: dict[int, EventBatch] = field(default_factory=dict)
+    topics: set[bytes] = field(default_factory=set)
+
+
+class Subscriber:
+    """SUB sockets connected to every publisher's endpoint before the ranks bind, read on a
+    thread of their own until `stop`."""
+
+    def __init__(self, streams: list[Stream]) -> None:
+        self.streams, self.context = streams, zmq.Context()
+        self.decode = msgspec.msgpack.Decoder(EventBatch).decode
+        self.sockets = []
+        for stream in streams:
+            sub = self.context.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(stream.endpoint)
+            self.sockets.append(sub)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._read)
+        self.thread.start()
+
+    def _read(self) -> None:
+        poller = zmq.Poller()
+        for sub in self.sockets:
+            poller.register(sub, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sub, _ in poller.poll(20):
+                topic, seq, payload = sub.recv_multipart()
+                stream = self.streams[self.sockets.index(sub)]
+                stream.topics.add(topic)
+                stream.live[int.from_bytes(seq, "big")] = self.decode(payload)
+
+    def replay(self, stream: Stream, start: int) -> dict[int, EventBatch]:
+        """Every batch the publisher kept from `start` on, asked of its replay socket."""
+        req = self.context.socket(zmq.DEALER)
+        req.connect(stream.replay)
+        try:
+            req.send_multipart((b"", start.to_bytes(8, "big")))
+            found = {}
+            while True:
+                if not req.poll(int(WAIT_S * 1000)):
+                    raise TimeoutError(f"{stream.replay} did not answer")
+                _, seq, payload = req.recv_multipart()
+                number = int.from_bytes(seq, "big", signed=True)
+                if number == -1:
+                    return found
+                found[number] = self.decode(payload)
+        finally:
+            req.close(linger=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
+        for sub in self.sockets:
+            sub.close(linger=0)
+        self.context.term()
+
+
+def residency(batches: dict[int, EventBatch]) -> dict[str, set[int]]:
+    """Each medium's block hashes, rebuilt from the batches in sequence order."""
+    held: dict[str, set[int]] = {}
+    for seq in sorted(batches):
+        for event in batches[seq].events:
+            kind = type(event).__name__
+            if kind == "AllBlocksCleared":
+                held = {}
+            elif kind == "BlockStored":
+                held.setdefault(event.medium, set()).update(event.block_hashes)
+            else:
+                held.setdefault(event.medium, set()).difference_update(event.block_hashes)
+    return held
+
+
+def quiet(job: Job, rank: int, world_size: int, local_rank: int) -> dict:
+    """An engine under events=none, after a backup, a write-back and a host eviction: what
+    of the events machinery it holds (nothing)."""
+    engine = open_engine(job.recipe(), local_rank)
+    try:
+        size = engine.sizing.slots_per_page
+        keys = engine.l3_keys(list(range(PAGES * size)))
+        pages = engine.host_allocator.alloc(PAGES)
+        slots = page_tokens(pages, size)
+        engine.backup(slots, page_tokens(list(range(PAGES)), size), keys=keys).wait()
+        engine.write_back(keys, slots).wait()
+        while engine.acks.pending:
+            engine.poll()
+        engine.host_allocator.free(pages)
+        assert engine.l3 is not None
+        return {
+            "events": engine.events,
+            "freed_hook": engine.host_allocator.freed,
+            "listeners": len(engine.l3.store.counters.listeners),
+            "threads": sorted(t.name for t in threading.enumerate() if t.name == "kv-events"),
+        }
+    finally:
+        engine.close()

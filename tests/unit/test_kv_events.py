@@ -1,0 +1,74 @@
+"""KV events on one CPU rank: what a reused or freed host page says, read back through the
+real publisher's replay socket, and a backup's keys checked before any byte moves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import eventfns
+import msgspec
+import pytest
+import torch
+import torch.distributed as dist
+
+import pipeline
+from pipeline.core.events import EventsConfig, EventsKind
+from pipeline.engine.events import KvEvents, Publisher, block_hash
+
+
+def brief(event: object) -> tuple:
+    fields = msgspec.to_builtins(event)
+    return fields["type"], fields.get("medium"), fields.get("block_hashes", [])
+
+
+def test_a_reused_host_page_says_its_old_page_removed_and_a_freed_one_goes() -> None:
+    first = eventfns.free_ports(2)
+    config = EventsConfig(
+        kind=EventsKind.zmq,
+        endpoint=f"tcp://127.0.0.1:{first}",
+        replay_endpoint=f"tcp://127.0.0.1:{first + 1}",
+    )
+    events = KvEvents(Publisher(config, 0, 3), page_size=4, l3_medium="DISK")
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    subscriber = eventfns.Subscriber([])
+    try:
+        events.keyed([a], [1, 2, 3, 4])
+        events.host_stored([0, 1], [a, b])
+        events.host_stored([0, 1], [a, b])  # nothing new: nothing said
+        events.host_stored([1], [c])  # page 1 now holds c: b is gone from the host tier
+        events.host_freed([0, 7])  # page 7 held nothing known
+        events.l3_removed([c])
+        stream = eventfns.Stream("", config.replay_endpoint or "")
+        said = subscriber.replay(stream, 0)
+    finally:
+        subscriber.stop()
+        events.close()
+    shown = [[brief(e) for e in said[s].events] for s in sorted(said)]
+    h = block_hash
+    assert shown == [
+        [("AllBlocksCleared", None, [])],
+        [("BlockStored", "CPU_PINNED", [h(a), h(b)])],
+        [("BlockRemoved", "CPU_PINNED", [h(b)]), ("BlockStored", "CPU_PINNED", [h(c)])],
+        [("BlockRemoved", "CPU_PINNED", [h(a)])],
+        [("BlockRemoved", "DISK", [h(c)])],
+    ]
+    stored = said[1].events[0]
+    assert stored.token_ids == [] and stored.block_size == 4  # b's token ids are unknown
+    assert {batch.dp_rank for batch in said.values()} == {3}
+
+
+def test_a_backup_with_the_wrong_count_of_keys_moves_nothing(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        overrides = ["model=tiny_mla", "topology=tp1", "topology.device=cpu", "storage=file"]
+        job = pipeline.compose([*overrides, f"storage.path={tmp_path}"])
+        engine = pipeline.create_engine(job)
+        page = job.model.page_size
+        host = engine.host_slots.alloc(2 * page)
+        keys = engine.l3_keys(list(range(2 * page)))
+        with pytest.raises(ValueError, match="1 keys for 2 pages"):
+            engine.backup(host, torch.arange(2 * page), keys=keys[:1])
+        assert engine.host_allocator.num_with_data() == 0 and not engine.acks.pending
+        engine.close()
+    finally:
+        dist.destroy_process_group()
