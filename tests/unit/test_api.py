@@ -38,24 +38,6 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
     assert done.stdout.strip() == "loaded back bit-exact"
 
 
-def test_the_kv_events_example_prints_what_each_tier_stored() -> None:
-    """examples/kv_events.py (README's events section shows its output): a real subscriber
-    replays every batch of a backup and a write-back from sequence 0."""
-    done = subprocess.run(
-        [sys.executable, "examples/kv_events.py"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "0 AllBlocksCleared - 0 pages",
-        "1 BlockStored CPU_PINNED 2 pages",
-        "2 BlockStored DISK 2 pages",
-    ]
-
-
 def counts(stdout: str) -> tuple[int, ...]:
     found = re.search(r"(\d+) hits, (\d+) misses, (\d+) evictions", stdout)
     assert found, stdout
