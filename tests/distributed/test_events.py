@@ -8,13 +8,18 @@ with events=none."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import eventfns
 import pytest
 from conftest import job_config
 
+from pipeline.config.job import Job
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.jobs.l3_store import master_on_loopback
 from pipeline.jobs.launch import launch
 
 pytestmark = pytest.mark.distributed
@@ -23,7 +28,19 @@ OBJECTS_HELD = 6
 """The bounded store holds this many objects: the second prefix's write-back evicts."""
 
 
-def events_job(strategy: str, store: Path, ports: tuple[int, int]) -> object:
+@pytest.fixture(scope="module")
+def mooncake() -> Iterator[StorageConfig]:
+    """A Mooncake master on loopback for the module (started only for a test that asks)."""
+    with master_on_loopback() as (master, metadata):
+        yield StorageConfig(
+            kind=StorageKind.mooncake,
+            master=master,
+            metadata_server=metadata,
+            segment_bytes=16 << 20,
+        )
+
+
+def events_job(strategy: str, store: Path, ports: tuple[int, int]) -> Job:
     return job_config(
         f"strategy={strategy}",
         "model=tiny_dsa",
@@ -38,13 +55,27 @@ def events_job(strategy: str, store: Path, ports: tuple[int, int]) -> object:
     )
 
 
-@pytest.mark.parametrize("strategy", ["replicated", "single_source", "rotating"])
-def test_a_subscriber_rebuilds_every_tier_from_the_events(strategy: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "kind"),
+    [
+        ("replicated", "file"),
+        ("single_source", "file"),
+        ("rotating", "file"),
+        pytest.param("rotating", "mooncake", marks=pytest.mark.mooncake, id="rotating-mooncake"),
+    ],
+)
+def test_a_subscriber_rebuilds_every_tier_from_the_events(
+    strategy: str, kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     store, flags = tmp_path / "store", tmp_path / "flags"
     store.mkdir()
     flags.mkdir()
     ports = (eventfns.free_ports(2), eventfns.free_ports(2))
     job = events_job(strategy, store, ports)
+    medium = "DISK"
+    if kind == "mooncake":  # unbounded: its master evicts on its own, and tells no client
+        job = dataclasses.replace(job, storage=request.getfixturevalue("mooncake"))
+        medium = "EXTERNAL"
     streams = [
         eventfns.Stream(f"tcp://127.0.0.1:{ports[0] + i}", f"tcp://127.0.0.1:{ports[1] + i}")
         for i in range(2)
@@ -70,7 +101,7 @@ def test_a_subscriber_rebuilds_every_tier_from_the_events(strategy: str, tmp_pat
         helper.join()
         subscriber.stop()
     assert held is not None and held[0] == held[1]  # the group's tiers hold the same pages
-    assert held[0]["evicted"] > 0  # the bounded store evicted some of the first prefix
+    assert (held[0]["evicted"] > 0) == (kind == "file")  # the bounded folder evicted
     for i in range(publishers):
         whole, late = found[i]
         assert sorted(whole) == list(range(len(whole)))  # every sequence number, kept
@@ -81,7 +112,7 @@ def test_a_subscriber_rebuilds_every_tier_from_the_events(strategy: str, tmp_pat
         tiers = eventfns.residency(whole)
         assert tiers.get("CPU_PINNED", set()) == set(held[i]["host"])
         # the store's events: the group's first rank's (it writes and evicts)
-        assert tiers.get("DISK", set()) == (set(held[i]["l3"]) if i == 0 else set())
+        assert tiers.get(medium, set()) == (set(held[i]["l3"]) if i == 0 else set())
         first = next(
             e for b in whole.values() for e in b.events if type(e).__name__ == "BlockStored"
         )
