@@ -22,6 +22,8 @@ from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
 from pipeline.config.job import Job
+from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.jobs.l3_store import master_on_loopback
 
 MOONCAKE_LIBRARY = "libibverbs.so.1"
 """What Mooncake's master and client link (`ldd` shows it for both) and Debian's
@@ -47,6 +49,19 @@ def job_config(*overrides: str) -> Job:
     """The typed job `run` would send to its ranks for these overrides."""
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return Session.compose(list(overrides)).job()
+
+
+@pytest.fixture(scope="module")
+def mooncake() -> Iterator[StorageConfig]:
+    """One Mooncake master per test module, used as a given master (storage.master=host:port);
+    started only for a test that asks for it (`request.getfixturevalue("mooncake")`)."""
+    with master_on_loopback() as (master, metadata):
+        yield StorageConfig(
+            kind=StorageKind.mooncake,
+            master=master,
+            metadata_server=metadata,
+            segment_bytes=16 << 20,
+        )
 
 
 def mooncake_missing(library: str = MOONCAKE_LIBRARY, package: str = "mooncake") -> str | None:

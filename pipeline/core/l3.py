@@ -117,7 +117,7 @@ class PageObject:
     """Every unit of the model, in ordinal order: the payload's order."""
 
     def name(self, space: str, key: str) -> str:
-        return f"{space}/{key[:2]}/{key}{self.share}"
+        return f"{space}/{key[:2]}/{key}{self.share}"  # `l3_keys.object_keys` reads it back
 
     @functools.cached_property
     def page_bytes(self) -> int:

@@ -53,3 +53,11 @@ def _tagged(block_hash: object, index: int) -> tuple[bytes, bytes]:
 def len_prefixed(data: bytes) -> bytes:
     """`data` after its length, so no hash's bytes run on into the namespace's."""
     return len(data).to_bytes(8, "little") + data
+
+
+def object_keys(space: str, names: list[str]) -> list[str]:
+    """The page keys of those of `names` that lie in `space`, as `PageObject.name` makes a name
+    (space/<first 2 digits>/<32 digits><share>, any share)."""
+    first = f"{space}/"
+    at = len(first) + 3  # after space/ab/
+    return [name[at : at + 2 * KEY_BYTES] for name in names if name.startswith(first)]

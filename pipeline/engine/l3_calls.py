@@ -35,8 +35,10 @@ def write_back(
     job = objects_job(keys, host_indices, None, engine.spec, engine.host_allocator)
     admitted = tier.admitted(job)  # storage.write_admission
     done = tier.write_back(engine.strategy.l3.write_back, admitted, after)
-    events, pages = engine.events, job.host_pages.tolist()
-    said = None if events is None else events.written_back(pages, keys, admitted.keys)
+    events = engine.events
+    said = None
+    if events is not None:
+        said = events.written_back(job.host_pages.tolist(), keys, admitted.keys)
     engine.acks.submit("write_back", done, said)
     return done
 

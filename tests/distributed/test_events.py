@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import eventfns
@@ -18,26 +17,12 @@ import pytest
 from conftest import job_config
 
 from pipeline.config.job import Job
-from pipeline.core.storage import StorageConfig, StorageKind
-from pipeline.jobs.l3_store import master_on_loopback
 from pipeline.jobs.launch import launch
 
 pytestmark = pytest.mark.distributed
 
 OBJECTS_HELD = 6
 """The bounded store holds this many objects: the second prefix's write-back evicts."""
-
-
-@pytest.fixture(scope="module")
-def mooncake() -> Iterator[StorageConfig]:
-    """A Mooncake master on loopback for the module (started only for a test that asks)."""
-    with master_on_loopback() as (master, metadata):
-        yield StorageConfig(
-            kind=StorageKind.mooncake,
-            master=master,
-            metadata_server=metadata,
-            segment_bytes=16 << 20,
-        )
 
 
 def events_job(strategy: str, store: Path, ports: tuple[int, int]) -> Job:

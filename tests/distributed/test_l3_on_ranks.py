@@ -5,7 +5,6 @@ bytes each rank writes and reads, plan consensus and its fallback, and damaged o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import l3fns
@@ -22,18 +21,6 @@ pytestmark = pytest.mark.distributed
 
 STRATEGIES = ("replicated", "single_source", "rotating")
 SMALL = ("workload.num_tokens=32", "workload.device_tokens=128", "workload.cycles=2")
-
-
-@pytest.fixture(scope="module")
-def mooncake() -> Iterator[StorageConfig]:
-    """One master for the module, used as a given master (storage.master=host:port)."""
-    with master_on_loopback() as (master, metadata):
-        yield StorageConfig(
-            kind=StorageKind.mooncake,
-            master=master,
-            metadata_server=metadata,
-            segment_bytes=16 << 20,
-        )
 
 
 def store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StorageConfig:

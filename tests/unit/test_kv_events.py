@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 import pipeline
 from pipeline.core.events import EventsConfig, EventsKind
+from pipeline.core.l3 import PageObject
+from pipeline.core.l3_keys import object_keys
 from pipeline.engine.events import KvEvents, Publisher, block_hash
 
 
@@ -72,3 +74,9 @@ def test_a_backup_with_the_wrong_count_of_keys_moves_nothing(tmp_path: Path) -> 
         engine.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_an_evicted_objects_name_gives_back_its_page_key_whatever_its_share() -> None:
+    key = "0123456789abcdef" * 2
+    names = [PageObject(share, ()).name("v2-space", key) for share in ("", "-s1of2")]
+    assert object_keys("v2-space", [*names, "other/01/" + key]) == [key, key]

@@ -12,6 +12,7 @@ import numpy as np
 
 from pipeline.core.events import EventsConfig
 from pipeline.core.l3 import check_keys
+from pipeline.core.l3_keys import object_keys
 from pipeline.core.model import ModelGeometry
 from pipeline.core.slots import PageAllocator
 from pipeline.core.storage import StorageConfig, StorageKind
@@ -83,7 +84,8 @@ class KvEvents:
         objects, until `close`."""
         slots.freed = self.host_freed
         if tier is not None:
-            self._listening = (tier.store, lambda names: self.l3_removed(tier.keys_of(names)))
+            space = tier.space
+            self._listening = (tier.store, lambda names: self.l3_removed(object_keys(space, names)))
             tier.store.counters.listeners.append(self._listening[1])
 
     def keyed(self, keys: Sequence[str], tokens: Sequence[int]) -> None:

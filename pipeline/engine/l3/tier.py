@@ -132,11 +132,6 @@ class L3Tier:
     def name(self, key: str) -> str:
         return self.object.name(self.space, key)
 
-    def keys_of(self, names: list[str]) -> list[str]:
-        """The page keys of those of `names` that are this tier's objects."""
-        first, leaf = f"{self.space}/", len(self.space) + 4  # space/ab/<key><share>
-        return [name[leaf : leaf + 32] for name in names if name.startswith(first)]
-
     def placement(self, *, device: bool) -> Placement:
         if device not in self._placements:
             pool = self.device_pool.buffers if device else self.host_pool.views
@@ -238,8 +233,9 @@ class L3Tier:
         """The write-back `job` of the pages `admission` admits (the same on every rank of
         the group), each counted as admitted or declined."""
         keep = self.admission.admitted(job.keys)
-        self.trace.repeat("l3_admitted", int(keep.sum()))
-        self.trace.repeat("l3_declined", len(keep) - int(keep.sum()))
+        kept = int(keep.sum())
+        self.trace.repeat("l3_admitted", kept)
+        self.trace.repeat("l3_declined", len(keep) - kept)
         if keep.all():
             return job
         keys = [key for key, kept in zip(job.keys, keep, strict=True) if kept]

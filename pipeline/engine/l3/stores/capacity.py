@@ -240,7 +240,7 @@ def evict_pass(
     held_bytes, held_objects = sum(s.size for s in found), len(found)
     candidates = sorted((s for s in found if s.name not in keep), key=lambda s: s.used_ns)
     victims = 0  # the least recently used candidates[:victims] must go for all we know
-    objects, freed, gone = 0, 0, []  # gone: the names removed
+    freed, gone = 0, []  # the bytes and names removed
     while held_bytes > to_bytes:
         victims = victims or _must_go(candidates, held_bytes - to_bytes)
         if not victims:
@@ -260,11 +260,11 @@ def evict_pass(
             )
             victims = 0
         elif outcome == "removed":
-            objects, freed = objects + 1, freed + victim.size
+            freed += victim.size
             gone.append(victim.name)
         held_bytes, held_objects = held_bytes - victim.size, held_objects - 1
     counters.evicted(gone, freed)
-    return Evicted(objects, freed, held_objects, held_bytes, tuple(passed.notes))
+    return Evicted(len(gone), freed, held_objects, held_bytes, tuple(passed.notes))
 
 
 def _must_go(candidates: list[Stored], excess: int) -> int:
