@@ -30,7 +30,7 @@ from pipeline.engine.allocate import allocate
 from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
 from pipeline.engine.events import KvEvents, open_events
-from pipeline.engine.l3.pages import Scratches
+from pipeline.engine.l3.scratch import Scratches
 from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.l3.stores.files import read_key_file
 from pipeline.engine.l3.tier import L3Tier

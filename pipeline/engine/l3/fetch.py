@@ -12,6 +12,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from pipeline.core.model import Unit
+from pipeline.engine.l3.batch import batched, start_batches
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.tier import L3Tier
 
@@ -24,12 +25,15 @@ def read_units(tier: L3Tier, job: ObjectsJob) -> tuple[Unit, ...]:
 
 def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
     """Start reading every page of the job on the I/O threads, in page order (this
-    rank's units; every unit into device pages after a fallback)."""
+    rank's units; every unit into device pages after a fallback): in runs of pages, a store
+    call each, where the tier batches them (`pipeline.engine.l3.batch`), else a page a call."""
     units = read_units(tier, job)
     into = job.device_pages if job.fallback else job.host_pages
     assert into is not None, "a fetch names its device pages"
     tables = job.tables or [[] for _ in job.keys]
-    if units:
+    if units and batched(tier, units, device=job.fallback):
+        job.reads = start_batches(tier, units, job.keys, into, tables)
+    elif units:
         job.reads = [
             tier.io.submit(tier.read, key, int(page), units, device=job.fallback, table=table)
             for key, page, table in zip(job.keys, into, tables, strict=True)

@@ -9,9 +9,7 @@ through a staging buffer laid out as the payload, one torch copy per run of unit
 
 from __future__ import annotations
 
-import queue
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +18,6 @@ import torch
 from pipeline.core.crc_runs import CrcRuns
 from pipeline.core.l3 import PageObject
 from pipeline.core.model import Unit, by_pool_kind
-from pipeline.engine.cuda.stacks import stack_views
 from pipeline.engine.l3.stores.parts import Check, Range
 from pipeline.engine.transfer.pools import DevicePool, HostPool
 
@@ -44,6 +41,8 @@ class Placement:
 
     def __init__(self, obj: PageObject, views: Mapping[int, torch.Tensor]) -> None:
         self.buffers: list[memoryview] = []
+        self.addresses: list[int] = []
+        """Where each buffer starts in memory."""
         self.rows: dict[int, Rows] = {}
         found: dict[int, int] = {}
         for unit in obj.units:
@@ -51,13 +50,14 @@ class Placement:
             if view is None:
                 continue
             if view.device.type != "cpu" or view.shape[0] == 0 or not view[0].is_contiguous():
-                self.buffers, self.rows = [], {}
+                self.buffers, self.addresses, self.rows = [], [], {}
                 break
             storage = view.untyped_storage()
             if storage.data_ptr() not in found:
                 found[storage.data_ptr()] = len(self.buffers)
                 whole = torch.empty(0, dtype=torch.uint8).set_(storage)
                 self.buffers.append(whole.numpy().data.cast("B"))
+                self.addresses.append(storage.data_ptr())
             self.rows[unit.ordinal] = Rows(
                 found[storage.data_ptr()],
                 view.data_ptr() - storage.data_ptr(),
@@ -93,6 +93,10 @@ class PageMap:
         self.direct = placement.direct
         rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
         self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]
+        self.first = np.array([placement.addresses[r.buffer] + r.first for r in rows], np.uint64)
+        """Where each unit's page 0 lies in memory (direct placements)."""
+        self.stride = np.array([r.stride for r in rows], np.uint64)
+        self.nbytes = np.array([u.page_bytes for u in units], np.int64)
         self._spans = _spans(self._where, groups) if self.direct else None
 
     def views(self, page: int) -> list[memoryview]:
@@ -137,73 +141,6 @@ def _groups(payload: list[int], sizes: list[int]) -> list[tuple[int, list[int]]]
         found[-1][1].append(i)
         end = at + size
     return found
-
-
-class Scratch:
-    """One I/O thread's buffers: an object's header, and its payload where it is staged."""
-
-    def __init__(self, obj: PageObject, header_bytes: int) -> None:
-        self.head = bytearray(header_bytes)
-        self.staging = np.empty(obj.page_bytes, dtype=np.uint8)
-        self.tensor = torch.from_numpy(self.staging)
-        self.bytes = self.staging.data.cast("B")
-        self._views: dict[tuple[int, ...], list[torch.Tensor]] = {}
-        self._bytes: dict[tuple[int, ...], list[memoryview]] = {}
-        self.obj = obj
-
-    def views(self, units: tuple[Unit, ...]) -> list[memoryview]:
-        """Each unit's bytes in the staging buffer (at its payload offset)."""
-        key = tuple(u.ordinal for u in units)
-        if key not in self._bytes:
-            offsets = self.obj.offsets
-            self._bytes[key] = [
-                self.bytes[offsets[u.ordinal] : offsets[u.ordinal] + u.page_bytes] for u in units
-            ]
-        return self._bytes[key]
-
-    def spans(self, pages: PageMap) -> list[memoryview]:
-        """Each of `pages`' groups in the staging buffer as one buffer (at its payload offset;
-        a group's units are adjacent there by definition)."""
-        return [
-            self.bytes[at : at + n] for (at, _), n in zip(pages.groups, pages.totals, strict=True)
-        ]
-
-    def like(self, runs: Runs) -> list[torch.Tensor]:
-        """The staging buffer viewed as each of `runs`' tensors (made once per set of runs)."""
-        key = tuple(u.ordinal for _, units in runs for u in units)
-        if key not in self._views:
-            found = []
-            for tensor, units in runs:
-                shape = tensor.shape[-2:]
-                per_unit = [
-                    self.tensor[self.obj.offsets[u.ordinal] :][: u.page_bytes]
-                    .view(tensor.dtype)
-                    .view(shape)
-                    for u in units
-                ]
-                stacked = stack_views(per_unit) if len(units) > 1 else per_unit[0]
-                assert stacked is not None, "a run's units are evenly spaced in the payload"
-                found.append(stacked)
-            self._views[key] = found
-        return self._views[key]
-
-
-class Scratches:
-    """The I/O threads' scratch buffers, one taken per object in flight."""
-
-    def __init__(self, obj: PageObject, header_bytes: int, count: int) -> None:
-        self._free: queue.SimpleQueue[Scratch] = queue.SimpleQueue()
-        self.all = [Scratch(obj, header_bytes) for _ in range(count)]
-        for scratch in self.all:
-            self._free.put(scratch)
-
-    @contextmanager
-    def taken(self) -> Iterator[Scratch]:
-        scratch = self._free.get()
-        try:
-            yield scratch
-        finally:
-            self._free.put(scratch)
 
 
 def pool_runs(pool: DevicePool | HostPool, units: tuple[Unit, ...], page: int) -> Runs:

@@ -36,14 +36,13 @@ from pipeline.engine.l3.pages import (
     PageMap,
     Placement,
     Runs,
-    Scratch,
-    Scratches,
     copy_runs,
     pool_runs,
     read_checked,
     span_checks,
     unit_checks,
 )
+from pipeline.engine.l3.scratch import Scratch, Scratches
 from pipeline.engine.l3.stores import ObjectStore
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.transfer.pools import DevicePool, HostPool
@@ -78,9 +77,7 @@ class L3Tier:
         storage: StorageConfig,
         checks: Checks,
     ) -> None:
-        self.store = store
-        self.owns_store = owns_store
-        """False for a store the caller opened (and closes)."""
+        self.store, self.owns_store = store, owns_store  # False: the caller's store (it closes)
         self.space = space
         """The namespace of this model geometry's objects (`pipeline.core.l3.namespace`)."""
         self.object = obj
@@ -100,6 +97,7 @@ class L3Tier:
         self.io = io
         """The threads that read and write objects (`storage.io_threads`)."""
         self.scratches, self.owners, self.storage = scratches, owners, storage
+        self.reads_units = store.units_reader() is not None  # pages in one call (`l3.batch`)
         self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)

@@ -16,7 +16,7 @@ from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads
 from pipeline.engine.l3.stores.files import TIMEOUT_S, FileStore
 from pipeline.engine.l3.stores.mooncake import MooncakeStore
-from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, SpanReads
+from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, SpanReads, UnitReads
 
 __all__ = [
     "Check",
@@ -28,6 +28,8 @@ __all__ = [
     "PartsReader",
     "Range",
     "SpanReads",
+    "UnitReads",
+    "UnitsReader",
     "open_store",
 ]
 
@@ -45,6 +47,15 @@ class PartsReader(Protocol):
         """`read_parts` of reads of one range into one buffer each, checked by its CRC."""
 
     def close(self) -> None: ...
+
+
+class UnitsReader(PartsReader, Protocol):
+    """A `PartsReader` that also reads a run of pages' ranges natively (`read_units`)."""
+
+    def read_units(self, reads: UnitReads) -> int:
+        """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in one call
+        outside Python's lock; how many objects, from the first, were there at their size and
+        read whole (it stops at the first that was not)."""
 
 
 class ObjectStore(Protocol):
@@ -69,6 +80,10 @@ class ObjectStore(Protocol):
     def parts_reader(self) -> PartsReader:
         """A reader of parts of blobs, read several times each (a streamed load's later
         groups of layers, one run of pages), until its `close`."""
+
+    def units_reader(self) -> UnitsReader | None:
+        """A reader of `UnitReads` (a run of pages in one native call), or None where this
+        store reads them only through `parts_reader` (Mooncake; O_DIRECT reads)."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""

@@ -1,17 +1,22 @@
-"""Reads of parts of a file store's objects, each held open from its first read to the last."""
+"""Reads of parts of a file store's objects, each held open from its first read to the last;
+a run of pages' ranges in one native call (`_fileio.read_into`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
 import crc32c
+import numpy as np
 
+from pipeline.engine.l3.stores._fileio import read_into
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads
-from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads
+from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads, UnitReads
 
 
 class OpenFiles(Protocol):
@@ -72,21 +77,62 @@ class FileParts:
         self.store.counters.add(hits=found, misses=int(found < len(spans.names)))
         return found
 
+    def read_units(self, reads: UnitReads) -> int:
+        """Open each object (held), then read every range of those there at their size in
+        one `read_into` call, which takes each range's CRC-32C as it lands."""
+        fds = np.empty(len(reads.names), dtype=np.int32)
+        opened = 0
+        for name, size in zip(reads.names, reads.sizes, strict=True):
+            try:
+                held = self._held(name)
+            except OSError:  # out of descriptors: the objects opened so far are read
+                break
+            if held is None or held[1].st_size != size:
+                break
+            if reads.starts:
+                used(held[0], held[1].st_mtime_ns)
+            fds[opened] = held[0]
+            opened += 1
+        n = opened * reads.per_object
+        done = read_into(
+            np.repeat(fds[:opened], reads.per_object),
+            *(column[:n] for column in (reads.offsets, reads.addresses, reads.nbytes, reads.crcs)),
+        )
+        found = done // reads.per_object if reads.per_object else opened
+        self.store.counters.add(hits=found, misses=int(found < len(reads.names)))
+        return found
+
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        try:
+            held = self._held(name)
+        except OSError:  # out of descriptors: what this holds is let go, the read opens its own
+            self.close()
+            return self.store.read_once(name, size, ranges, check)
+        return held is not None and self.store.read_open(*held, size, ranges, check)
+
+    def _held(self, name: str) -> tuple[int, os.stat_result] | None:
+        """The object open (opened at its first read), or None where it cannot be (absent,
+        not a regular file); OSError where this process may open no more files."""
         held = self.held.get(name)
         if held is None:
             try:
                 held = self.held[name] = self.store.open_read(name)
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors
-                    self.close()
-                    return self.store.read_once(name, size, ranges, check)
-                return False
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise
+                return None
             except ValueError:
-                return False
-        return self.store.read_open(*held, size, ranges, check)
+                return None
+        return held
 
     def close(self) -> None:
         for fd, _ in self.held.values():
             os.close(fd)
         self.held.clear()
+
+
+def used(fd: int, mtime_ns: int) -> None:
+    """Mark the object open at `fd` used now: its access time, which eviction orders by (its
+    modification time kept). A store another user owns is read without it."""
+    with contextlib.suppress(OSError):
+        os.utime(fd, ns=(time.time_ns(), mtime_ns))

@@ -19,7 +19,7 @@ from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.l3.stores.capacity import CapacityFull, Quota, open_bound
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads, in_memory
-from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.engine.l3.stores.file_parts import FileParts, used
 from pipeline.engine.l3.stores.keys import read_key_file
 from pipeline.engine.l3.stores.ledger import ledger_capacity
 from pipeline.engine.l3.stores.owned import TEMPORARY, own_size
@@ -192,6 +192,10 @@ class FileStore:
     def parts_reader(self) -> FileParts:
         return FileParts(self)
 
+    def units_reader(self) -> FileParts | None:
+        """Native reads through the page cache (not O_DIRECT's aligned staging)."""
+        return None if self.direct is not None else FileParts(self)
+
     def open_read(self, name: str) -> tuple[int, os.stat_result]:
         return self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
 
@@ -290,10 +294,3 @@ class FileStore:
         if self.bound is not None:
             self.bound.close()
         self.beneath.close()
-
-
-def used(fd: int, mtime_ns: int) -> None:
-    """Mark the object open at `fd` used now: its access time, which eviction orders by (its
-    modification time kept). A store another user owns is read without it."""
-    with contextlib.suppress(OSError):
-        os.utime(fd, ns=(time.time_ns(), mtime_ns))

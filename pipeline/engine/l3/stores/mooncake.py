@@ -140,6 +140,9 @@ class MooncakeStore:
     def parts_reader(self) -> MooncakeParts:
         return MooncakeParts(self)
 
+    def units_reader(self) -> None:
+        """Ranged reads go through the client's batch calls (`parts_reader`)."""
+
     def read_parts(self, reads: Sequence[PartRead]) -> int:
         """Every read in one ranged get where all land in registered memory (one call into
         the client for many objects, instead of one per object, each a turn of Python's

@@ -52,6 +52,29 @@ class SpanReads:
         ]
 
 
+@dataclass(frozen=True)
+class UnitReads:
+    """Byte ranges of many objects, `per_object` consecutive ranges each, every range into
+    memory at an address (pool rows, a header buffer) with its CRC-32C taken as it lands:
+    the reads of a run of pages in one call (`UnitsReader.read_units`), made without a Python
+    step per range. Whether the CRCs match is the caller's to check."""
+
+    names: Sequence[str]
+    sizes: Sequence[int]
+    """Each object's size (an object of another size is a miss)."""
+    per_object: int
+    offsets: np.ndarray
+    """int64: each range's offset in its object."""
+    addresses: np.ndarray
+    """uint64: where each range's bytes land (memory the caller keeps alive and owns)."""
+    nbytes: np.ndarray
+    """int64: each range's length."""
+    crcs: np.ndarray
+    """uint32, filled: each range's CRC-32C."""
+    starts: bool
+    """The reads start at each object (its header): it is marked used (eviction order)."""
+
+
 def span_ok(view: memoryview, crc: int, _: int) -> bool:
     return bool(crc32c.crc32c(view) == crc)
 

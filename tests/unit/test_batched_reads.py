@@ -1,0 +1,152 @@
+"""A run of pages read in one native call (`pipeline.engine.l3.batch`, `stores/_fileio.c`): the
+CRC-32C is the `crc32c` package's, every range lands whole with its CRC or the call stops there,
+a load of pages the host pool holds as bytes reads only through it (a run per I/O thread, no
+read a page), bit-exact, and a bad object ends the hits at its page, counted as what it is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import numpy as np
+import pytest
+
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores._fileio import CHUNK, read_into
+from pipeline.engine.l3.stores._fileio import crc32c as native_crc
+from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.jobs.contents import first_mismatch
+from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
+
+LENGTHS = [0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 8191, 24575, 24576, 24583, 73728, CHUNK + 3]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_the_native_crc_is_the_crc32c_packages(length: int) -> None:
+    """Every length around the three-stream blocks (3 x 8 KiB, 3 x 256 B), at every alignment,
+    and extended from a CRC so far."""
+    data = np.random.default_rng(length).integers(0, 256, length + 8, dtype=np.uint8).tobytes()
+    for at in range(8):
+        assert native_crc(data[at : at + length]) == crc32c.crc32c(data[at : at + length])
+    half = length // 2
+    assert native_crc(data[half:length], native_crc(data[:half])) == crc32c.crc32c(data[:length])
+
+
+def columns(fds: list[int], ranges: list[tuple[int, int]], into: np.ndarray) -> tuple[Any, ...]:
+    """read_into's columns: range i of file fds[i] at (offset, size), end to end in `into`."""
+    sizes = np.array([n for _, n in ranges], np.int64)
+    at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+    return (
+        np.array(fds, np.int32),
+        np.array([o for o, _ in ranges], np.int64),
+        into.ctypes.data + at,
+        sizes,
+        np.zeros(len(ranges), np.uint32),
+    )
+
+
+def test_read_into_lands_each_range_with_its_crc_and_stops_at_the_first_short_one(
+    tmp_path: Path,
+) -> None:
+    """Ranges of two files, one over several chunks, land bit-exact with their CRCs; a range
+    past the end of its file, or of a descriptor not open, ends the call there; columns that
+    do not match are refused before any read."""
+    blobs = [np.random.default_rng(k).integers(0, 256, 3 * CHUNK, dtype=np.uint8) for k in (1, 2)]
+    fds = []
+    for k, blob in enumerate(blobs):
+        (tmp_path / f"f{k}").write_bytes(blob.tobytes())
+        fds.append(os.open(tmp_path / f"f{k}", os.O_RDONLY))
+    try:
+        ranges = [(5, 100), (CHUNK - 7, 2 * CHUNK + 1), (0, 0), (3 * CHUNK - 1, 1)]
+        owner = [0, 1, 0, 1]
+        into = np.zeros(sum(n for _, n in ranges), np.uint8)
+        cols = columns([fds[k] for k in owner], ranges, into)
+        assert read_into(*cols) == len(ranges)
+        at = 0
+        for (offset, n), k, crc in zip(ranges, owner, cols[4], strict=True):
+            want = blobs[k][offset : offset + n]
+            assert np.array_equal(into[at : at + n], want)
+            assert int(crc) == crc32c.crc32c(want.tobytes())
+            at += n
+        past = [(0, 10), (3 * CHUNK - 4, 5), (0, 10)]  # the second runs past the end
+        assert read_into(*columns(fds[:1] * 3, past, np.zeros(25, np.uint8))) == 1
+        closed = os.open(tmp_path / "f0", os.O_RDONLY)
+        os.close(closed)
+        assert read_into(*columns([fds[0], closed], [(0, 4), (0, 4)], np.zeros(8, np.uint8))) == 1
+        good = columns(fds[:1], [(0, 4)], np.zeros(4, np.uint8))
+        with pytest.raises(ValueError, match="offsets has 2 items, fds 1"):
+            read_into(good[0], np.zeros(2, np.int64), *good[2:])
+        with pytest.raises(ValueError, match="crcs: 6 bytes"):
+            read_into(*good[:4], np.zeros(6, np.uint8))
+        with pytest.raises(BufferError):
+            read_into(*good[:4], b"\0\0\0\0")  # not writable
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+@pytest.mark.parametrize("stream_layers", [0, 1])
+def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, stream_layers: int
+) -> None:
+    """Whole objects (a window per load) and streamed groups of layers alike: every read is
+    a run of pages in one native call, a run per I/O thread, none a page at a time."""
+    overrides = [f"topology.mem_layout={layout}", "storage.io_threads=2"]
+    with engine_with(tmp_path, *overrides, f"storage.stream_layers={stream_layers}") as engine:
+        keys, expected = stored_prefix(engine)
+        runs: list[int] = []
+        real_units = FileParts.read_units
+
+        def read_units(reader: FileParts, reads: Any) -> int:
+            runs.append(len(reads.names))
+            return real_units(reader, reads)
+
+        def read(*_: Any) -> bool:
+            raise AssertionError("a page read on its own")
+
+        monkeypatch.setattr(FileParts, "read_units", read_units)
+        monkeypatch.setattr(FileStore, "read", read)
+        loaded, target, _ = load(engine, keys)
+        assert loaded.hits == PAGES and loaded.handle is not None
+        loaded.handle.done().wait()
+        groups = engine.model.num_layers if stream_layers else 1
+        assert sorted(runs) == sorted([3, 2] * groups)  # pages 0-2, 3-4: a run per thread
+        assert not first_mismatch(engine, target, expected)
+
+
+def damage(path: Path, case: str, header: int) -> None:
+    data = bytearray(path.read_bytes())
+    if case == "truncated":
+        del data[-1]
+    else:
+        data[1 if case == "header" else header + 3] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    ("case", "counted"), [("payload", "l3_corrupt"), ("header", "l3_corrupt"), ("truncated", None)]
+)
+def test_a_bad_object_in_a_run_ends_the_hits_at_its_page(
+    tmp_path: Path, case: str, counted: str | None
+) -> None:
+    """Page 1's object damaged (a payload byte, a header byte) or cut short: the run's hits
+    are page 0 alone, loaded bit-exact; damage counts as corrupt, a short object as a miss."""
+    overrides = ["topology.mem_layout=page_first_direct", "storage.io_threads=1"]
+    with engine_with(tmp_path, *overrides) as engine:
+        keys, expected = stored_prefix(engine)
+        tier = engine.l3
+        assert tier is not None
+        name = tier.name(keys[1])
+        damage(tmp_path / name, case, tier.object.header_size(tier.space, name, tier.checks))
+        loaded, target, _ = load(engine, keys)
+        assert loaded.hits == 1 and loaded.handle is not None
+        loaded.handle.done().wait()
+        assert not first_mismatch(engine, target[:1], {u: t[:1] for u, t in expected.items()})
+        counts = engine.trace.counts
+        assert counts.get("l3_corrupt", 0) == int(counted == "l3_corrupt")
+        assert counts.get("l3_miss", 0) == 1
