@@ -29,6 +29,8 @@ import torch.distributed as dist
 
 import pipeline
 from pipeline.core.slots import page_tokens
+from pipeline.engine.l3.batch import batched, read_batch
+from pipeline.engine.l3.stores._fileio import read_into
 from pipeline.jobs.contents import fill_random
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -41,6 +43,7 @@ SMOKE = {  # run in a child first: a package whose native code kills the process
 }
 CANDIDATES = [  # name, package, its read (made in the try), whether it reads ranges, its check
     ("preadv", "", lambda p: preadv, True, "files"),
+    ("read_into", "", lambda p: native, True, "files"),
     ("store-read", "", lambda p: store_read, False, "own CRCs"),
     ("load_from_l3", "", lambda p: load_from_l3, False, "own CRCs"),
     ("liburing", "liburing", lambda p: uring, True, "files"),
@@ -122,10 +125,38 @@ def preadv(p: Probe, s: Share) -> None:
             os.preadv(fds[i], [p.view[to : to + n]], at)  # as the benches' limit: unchecked
 
 
+def native(p: Probe, s: Share) -> None:
+    """The file store's native call (`_fileio.read_into`): every range of the share in one
+    call, each range's CRC-32C taken as it lands."""
+    t = s.table
+    with p.opened(s.objs) as fds:
+        at = t[:, 3] + np.uint64(p.buffer.ctypes.data)
+        fd = np.array([fds[i] for i in t[:, 0].tolist()], np.int32)
+        sizes = t[:, 2].astype(np.int64)
+        if read_into(fd, t[:, 1].astype(np.int64), at, sizes, np.empty(len(t), np.uint32)) < len(t):
+            raise OSError("read_into: a range came back short")
+
+
 def store_read(p: Probe, s: Share) -> None:
-    for i in s.objs:
-        if not p.tier.read(p.keys[i], p.host[i], p.tier.reads(False), device=False, table=[]):
-            raise RuntimeError(f"store-read: page {i} missed")
+    """The tier's read of the share's pages: a run in one native call where it batches them
+    (`pipeline.engine.l3.batch`), else a page at a time."""
+    tier, units, keys = p.tier, p.tier.reads(False), [p.keys[i] for i in s.objs]
+    if batched(tier, units, device=False):
+        reader = tier.store.units_reader()
+        assert reader is not None
+        try:
+            into = np.asarray(p.host)[s.objs]
+            found = read_batch(tier, reader, units, keys, into, [[] for _ in keys])
+        finally:
+            reader.close()
+    else:
+        pages = [p.host[i] for i in s.objs]
+        reads = (
+            tier.read(k, i, units, device=False, table=[]) for k, i in zip(keys, pages, strict=True)
+        )
+        found = next((j for j, ok in enumerate(reads) if not ok), len(keys))
+    if found < len(keys):
+        raise RuntimeError(f"store-read: page {s.objs[found]} missed")
 
 
 def uring(p: Probe, s: Share) -> None:

@@ -14,24 +14,41 @@ import numpy as np
 import pytest
 
 from pipeline.engine.l3.stores import FileStore
-from pipeline.engine.l3.stores._fileio import CHUNK, read_into
+from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, read_into
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import first_mismatch
 from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
 
-LENGTHS = [0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 8191, 24575, 24576, 24583, 73728, CHUNK + 3]
+LENGTHS = [0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 80, 127, 128, 255, 767, 768, 769, 24575, 24583]
+LENGTHS += [73728, CHUNK + 3]
 
 
+def has(how: str) -> bool:
+    try:
+        native_crc(b"", 0, how)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("how", [h for h in SUMS if has(h)])
 @pytest.mark.parametrize("length", LENGTHS)
-def test_the_native_crc_is_the_crc32c_packages(length: int) -> None:
-    """Every length around the three-stream blocks (3 x 8 KiB, 3 x 256 B), at every alignment,
-    and extended from a CRC so far."""
+def test_each_native_crc_is_the_crc32c_packages(length: int, how: str) -> None:
+    """Each sum this CPU has, at every length around its blocks (3 x 8 KiB and 3 x 256 B
+    streams, 64- and 16-byte folds), at every alignment, and extended from a CRC so far."""
     data = np.random.default_rng(length).integers(0, 256, length + 8, dtype=np.uint8).tobytes()
     for at in range(8):
-        assert native_crc(data[at : at + length]) == crc32c.crc32c(data[at : at + length])
+        assert native_crc(data[at : at + length], 0, how) == crc32c.crc32c(data[at : at + length])
     half = length // 2
-    assert native_crc(data[half:length], native_crc(data[:half])) == crc32c.crc32c(data[:length])
+    head = native_crc(data[:half], 0, how)
+    assert native_crc(data[half:length], head, how) == crc32c.crc32c(data[:length])
+
+
+def test_reads_sum_with_a_sum_this_cpu_has_and_another_is_refused() -> None:
+    assert SUM in SUMS and has(SUM) and native_crc(b"123456789") == 0xE3069283
+    with pytest.raises(ValueError, match="no CRC-32C sum 'sha' on this CPU"):
+        native_crc(b"", 0, "sha")
 
 
 def columns(fds: list[int], ranges: list[tuple[int, int]], into: np.ndarray) -> tuple[Any, ...]:

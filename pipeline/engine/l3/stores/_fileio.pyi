@@ -4,8 +4,12 @@ import numpy as np
 
 CHUNK: int
 """Bytes read at a time, each chunk summed while still in the CPU's cache."""
+SUM: str
+"""How reads sum CRC-32C on this CPU: one of SUMS, the fastest it has (timed at import)."""
+SUMS: tuple[str, ...]
+"""Every sum the module knows; a CPU may lack some (x86-64's instructions)."""
 
 def read_into(
     fds: np.ndarray, offsets: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, crcs: np.ndarray
 ) -> int: ...
-def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int: ...
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0, how: str = "") -> int: ...
