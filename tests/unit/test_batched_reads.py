@@ -13,11 +13,14 @@ import crc32c
 import numpy as np
 import pytest
 
+from pipeline.core.l3 import Checks, PageObject, header, unit_digests
+from pipeline.core.l3_rows import header_rows
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, read_into
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import first_mismatch
+from tests.unit.test_l3 import DSA, SPACE
 from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
 
 LENGTHS = [0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 80, 127, 128, 255, 767, 768, 769, 24575, 24583]
@@ -49,6 +52,34 @@ def test_reads_sum_with_a_sum_this_cpu_has_and_another_is_refused() -> None:
     assert SUM in SUMS and has(SUM) and native_crc(b"123456789") == 0xE3069283
     with pytest.raises(ValueError, match="no CRC-32C sum 'sha' on this CPU"):
         native_crc(b"", 0, "sha")
+
+
+@pytest.mark.parametrize("lengths", ["one", "mixed"])
+def test_headers_side_by_side_are_trusted_exactly_as_one_at_a_time(lengths: str) -> None:
+    """Each of four headers in rows, with every single byte of the third flipped in turn:
+    a row is intact exactly where `unit_digests` trusts it, with the same digest table (in
+    bulk for names of one length, a row at a time otherwise)."""
+    obj, checks = PageObject("", DSA.units), Checks()
+    names = [f"ns/ab/{k:02d}{'x' * (k if lengths == 'mixed' else 0)}" for k in range(4)]
+    digests = [
+        [(k * 7 + j) * 2654435761 % (1 << 32) for j in range(len(obj.units))] for k in range(4)
+    ]
+    heads = [
+        header(SPACE, n, d, [u.page_bytes for u in obj.units], checks)
+        for n, d in zip(names, digests, strict=True)
+    ]
+    width = max(len(h) for h in heads)
+    rows = np.zeros((4, width), np.uint8)
+    for k, h in enumerate(heads):
+        rows[k, : len(h)] = np.frombuffer(h, np.uint8)
+    ok, tables = header_rows(rows, obj, SPACE, names, checks)
+    assert ok.all() and tables.tolist() == digests
+    for at in range(len(heads[2])):
+        rows[2, at] ^= 0x10
+        ok, _ = header_rows(rows, obj, SPACE, names, checks)
+        alone = unit_digests(rows[2, : len(heads[2])].data, obj, SPACE, names[2], checks)
+        assert ok.tolist() == [True, True, alone is not None, True]
+        rows[2, at] ^= 0x10
 
 
 def columns(fds: list[int], ranges: list[tuple[int, int]], into: np.ndarray) -> tuple[Any, ...]:

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from pipeline.core.l3 import unit_digests
+from pipeline.core.l3_rows import header_rows
 from pipeline.core.model import Unit
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
@@ -109,18 +109,17 @@ def read_batch(
     sizes = (heads + obj.page_bytes).tolist()
     columns = (offsets.ravel(), addresses.ravel(), nbytes.ravel(), crcs.ravel())
     read = reader.read_units(UnitReads(names, sizes, per, *columns, starts=not known))
-    headed = read
-    for i in range(0 if known else read):
-        table = unit_digests(head_rows[i, : heads[i]].data, obj, tier.space, names[i], tier.checks)
-        if table is None:
-            headed = i
-            break
-        tables[i].extend(table)
-    intact = headed
-    if headed:
-        want = np.array(tables[:headed], np.uint32)[:, pages.rows]
-        bad = np.flatnonzero((crcs[:headed, skip:] != want).any(axis=1))
-        intact = int(bad[0]) if len(bad) else headed
+    if not read:
+        return 0
+    if known:
+        headed, digests = read, np.array(tables[:read], np.uint64).reshape(read, -1)
+    else:
+        ok, digests = header_rows(head_rows[:read], obj, tier.space, names[:read], tier.checks)
+        headed = int(np.argmin(ok)) if not ok.all() else read
+        for table, row in zip(tables[:headed], digests.tolist(), strict=False):
+            table.extend(row)
+    bad = np.flatnonzero((crcs[:headed, skip:] != digests[:headed][:, pages.rows]).any(axis=1))
+    intact = int(bad[0]) if len(bad) else headed
     if intact < read:
         tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
     return intact

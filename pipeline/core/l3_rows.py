@@ -1,0 +1,61 @@
+"""Many objects' headers checked at once: a run of pages read in one call
+(`pipeline.engine.l3.batch`) has its headers side by side, one per row, and numpy compares
+them with the one header they must each be, where `unit_digests` would parse a page at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import crc32c
+import numpy as np
+
+from pipeline.core.l3 import HEADER, KEY_ID, UNIT_BYTES, Checks, PageObject, header, unit_digests
+
+CHECK_AT = HEADER.size - 16
+"""Where the header's own check lies in its fixed fields (the last field, 16 bytes)."""
+
+
+def header_rows(
+    rows: np.ndarray, obj: PageObject, space: str, names: Sequence[str], checks: Checks
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each row of `rows` (uint8, one per object of `names`, each as long as its
+    header) is exactly the header of its object as `unit_digests` says, and each row's digest
+    table (uint64, a row per object; a row whose header is not intact holds no meaning). In
+    bulk for unkeyed CRCs and names of one length; a row at a time otherwise."""
+    count, units = len(names), len(obj.units)
+    if not count or checks.key is not None or len({len(n) for n in names}) > 1:
+        return _one_by_one(rows, obj, space, names, checks)
+    lengths = [u.page_bytes for u in obj.units]
+    template = np.frombuffer(header(space, names[0], [0] * units, lengths, checks), np.uint8)
+    if rows.shape[1] != len(template):
+        return np.zeros(count, bool), np.zeros((count, units), np.uint64)
+    name_at = HEADER.size + len(space.encode())
+    name_end = name_at + len(names[0].encode())
+    table_at, row = name_end + KEY_ID, checks.width + UNIT_BYTES.size
+    table = np.ascontiguousarray(rows[:, table_at:]).view("<u4").reshape(count, units, 2)
+    fixed = np.ones(len(template), bool)
+    fixed[CHECK_AT : HEADER.size] = False
+    fixed[name_at:name_end] = False
+    fixed[table_at:].reshape(units, row)[:, : checks.width] = False  # the digests
+    ok = (rows[:, fixed] == template[fixed]).all(axis=1)
+    wanted = np.frombuffer("".join(names).encode(), np.uint8).reshape(count, -1)
+    ok &= (rows[:, name_at:name_end] == wanted).all(axis=1)
+    zeroed = rows.copy()
+    zeroed[:, CHECK_AT : HEADER.size] = 0  # the check covers the header with itself zero
+    sums = np.array([crc32c.crc32c(r.data) for r in zeroed], np.uint64)
+    stored = np.ascontiguousarray(rows[:, CHECK_AT : HEADER.size]).view("<u8")
+    ok &= (stored[:, 0] == sums) & (stored[:, 1] == 0)
+    return ok, table[:, :, 0].astype(np.uint64)
+
+
+def _one_by_one(
+    rows: np.ndarray, obj: PageObject, space: str, names: Sequence[str], checks: Checks
+) -> tuple[np.ndarray, np.ndarray]:
+    ok, tables = np.zeros(len(names), bool), np.zeros((len(names), len(obj.units)), np.uint64)
+    for i, name in enumerate(names):
+        size = obj.header_size(space, name, checks)
+        table = unit_digests(rows[i, :size].data, obj, space, name, checks)
+        if table is not None:
+            ok[i], tables[i] = True, table
+    return ok, tables
