@@ -5,6 +5,7 @@ read a page), bit-exact, and a bad object ends the hits at its page, counted as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,8 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()
-        groups = engine.model.num_layers if stream_layers else 1
-        assert sorted(runs) == sorted([3, 2] * groups)  # pages 0-2, 3-4: a run per thread
+        calls = 2 if stream_layers else 1  # the first group; then every later one, in one call
+        assert sorted(runs) == sorted([3, 2] * calls)  # pages 0-2, 3-4: a run per thread
         assert not first_mismatch(engine, target, expected)
 
 
@@ -198,3 +199,43 @@ def test_a_bad_object_in_a_run_ends_the_hits_at_its_page(
         counts = engine.trace.counts
         assert counts.get("l3_corrupt", 0) == int(counted == "l3_corrupt")
         assert counts.get("l3_miss", 0) == 1
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(("case", "layer"), [("gone", 1), ("damaged", 2)])
+def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, layer: int
+) -> None:
+    """Read natively, layer by layer: page 3's object removed (its first later group, layer
+    1, misses it), or a byte of its layer 2 flipped, once the hits are agreed: the waits raise
+    by that layer's (a wait also settles the later groups already read), naming the layer and
+    the page; a flipped byte counts as corrupt."""
+    layout = ["topology.mem_layout=page_first_direct", "storage.stream_layers=1"]
+    with engine_with(tmp_path, *layout, "storage.io_threads=2") as engine:
+        keys, _ = stored_prefix(engine)
+        tier = engine.l3
+        assert tier is not None
+        real_fetch, path = tier.fetch, tmp_path / tier.name(keys[3])
+        unit = next(u for u in tier.object.units if u.layer == 2)
+        head = tier.object.header_size(tier.space, tier.name(keys[3]), tier.checks)
+
+        def fetch(stages: Any, job: Any) -> Any:
+            done = real_fetch(stages, job)
+            if case == "gone":
+                path.unlink()
+            else:
+                damage(path, "payload", head + tier.object.offsets[unit.ordinal])
+            return done
+
+        monkeypatch.setattr(tier, "fetch", fetch)
+        loaded, _, _ = load(engine, keys)
+        handle = loaded.handle
+        assert loaded.hits == PAGES and handle is not None
+        with pytest.raises(RuntimeError, match=rf"layers {layer}-{layer} not loaded.*page 3"):
+            for waited in range(layer + 1):
+                handle.wait(waited)
+        assert engine.trace.counts.get("l3_corrupt", 0) == int(case == "damaged")
+        monkeypatch.undo()
+        with contextlib.suppress(RuntimeError):
+            while engine.acks.pending:
+                engine.poll()

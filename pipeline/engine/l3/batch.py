@@ -11,13 +11,15 @@ own (`L3Tier.read`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
 
 from pipeline.core.l3_rows import header_rows
 from pipeline.core.model import Unit
+from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.pages import PageMap
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
 
@@ -85,41 +87,136 @@ def read_batch(
     into: np.ndarray,
     tables: Sequence[list[int]],
 ) -> int:
-    """`units` of the objects of `keys` read into host pages `into` in one `reader` call, each
-    checked against its page's digest table: read from its header into an empty `tables[i]`,
-    or known (every table filled: a streamed load's later group); how many pages, from the
-    first, were read intact. A page there that fails its check counts as `l3_corrupt`."""
+    """Each object of `keys`: its header and its `units` read into host pages `into`, in one
+    `reader` call, the units checked against the header's digest table (kept in the empty
+    `tables[i]`); how many pages, from the first, were read intact. A page there that fails
+    its check counts as `l3_corrupt`."""
     obj, pages, count = tier.object, tier.page_map(units, device=False), len(keys)
     names = [tier.name(key) for key in keys]
     heads = np.array([obj.header_size(tier.space, n, tier.checks) for n in names], np.int64)
-    known = count > 0 and bool(tables[0])
-    skip = 0 if known else 1  # the header's range, before the units'
-    per = len(units) + skip
-    offsets, addresses = np.empty((count, per), np.int64), np.empty((count, per), np.uint64)
-    nbytes, crcs = np.empty((count, per), np.int64), np.empty((count, per), np.uint32)
-    offsets[:, skip:] = heads[:, None] + np.asarray(pages.payload, np.int64)
-    addresses[:, skip:] = pages.first + np.asarray(into, np.uint64)[:, None] * pages.stride
-    nbytes[:, skip:] = pages.nbytes
     width = int(heads.max()) if count else 0
     head_rows = np.empty((count, width), np.uint8)  # kept alive until the read returns
-    if not known:
-        offsets[:, 0] = 0
-        addresses[:, 0] = head_rows.ctypes.data + np.arange(count, dtype=np.uint64) * width
-        nbytes[:, 0] = heads
-    sizes = (heads + obj.page_bytes).tolist()
+    per = len(units) + 1  # the header's range, then the units'
+    offsets, addresses, nbytes = unit_columns(pages, heads, into, skip=1)
+    offsets[:, 0] = 0
+    addresses[:, 0] = head_rows.ctypes.data + np.arange(count, dtype=np.uint64) * width
+    nbytes[:, 0] = heads
+    crcs = np.empty((count, per), np.uint32)
+    objects = np.repeat(np.arange(count), per)
     columns = (offsets.ravel(), addresses.ravel(), nbytes.ravel(), crcs.ravel())
-    read = reader.read_units(UnitReads(names, sizes, per, *columns, starts=not known))
+    sizes = (heads + obj.page_bytes).tolist()
+    read = reader.read_units(UnitReads(names, sizes, objects, *columns, starts=True)) // per
     if not read:
         return 0
-    if known:
-        headed, digests = read, np.array(tables[:read], np.uint64).reshape(read, -1)
-    else:
-        ok, digests = header_rows(head_rows[:read], obj, tier.space, names[:read], tier.checks)
-        headed = int(np.argmin(ok)) if not ok.all() else read
-        for table, row in zip(tables[:headed], digests.tolist(), strict=False):
-            table.extend(row)
-    bad = np.flatnonzero((crcs[:headed, skip:] != digests[:headed][:, pages.rows]).any(axis=1))
-    intact = int(bad[0]) if len(bad) else headed
+    ok, digests = header_rows(head_rows[:read], obj, tier.space, names[:read], tier.checks)
+    headed = int(np.argmin(ok)) if not ok.all() else read
+    for table, row in zip(tables[:headed], digests.tolist(), strict=False):
+        table.extend(row)
+    intact = leading_intact(crcs[:headed, 1:], digests[:headed][:, pages.rows])
     if intact < read:
         tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
     return intact
+
+
+def unit_columns(
+    pages: PageMap, heads: np.ndarray, into: np.ndarray, *, skip: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, addresses, lengths) of each page's reads of `pages`' units, a row per page
+    (the objects' headers `heads` bytes long), after `skip` columns left for the caller."""
+    count, per = len(heads), len(pages.units) + skip
+    offsets, addresses = np.empty((count, per), np.int64), np.empty((count, per), np.uint64)
+    nbytes = np.empty((count, per), np.int64)
+    offsets[:, skip:] = heads[:, None] + np.asarray(pages.payload, np.int64)
+    addresses[:, skip:] = pages.first + np.asarray(into, np.uint64)[:, None] * pages.stride
+    nbytes[:, skip:] = pages.nbytes
+    return offsets, addresses, nbytes
+
+
+def leading_intact(crcs: np.ndarray, wanted: np.ndarray) -> int:
+    """Rows, from the first, whose every CRC is the one wanted."""
+    bad = np.flatnonzero((crcs != wanted).any(axis=1))
+    return int(bad[0]) if len(bad) else len(crcs)
+
+
+class GroupReads:
+    """The ranges of a streamed load's later groups for a run of pages, group after group,
+    and each group's check against the tables its pages' first group read."""
+
+    def __init__(self, tier: L3Tier, jobs: list[ObjectsJob], first: int, stop: int) -> None:
+        keys, into = jobs[0].keys[first:stop], jobs[0].host_pages[first:stop]
+        obj, self.count = tier.object, len(keys)
+        self.names = [tier.name(key) for key in keys]
+        heads = [obj.header_size(tier.space, n, tier.checks) for n in self.names]
+        self.heads = np.array(heads, np.int64)
+        tables = np.array(jobs[0].tables[first:stop], np.uint64).reshape(self.count, -1)
+        self.maps = [tier.page_map(job.units, device=False) for job in jobs]
+        self.columns = [unit_columns(pages, self.heads, into, skip=0) for pages in self.maps]
+        self.wanted = [tables[:, pages.rows] for pages in self.maps]
+        self.ends = np.cumsum([self.count * len(pages.units) for pages in self.maps])
+        self.crcs = np.empty(int(self.ends[-1]), np.uint32)
+        self.size = obj.page_bytes
+
+    def start(self, g: int) -> int:
+        return int(self.ends[g - 1]) if g else 0
+
+    def intact(self, g: int, pages: int | None = None) -> int:
+        """Group g's leading intact pages (among its first `pages`)."""
+        got = self.crcs[self.start(g) : self.ends[g]].reshape(self.count, -1)
+        return leading_intact(got[:pages], self.wanted[g][:pages])
+
+    def read_whole(self, g: int, done: int) -> int:
+        """Group g's pages read whole when the reads stopped after `done` ranges."""
+        return max(0, done - self.start(g)) // len(self.maps[g].units)
+
+    def reads(self, on_group: Callable[[int], bool]) -> UnitReads:
+        offsets, addresses, nbytes = (
+            np.concatenate([c[k].ravel() for c in self.columns]) for k in range(3)
+        )
+        per_page = [len(pages.units) for pages in self.maps]
+        objects = np.concatenate([np.repeat(np.arange(self.count), n) for n in per_page])
+        sizes = (self.heads + self.size).tolist()
+        return UnitReads(
+            self.names, sizes, objects, offsets, addresses, nbytes, self.crcs, False, self.ends,
+            on_group,
+        )  # fmt: skip
+
+
+def read_groups(
+    tier: L3Tier,
+    reader: UnitsReader,
+    jobs: list[ObjectsJob],
+    futures: list[Future[int]],
+    first: int,
+    stop: int,
+) -> None:
+    """A streamed load's later groups `jobs` of pages [first, stop), in one `reader` call:
+    every group's ranges, group after group, each group checked against the tables its
+    pages' first group read as soon as it is whole (on this thread, a moment under Python's
+    lock) and its future resolved with how many pages, from the first, are intact; a miss or
+    a cancelled next future ends the reads, and every group not read resolves as none."""
+    plan, running = GroupReads(tier, jobs, first, stop), [0]  # the group being read
+
+    def on_group(g: int) -> bool:
+        found = plan.intact(g)
+        if found < plan.count and tier.store.exists([plan.names[found]]) == [True]:
+            tier.trace.op("l3_corrupt")  # there, and not what its first group's header said
+        futures[g].set_result(found)
+        running[0] = g + 1
+        more = found == plan.count and g + 1 < len(futures)
+        return more and futures[g + 1].set_running_or_notify_cancel()
+
+    if futures[0].set_running_or_notify_cancel():
+        try:
+            done = reader.read_units(plan.reads(on_group))
+        except BaseException as e:
+            if running[0] < len(futures) and futures[running[0]].running():
+                futures[running[0]].set_exception(e)
+                running[0] += 1
+        else:
+            g = running[0]
+            if g < len(futures) and futures[g].running():  # cut short by a read
+                futures[g].set_result(plan.intact(g, plan.read_whole(g, done)))
+                running[0] += 1
+    for later in futures[running[0] :]:  # the groups after a miss, a failure or a cancel
+        if later.set_running_or_notify_cancel():
+            later.set_result(0)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import Future
 
-from pipeline.engine.l3.batch import batched, read_batch
+from pipeline.engine.l3.batch import batched, read_groups
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
-from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads, UnitsReader
+from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads
 from pipeline.engine.l3.tier import L3Tier
 
 Run = tuple[int, int, "Future[int]"]
@@ -45,16 +45,21 @@ def _read_groups(
 ) -> None:
     """One run's pages, group after group, until a group misses one or is cancelled; the
     groups after that one resolve as having read nothing."""
-    native = bool(jobs) and batched(tier, jobs[0].units, device=False)
-    units_reader = tier.store.units_reader() if native else None
-    reader = units_reader or tier.store.parts_reader()
+    native = tier.store.units_reader() if batched(tier, jobs[0].units, device=False) else None
+    if native is not None:
+        try:
+            read_groups(tier, native, jobs, futures, first, stop)
+        finally:
+            native.close()
+        return
+    reader = tier.store.parts_reader()
     try:
         groups = iter(zip(jobs, futures, strict=True))
         for job, future in groups:
             if not future.set_running_or_notify_cancel():
                 break  # the load failed: it cancels every group after the one that missed
             try:
-                found = read_run(tier, reader, units_reader, job, first, stop)
+                found = read_run(tier, reader, job, first, stop)
             except BaseException as e:
                 future.set_exception(e)
                 break
@@ -68,21 +73,11 @@ def _read_groups(
         reader.close()
 
 
-def read_run(
-    tier: L3Tier,
-    reader: PartsReader,
-    units_reader: UnitsReader | None,
-    job: ObjectsJob,
-    first: int,
-    stop: int,
-) -> int:
-    """Pages [first, stop) of the job, in one native call where there is a `units_reader`
-    (`pipeline.engine.l3.batch`), else in one `reader` call where the pool takes the reads
+def read_run(tier: L3Tier, reader: PartsReader, job: ObjectsJob, first: int, stop: int) -> int:
+    """Pages [first, stop) of the job, in one `reader` call where the pool takes the reads
     straight into its rows (else a page at a time, staged); how many were read intact."""
     pages = tier.page_map(job.units, device=False)
     keys, into, tables = job.keys[first:stop], job.host_pages[first:stop], job.tables[first:stop]
-    if units_reader is not None:
-        return read_batch(tier, units_reader, job.units, keys, into, tables)
     if not pages.direct:
         read = (
             tier.read(key, int(page), job.units, device=False, table=table)

@@ -53,9 +53,10 @@ class UnitsReader(PartsReader, Protocol):
     """A `PartsReader` that also reads a run of pages' ranges natively (`read_units`)."""
 
     def read_units(self, reads: UnitReads) -> int:
-        """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in one call
-        outside Python's lock; how many objects, from the first, were there at their size and
-        read whole (it stops at the first that was not)."""
+        """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in order,
+        in one call outside Python's lock (but for `reads.on_group`); how many ranges, from
+        the first, were read whole (it stops at a range of an object not there at its size,
+        and at a short read)."""
 
 
 class ObjectStore(Protocol):

@@ -271,19 +271,33 @@ static int column(PyObject *obj, Column *col, Py_ssize_t itemsize, int writable,
     return 1;
 }
 
+/* Whether to go on after a group of ranges: `on_group(g)`'s truth, called with the lock. */
+static int group_done(PyObject *on_group, Py_ssize_t g, int *failed) {
+    PyObject *r = PyObject_CallFunction(on_group, "n", g);
+    int go = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    *failed = go < 0;
+    return go > 0;
+}
+
 static PyObject *read_into(PyObject *self, PyObject *args) {
-    PyObject *objs[5];
-    static const char *names[5] = {"fds", "offsets", "addresses", "sizes", "crcs"};
-    static const Py_ssize_t widths[5] = {4, 8, 8, 8, 4};
-    Column cols[5];
-    if (!PyArg_ParseTuple(args, "OOOOO:read_into", &objs[0], &objs[1], &objs[2], &objs[3],
-                          &objs[4]))
+    PyObject *objs[6], *on_group = Py_None;
+    static const char *names[6] = {"fds", "offsets", "addresses", "sizes", "crcs", "ends"};
+    static const Py_ssize_t widths[6] = {4, 8, 8, 8, 4, 8};
+    Column cols[6];
+    objs[5] = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|OO:read_into", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &on_group))
         return NULL;
-    int made = 0;
-    for (; made < 5; made++)
+    int wanted = objs[5] == Py_None ? 5 : 6, made = 0, failed = 0;
+    if (wanted == 6 && !PyCallable_Check(on_group)) {
+        PyErr_SetString(PyExc_TypeError, "read_into: ends come with a callable on_group");
+        return NULL;
+    }
+    for (; made < wanted; made++)
         if (!column(objs[made], &cols[made], widths[made], made == 4, names[made])) break;
-    Py_ssize_t n = made == 5 ? cols[0].count : -1, done = 0;
-    for (int k = 1; k < made && n >= 0; k++)
+    Py_ssize_t n = made == wanted ? cols[0].count : -1, done = 0;
+    for (int k = 1; k < made && k < 5 && n >= 0; k++)
         if (cols[k].count != n) {
             PyErr_Format(PyExc_ValueError, "%s has %zd items, fds %zd", names[k], cols[k].count, n);
             n = -1;
@@ -291,16 +305,25 @@ static PyObject *read_into(PyObject *self, PyObject *args) {
     if (n >= 0) {
         const int32_t *fds = cols[0].view.buf;
         const int64_t *offsets = cols[1].view.buf, *sizes = cols[3].view.buf;
+        const int64_t *ends = wanted == 6 ? cols[5].view.buf : NULL;
+        Py_ssize_t groups = wanted == 6 ? cols[5].count : 0, g = 0;
         const uint64_t *addresses = cols[2].view.buf;
         uint32_t *crcs = cols[4].view.buf;
         Py_BEGIN_ALLOW_THREADS
         while (done < n && read_range(fds[done], offsets[done], (unsigned char *)addresses[done],
-                                      sizes[done], &crcs[done]))
+                                      sizes[done], &crcs[done])) {
             done++;
+            if (g < groups && done == ends[g]) { /* a group whole: its caller checks it */
+                Py_BLOCK_THREADS
+                int go = group_done(on_group, g++, &failed);
+                Py_UNBLOCK_THREADS
+                if (!go) break;
+            }
+        }
         Py_END_ALLOW_THREADS
     }
     for (int k = 0; k < made; k++) PyBuffer_Release(&cols[k].view);
-    return n < 0 ? NULL : PyLong_FromSsize_t(done);
+    return n < 0 || failed ? NULL : PyLong_FromSsize_t(done);
 }
 
 typedef uint32_t (*Sum)(uint32_t, const unsigned char *, size_t);
@@ -336,10 +359,12 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"read_into", read_into, METH_VARARGS,
-     "read_into(fds, offsets, addresses, sizes, crcs) -> int\n\n"
+     "read_into(fds, offsets, addresses, sizes, crcs, ends=None, on_group=None) -> int\n\n"
      "Read range i (size bytes at offset of the open file fds[i]) to the memory at address i, "
      "and store its CRC-32C in crcs[i], in order, until a read comes back short or fails; "
-     "the number of ranges read whole. Columns: int32, int64, uint64, int64, uint32 (written)."},
+     "the number of ranges read whole. Columns: int32, int64, uint64, int64, uint32 (written). "
+     "With ends (int64: where each group of ranges ends), on_group(g) is called, holding the "
+     "interpreter's lock, as each group is read whole; a false answer stops the reads."},
     {"crc32c", py_crc32c, METH_VARARGS,
      "crc32c(data, crc=0, how='') -> int: CRC-32C of data, extending crc, by the sum reads use "
      "or the one named (SUMS)."},

@@ -1,5 +1,7 @@
 """Types of the compiled `_fileio.c` (see its comment)."""
 
+from collections.abc import Callable
+
 import numpy as np
 
 CHUNK: int
@@ -10,6 +12,12 @@ SUMS: tuple[str, ...]
 """Every sum the module knows; a CPU may lack some (x86-64's instructions)."""
 
 def read_into(
-    fds: np.ndarray, offsets: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, crcs: np.ndarray
+    fds: np.ndarray,
+    offsets: np.ndarray,
+    addresses: np.ndarray,
+    sizes: np.ndarray,
+    crcs: np.ndarray,
+    ends: np.ndarray | None = None,
+    on_group: Callable[[int], bool] | None = None,
 ) -> int: ...
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0, how: str = "") -> int: ...

@@ -78,11 +78,11 @@ class FileParts:
         return found
 
     def read_units(self, reads: UnitReads) -> int:
-        """Open each object (held), then read every range of those there at their size in
-        one `read_into` call, which takes each range's CRC-32C as it lands."""
-        fds = np.empty(len(reads.names), dtype=np.int32)
-        opened = 0
-        for name, size in zip(reads.names, reads.sizes, strict=True):
+        """Open each object (held) up to the first not there at its size, then read every
+        range in one `read_into` call, which takes each range's CRC-32C as it lands (a range
+        of an object not opened ends it: its descriptor is -1)."""
+        fds = np.full(len(reads.names), -1, dtype=np.int32)
+        for i, (name, size) in enumerate(zip(reads.names, reads.sizes, strict=True)):
             try:
                 held = self._held(name)
             except OSError:  # out of descriptors: the objects opened so far are read
@@ -91,16 +91,13 @@ class FileParts:
                 break
             if reads.starts:
                 used(held[0], held[1].st_mtime_ns)
-            fds[opened] = held[0]
-            opened += 1
-        n = opened * reads.per_object
-        done = read_into(
-            np.repeat(fds[:opened], reads.per_object),
-            *(column[:n] for column in (reads.offsets, reads.addresses, reads.nbytes, reads.crcs)),
-        )
-        found = done // reads.per_object if reads.per_object else opened
-        self.store.counters.add(hits=found, misses=int(found < len(reads.names)))
-        return found
+            fds[i] = held[0]
+        opened = int(np.argmin(fds >= 0)) if (fds < 0).any() else len(fds)
+        self.store.counters.add(hits=opened, misses=int(opened < len(fds)))
+        columns = (reads.offsets, reads.addresses, reads.nbytes, reads.crcs)
+        if reads.ends is None:
+            return read_into(fds[reads.objects], *columns)
+        return read_into(fds[reads.objects], *columns, reads.ends, reads.on_group)
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         try:

@@ -54,15 +54,16 @@ class SpanReads:
 
 @dataclass(frozen=True)
 class UnitReads:
-    """Byte ranges of many objects, `per_object` consecutive ranges each, every range into
-    memory at an address (pool rows, a header buffer) with its CRC-32C taken as it lands:
-    the reads of a run of pages in one call (`UnitsReader.read_units`), made without a Python
-    step per range. Whether the CRCs match is the caller's to check."""
+    """Byte ranges of many objects, every range into memory at an address (pool rows, a header
+    buffer) with its CRC-32C taken as it lands: the reads of a run of pages in one call
+    (`UnitsReader.read_units`), made without a Python step per range. Whether the CRCs match
+    is the caller's to check: between groups of ranges (`ends`, `on_group`) or after."""
 
     names: Sequence[str]
     sizes: Sequence[int]
     """Each object's size (an object of another size is a miss)."""
-    per_object: int
+    objects: np.ndarray
+    """int64: which of `names` each range reads."""
     offsets: np.ndarray
     """int64: each range's offset in its object."""
     addresses: np.ndarray
@@ -73,6 +74,11 @@ class UnitReads:
     """uint32, filled: each range's CRC-32C."""
     starts: bool
     """The reads start at each object (its header): it is marked used (eviction order)."""
+    ends: np.ndarray | None = None
+    """int64: where each group of ranges ends (a streamed load's groups of layers), or None."""
+    on_group: Callable[[int], bool] | None = None
+    """Called with group g's index once its ranges are whole, from the reading thread;
+    False stops the reads."""
 
 
 def span_ok(view: memoryview, crc: int, _: int) -> bool:
