@@ -17,7 +17,7 @@ import pytest
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
 from pipeline.engine.l3.stores import FileStore
-from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, read_into
+from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, read_into
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import first_mismatch
@@ -47,6 +47,19 @@ def test_each_native_crc_is_the_crc32c_packages(length: int, how: str) -> None:
     half = length // 2
     head = native_crc(data[:half], 0, how)
     assert native_crc(data[half:length], head, how) == crc32c.crc32c(data[:length])
+
+
+def test_a_writes_units_are_summed_in_one_call_as_the_package_sums_each() -> None:
+    """`crcs_of` (a write's digests, one call a page): every buffer kind a write holds, empty
+    ones too; anything not a buffer is refused."""
+    rng = np.random.default_rng(3)
+    pool = rng.integers(0, 256, 5 * CHUNK, dtype=np.uint8)
+    parts = [pool.data[:0], pool.data[7 : 7 + 73728], bytes(pool[:100]), bytearray(b"x" * 65)]
+    parts.append(memoryview(pool)[CHUNK:])
+    assert crcs_of(parts) == [crc32c.crc32c(p) for p in parts]
+    assert crcs_of([]) == []
+    with pytest.raises(TypeError):
+        crcs_of([b"ok", 3])
 
 
 def test_reads_sum_with_a_sum_this_cpu_has_and_another_is_refused() -> None:

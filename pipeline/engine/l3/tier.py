@@ -44,6 +44,7 @@ from pipeline.engine.l3.pages import (
 )
 from pipeline.engine.l3.scratch import Scratch, Scratches
 from pipeline.engine.l3.stores import ObjectStore
+from pipeline.engine.l3.stores._fileio import crcs_of
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.transfer.pools import DevicePool, HostPool
 from pipeline.engine.transfer.state import Resources, Trace
@@ -201,7 +202,9 @@ class L3Tier:
                 mine = scratch.views(own)
             views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
-            digests = [self.digest(v) for v in parts]
+            digests = (
+                crcs_of(parts) if self.runs_crc is not None else [self.digest(v) for v in parts]
+            )
             head = header(self.space, name, digests, [v.nbytes for v in parts], self.checks)
             self.store.put(name, [head, *parts])
 

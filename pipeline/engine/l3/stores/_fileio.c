@@ -357,6 +357,35 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return sum ? PyLong_FromUnsignedLong(found) : NULL;
 }
 
+static PyObject *crcs_of(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "crcs_of takes a sequence of buffers");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
+    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    uint32_t *sums = PyMem_Calloc(n ? (size_t)n : 1, sizeof(uint32_t));
+    PyObject *found = NULL;
+    if (!views || !sums) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; held < n; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) sums[i] = crc32c(0, views[i].buf, (size_t)views[i].len);
+    Py_END_ALLOW_THREADS
+    found = PyList_New(n);
+    for (Py_ssize_t i = 0; found && i < n; i++)
+        PyList_SET_ITEM(found, i, PyLong_FromUnsignedLong(sums[i]));
+out:
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(sums);
+    Py_DECREF(seq);
+    return found;
+}
+
 static PyMethodDef methods[] = {
     {"read_into", read_into, METH_VARARGS,
      "read_into(fds, offsets, addresses, sizes, crcs, ends=None, on_group=None) -> int\n\n"
@@ -365,6 +394,9 @@ static PyMethodDef methods[] = {
      "the number of ranges read whole. Columns: int32, int64, uint64, int64, uint32 (written). "
      "With ends (int64: where each group of ranges ends), on_group(g) is called, holding the "
      "interpreter's lock, as each group is read whole; a false answer stops the reads."},
+    {"crcs_of", crcs_of, METH_O,
+     "crcs_of(buffers) -> list[int]: the CRC-32C of each buffer, summed in one call outside the "
+     "interpreter's lock (a write's units: one release of the lock a page, not one a unit)."},
     {"crc32c", py_crc32c, METH_VARARGS,
      "crc32c(data, crc=0, how='') -> int: CRC-32C of data, extending crc, by the sum reads use "
      "or the one named (SUMS)."},

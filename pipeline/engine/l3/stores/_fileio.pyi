@@ -1,6 +1,6 @@
 """Types of the compiled `_fileio.c` (see its comment)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -21,3 +21,4 @@ def read_into(
     on_group: Callable[[int], bool] | None = None,
 ) -> int: ...
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0, how: str = "") -> int: ...
+def crcs_of(buffers: Sequence[bytes | bytearray | memoryview]) -> list[int]: ...
