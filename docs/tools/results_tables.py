@@ -161,7 +161,12 @@ def issue_time() -> str:
 
 
 def ttft() -> str:
-    results = [load("2026-12-02-h200-ttft-host"), load("2026-12-03-h200-ttft-l3")]
+    folders = [
+        "2026-12-02-h200-ttft-host",
+        "2026-12-03-h200-ttft-l3",
+        "2026-12-05-h100-ttft-native",
+    ]
+    results = [load(f) for f in folders]
     names = ["store", "tokens", "new_tokens", "stream_layers", "load_ms", "compute_ms"]
     header = ["commit", "store", "cached tokens", "new tokens", "stream_layers", "load ms"]
     header += ["compute ms", "overlapped ms", "x limit", "recompute ms", "hit vs recompute"]
@@ -175,8 +180,10 @@ def ttft() -> str:
 
 
 def l3_limits() -> str:
-    folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold", "2026-12-01-cpu-l3-read"]
-    results = [load(f) for f in [*folders, "2026-12-05-cpu-l3-read-path"]]
+    folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold"]
+    results = [
+        load(f) for f in [*folders, "2026-12-05-h100-native-reads-3", "2026-12-05-cpu-native-reads"]
+    ]
     names = ["store", "cache", "io", "io_threads", "tokens", "load_ms", "gbps"]
     header = ["commit", "hardware", "store", "cache", "io", "I/O threads", "tokens", "load ms"]
     header += ["GB/s", "x limit", "limit", "layers a read"]
