@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
+from pipeline.engine.l3.batch import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, read_into
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
@@ -252,3 +253,23 @@ def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
         with contextlib.suppress(RuntimeError):
             while engine.acks.pending:
                 engine.poll()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_native_read_lands_only_in_the_pools_own_pages(tmp_path: Path) -> None:
+    """Its addresses are pool rows: the last page the pool holds is taken, the next refused
+    before any byte moves (the allocator checks a caller's pages first; this is the floor)."""
+    with engine_with(tmp_path, "topology.mem_layout=layer_first") as engine:
+        tier = engine.l3
+        assert tier is not None
+        pages = tier.page_map(tier.reads(False), device=False)
+        heads = np.array([64], np.int64)
+        _, addresses, nbytes = unit_columns(pages, heads, np.array([pages.held - 1]), skip=0)
+        for view, address, n in zip(
+            pages.views(pages.held - 1), addresses[0], nbytes[0], strict=True
+        ):
+            assert np.frombuffer(view, np.uint8).ctypes.data == address and view.nbytes == n
+        with pytest.raises(IndexError, match="not in a pool of"):
+            unit_columns(pages, heads, np.array([pages.held]), skip=0)
+        with pytest.raises(IndexError, match="not in a pool of"):
+            unit_columns(pages, heads, np.array([-1]), skip=0)

@@ -124,6 +124,8 @@ def unit_columns(
     """(offsets, addresses, lengths) of each page's reads of `pages`' units, a row per page
     (the objects' headers `heads` bytes long), after `skip` columns left for the caller."""
     count, per = len(heads), len(pages.units) + skip
+    if count and not 0 <= int(np.min(into)) <= int(np.max(into)) < pages.held:
+        raise IndexError(f"host pages {np.min(into)}-{np.max(into)} not in a pool of {pages.held}")
     offsets, addresses = np.empty((count, per), np.int64), np.empty((count, per), np.uint64)
     nbytes = np.empty((count, per), np.int64)
     offsets[:, skip:] = heads[:, None] + np.asarray(pages.payload, np.int64)

@@ -97,6 +97,8 @@ class PageMap:
         """Where each unit's page 0 lies in memory (direct placements)."""
         self.stride = np.array([r.stride for r in rows], np.uint64)
         self.nbytes = np.array([u.page_bytes for u in units], np.int64)
+        self.held = min(((b.nbytes - f - n) // s + 1 for b, f, s, n in self._where), default=0)
+        """Pages every unit's rows hold in the pool: a native read's address bound."""
         self._spans = _spans(self._where, groups) if self.direct else None
 
     def views(self, page: int) -> list[memoryview]:
