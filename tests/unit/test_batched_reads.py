@@ -181,6 +181,32 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
         assert not first_mismatch(engine, target, expected)
 
 
+@pytest.mark.usefixtures("one_rank")
+def test_each_window_of_a_fetch_is_split_across_the_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows of 4 pages on 2 I/O threads: runs of 2 pages, started in page order, so the
+    first window's reads come first; loaded bit-exact window by window."""
+    overrides = ["topology.mem_layout=page_first_direct", "storage.io_threads=2"]
+    with engine_with(tmp_path, *overrides, "storage.load_chunk_pages=4") as engine:
+        keys, expected = stored_prefix(engine)
+        firsts: list[str] = []
+        real_units = FileParts.read_units
+
+        def read_units(reader: FileParts, reads: Any) -> int:
+            firsts.append(reads.names[0])
+            return real_units(reader, reads)
+
+        monkeypatch.setattr(FileParts, "read_units", read_units)
+        loaded, target, _ = load(engine, keys)
+        assert loaded.hits == PAGES and loaded.handle is not None
+        loaded.handle.done().wait()
+        tier = engine.l3
+        assert tier is not None
+        assert sorted(firsts) == sorted(tier.name(keys[i]) for i in (0, 2, 4))
+        assert not first_mismatch(engine, target, expected)
+
+
 def damage(path: Path, case: str, header: int) -> None:
     data = bytearray(path.read_bytes())
     if case == "truncated":
