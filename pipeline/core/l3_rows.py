@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import crc32c
 import numpy as np
 
 from pipeline.core.l3 import HEADER, KEY_ID, UNIT_BYTES, Checks, PageObject, header, unit_digests
@@ -21,10 +20,12 @@ def header_rows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Whether each row of `rows` (uint8, one per object of `names`, each as long as its
     header) is exactly the header of its object as `unit_digests` says, and each row's digest
-    table (uint64, a row per object; a row whose header is not intact holds no meaning). In
-    bulk for unkeyed CRCs and names of one length; a row at a time otherwise."""
+    table (a row per object; a row whose header is not intact holds no meaning). Unkeyed CRC-32C
+    checks only (a keyed digest does not fit the table's 64 bits); in bulk where the names are
+    of one length, a row at a time otherwise."""
+    assert checks.key is None, "keyed headers are read a page at a time"
     count, units = len(names), len(obj.units)
-    if not count or checks.key is not None or len({len(n) for n in names}) > 1:
+    if not count or len({len(n) for n in names}) > 1:
         return _one_by_one(rows, obj, space, names, checks)
     lengths = [u.page_bytes for u in obj.units]
     template = np.frombuffer(header(space, names[0], [0] * units, lengths, checks), np.uint8)
@@ -43,7 +44,8 @@ def header_rows(
     ok &= (rows[:, name_at:name_end] == wanted).all(axis=1)
     zeroed = rows.copy()
     zeroed[:, CHECK_AT : HEADER.size] = 0  # the check covers the header with itself zero
-    sums = np.array([crc32c.crc32c(r.data) for r in zeroed], np.uint64)
+    unit = checks.unit()  # the header's own check, as `header_check` takes it
+    sums = np.array([unit(r.data) for r in zeroed], np.uint64)
     stored = np.ascontiguousarray(rows[:, CHECK_AT : HEADER.size]).view("<u8")
     ok &= (stored[:, 0] == sums) & (stored[:, 1] == 0)
     return ok, table[:, :, 0].astype(np.uint64)

@@ -92,8 +92,7 @@ def read_batch(
     `tables[i]`); how many pages, from the first, were read intact. A page there that fails
     its check counts as `l3_corrupt`."""
     obj, pages, count = tier.object, tier.page_map(units, device=False), len(keys)
-    names = [tier.name(key) for key in keys]
-    heads = np.array([obj.header_size(tier.space, n, tier.checks) for n in names], np.int64)
+    names, heads = named(tier, keys)
     width = int(heads.max()) if count else 0
     head_rows = np.empty((count, width), np.uint8)  # kept alive until the read returns
     per = len(units) + 1  # the header's range, then the units'
@@ -116,6 +115,13 @@ def read_batch(
     if intact < read:
         tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
     return intact
+
+
+def named(tier: L3Tier, keys: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The objects of `keys`: their names, and their headers' lengths (int64)."""
+    names = [tier.name(key) for key in keys]
+    heads = [tier.object.header_size(tier.space, n, tier.checks) for n in names]
+    return names, np.array(heads, np.int64)
 
 
 def unit_columns(
@@ -146,17 +152,14 @@ class GroupReads:
 
     def __init__(self, tier: L3Tier, jobs: list[ObjectsJob], first: int, stop: int) -> None:
         keys, into = jobs[0].keys[first:stop], jobs[0].host_pages[first:stop]
-        obj, self.count = tier.object, len(keys)
-        self.names = [tier.name(key) for key in keys]
-        heads = [obj.header_size(tier.space, n, tier.checks) for n in self.names]
-        self.heads = np.array(heads, np.int64)
+        self.count, self.size = len(keys), tier.object.page_bytes
+        self.names, self.heads = named(tier, keys)
         tables = np.array(jobs[0].tables[first:stop], np.uint64).reshape(self.count, -1)
         self.maps = [tier.page_map(job.units, device=False) for job in jobs]
         self.columns = [unit_columns(pages, self.heads, into, skip=0) for pages in self.maps]
         self.wanted = [tables[:, pages.rows] for pages in self.maps]
         self.ends = np.cumsum([self.count * len(pages.units) for pages in self.maps])
         self.crcs = np.empty(int(self.ends[-1]), np.uint32)
-        self.size = obj.page_bytes
 
     def start(self, g: int) -> int:
         return int(self.ends[g - 1]) if g else 0
@@ -177,10 +180,17 @@ class GroupReads:
         per_page = [len(pages.units) for pages in self.maps]
         objects = np.concatenate([np.repeat(np.arange(self.count), n) for n in per_page])
         sizes = (self.heads + self.size).tolist()
+        columns = {"offsets": offsets, "addresses": addresses, "nbytes": nbytes}
         return UnitReads(
-            self.names, sizes, objects, offsets, addresses, nbytes, self.crcs, False, self.ends,
-            on_group,
-        )  # fmt: skip
+            self.names,
+            sizes,
+            objects,
+            **columns,
+            crcs=self.crcs,
+            starts=False,
+            ends=self.ends,
+            on_group=on_group,
+        )
 
 
 def read_groups(

@@ -104,12 +104,17 @@ class L3Tier:
         self.window_pages = window_pages(storage, runtime)
         """Pages of a fetch agreed on and loaded at a time (`storage.load_chunk_pages`)."""
         self.checks, self.digest = checks, checks.unit()
+        self.digests = crcs_of if checks.key is None else self._each  # a write's, a page at once
         self.admission = Admission(storage)
         """Which pages a write-back stores (`storage.write_admission`)."""
         self.runs_crc = CrcRuns() if checks.key is None else None  # a MAC does not combine
         self._placements: dict[bool, Placement] = {}
         self._maps: dict[tuple[bool, tuple[int, ...]], PageMap] = {}
         self._known: dict[tuple[bool, int], tuple[tuple[Unit, ...], PageMap]] = {}
+
+    def _each(self, parts: list[memoryview]) -> list[int]:
+        """Each part's keyed digest (BLAKE2b, a call each)."""
+        return [self.digest(v) for v in parts]
 
     def reads(self, fallback: bool) -> tuple[Unit, ...]:
         """The units this rank reads: its roles', or every unit (fallback)."""
@@ -202,9 +207,7 @@ class L3Tier:
                 mine = scratch.views(own)
             views = dict(zip((u.ordinal for u in own), mine, strict=True)) | dict(received)
             parts = [views[u.ordinal] for u in obj.units]
-            digests = (
-                crcs_of(parts) if self.runs_crc is not None else [self.digest(v) for v in parts]
-            )
+            digests = self.digests(parts)
             head = header(self.space, name, digests, [v.nbytes for v in parts], self.checks)
             self.store.put(name, [head, *parts])
 

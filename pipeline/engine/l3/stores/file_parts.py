@@ -81,8 +81,8 @@ class FileParts:
         """Open each object (held) up to the first not there at its size, then read every
         range in one `read_into` call, which takes each range's CRC-32C as it lands (a range
         of an object not opened ends it: its descriptor is -1)."""
-        fds = np.full(len(reads.names), -1, dtype=np.int32)
-        for i, (name, size) in enumerate(zip(reads.names, reads.sizes, strict=True)):
+        fds, opened = np.full(len(reads.names), -1, dtype=np.int32), 0
+        for name, size in zip(reads.names, reads.sizes, strict=True):
             try:
                 held = self._held(name)
             except OSError:  # out of descriptors: the objects opened so far are read
@@ -91,8 +91,7 @@ class FileParts:
                 break
             if reads.starts:
                 used(held[0], held[1].st_mtime_ns)
-            fds[i] = held[0]
-        opened = int(np.argmin(fds >= 0)) if (fds < 0).any() else len(fds)
+            fds[opened], opened = held[0], opened + 1
         self.store.counters.add(hits=opened, misses=int(opened < len(fds)))
         columns = (reads.offsets, reads.addresses, reads.nbytes, reads.crcs)
         if reads.ends is None:
