@@ -30,7 +30,7 @@ import torch.distributed as dist
 import pipeline
 from pipeline.core.slots import page_tokens
 from pipeline.engine.l3.batch import batched, read_batch
-from pipeline.engine.l3.stores._fileio import read_into
+from pipeline.engine.l3.stores._fileio import read_objects
 from pipeline.jobs.contents import fill_random
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -43,7 +43,7 @@ SMOKE = {  # run in a child first: a package whose native code kills the process
 }
 CANDIDATES = [  # name, package, its read (made in the try), whether it reads ranges, its check
     ("preadv", "", lambda p: preadv, True, "files"),
-    ("read_into", "", lambda p: native, True, "files"),
+    ("read_objects", "", lambda p: native, True, "files"),
     ("store-read", "", lambda p: store_read, False, "own CRCs"),
     ("load_from_l3", "", lambda p: load_from_l3, False, "own CRCs"),
     ("liburing", "liburing", lambda p: uring, True, "files"),
@@ -126,20 +126,24 @@ def preadv(p: Probe, s: Share) -> None:
 
 
 def native(p: Probe, s: Share) -> None:
-    """The file store's native call (`_fileio.read_into`): every range of the share in one
-    call, each range's CRC-32C taken as it lands."""
+    """The file store's native call (`_fileio.read_objects`) on the share's own thread: every
+    range of the share in one call, each range's CRC-32C taken as it lands."""
     t = s.table
     with p.opened(s.objs) as fds:
         at = t[:, 3] + np.uint64(p.buffer.ctypes.data)
-        fd = np.array([fds[i] for i in t[:, 0].tolist()], np.int32)
-        sizes = t[:, 2].astype(np.int64)
-        if read_into(fd, t[:, 1].astype(np.int64), at, sizes, np.empty(len(t), np.uint32)) < len(t):
-            raise OSError("read_into: a range came back short")
+        fd = np.array([fds[i] for i in s.objs], np.int32)
+        objects = t[:, 0].astype(np.int64) - s.objs[0]  # a share's objects are consecutive
+        sizes = np.array([p.sizes[i] for i in s.objs], np.int64)
+        ranges = (t[:, 1].astype(np.int64), at, t[:, 2].astype(np.int64))
+        crcs, ends = np.empty(len(t), np.uint32), np.array([len(t)], np.int64)
+        _, done = read_objects(fd, sizes, False, objects, *ranges, crcs, ends, 1)
+        if done < len(t):
+            raise OSError("read_objects: a range came back short")
 
 
 def store_read(p: Probe, s: Share) -> None:
-    """The tier's read of the share's pages: a run in one native call where it batches them
-    (`pipeline.engine.l3.batch`), else a page at a time."""
+    """The tier's read of the pages: one native call on the tier's I/O threads where it
+    batches them (`pipeline.engine.l3.batch`), else a page at a time."""
     tier, units, keys = p.tier, p.tier.reads(False), [p.keys[i] for i in s.objs]
     if batched(tier, units, device=False):
         reader = tier.store.units_reader()
@@ -306,7 +310,8 @@ def main() -> None:
                     if package and mod is None:
                         row["error"] = version
                         continue
-                    shares = p.shares(1 if name == "load_from_l3" else threads, ranges)
+                    alone = name in ("load_from_l3", "store-read")  # threads of their own
+                    shares = p.shares(1 if alone else threads, ranges)
                     loads.append((row, prepared(p, row, make, shares, check)))
             for _ in range(args.repeats):  # the candidates in turn: the machine's load hits each
                 for row, load in (x for x in loads if x[1] is not None):

@@ -6,6 +6,7 @@ read a page), bit-exact, and a bad object ends the hits at its page, counted as 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
 from pipeline.engine.l3.batch import unit_columns
 from pipeline.engine.l3.stores import FileStore
-from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, read_into
+from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, read_objects
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import first_mismatch
@@ -97,57 +98,162 @@ def test_headers_side_by_side_are_trusted_exactly_as_one_at_a_time(lengths: str)
         rows[2, at] ^= 0x10
 
 
-def columns(fds: list[int], ranges: list[tuple[int, int]], into: np.ndarray) -> tuple[Any, ...]:
-    """read_into's columns: range i of file fds[i] at (offset, size), end to end in `into`."""
-    sizes = np.array([n for _, n in ranges], np.int64)
-    at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-    return (
-        np.array(fds, np.int32),
-        np.array([o for o, _ in ranges], np.int64),
+Read = tuple[int, int, int]  # object, offset, length
+
+
+def call(
+    files: Any, sizes: list[int], reads: list[Read], ends: list[int], threads: int, **kw: Any
+) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:
+    """read_objects over `reads`, end to end in one buffer: (its answer, the buffer, CRCs)."""
+    nbytes = np.array([n for _, _, n in reads], np.int64)
+    into = np.zeros(int(nbytes.sum()) + 1, np.uint8)
+    at = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.uint64)
+    crcs = np.zeros(len(reads), np.uint32)
+    found = read_objects(
+        files,
+        np.array(sizes, np.int64),
+        kw.pop("used", False),
+        np.array([o for o, _, _ in reads], np.int64),
+        np.array([off for _, off, _ in reads], np.int64),
         into.ctypes.data + at,
-        sizes,
-        np.zeros(len(ranges), np.uint32),
+        nbytes,
+        crcs,
+        np.array(ends, np.int64),
+        threads,
+        kw.pop("on_group", None),
     )
+    return found, into, crcs
 
 
-def test_read_into_lands_each_range_with_its_crc_and_stops_at_the_first_short_one(
-    tmp_path: Path,
+@pytest.mark.parametrize("threads", [1, 2, 7])
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("missing", [None, 0, 4])
+def test_a_loads_ranges_land_with_their_crcs_on_any_threads_up_to_a_missing_object(
+    tmp_path: Path, threads: int, groups: int, missing: int | None
 ) -> None:
-    """Ranges of two files, one over several chunks, land bit-exact with their CRCs; a range
-    past the end of its file, or of a descriptor not open, ends the call there; columns that
-    do not match are refused before any read."""
-    blobs = [np.random.default_rng(k).integers(0, 256, 3 * CHUNK, dtype=np.uint8) for k in (1, 2)]
-    fds = []
-    for k, blob in enumerate(blobs):
-        (tmp_path / f"f{k}").write_bytes(blob.tobytes())
-        fds.append(os.open(tmp_path / f"f{k}", os.O_RDONLY))
+    """Six objects below a folder (one of 3 chunks and a bit), a header range and two unit
+    ranges each, in 1 or 3 groups of every object: opened by the call, read bit-exact with
+    each range's CRC on 1, 2 or 7 threads; an object removed ends the hits where a serial
+    read would (its ranges' group ends the reads: the groups before it whole)."""
+    rng = np.random.default_rng(groups * 10 + threads)
+    blobs = [rng.integers(0, 256, 3 * CHUNK + 11 * o, np.uint8).tobytes() for o in range(6)]
+    for o, blob in enumerate(blobs):
+        (tmp_path / f"o{o}").write_bytes(blob)
+    if missing is not None:
+        (tmp_path / f"o{missing}").unlink()
+    spans = [(0, 16), (16, CHUNK + 5), (CHUNK + 21, 2 * CHUNK - 21)]
+    per_group = [spans[:1] + spans[1:2], spans[2:]] if groups == 3 else [spans]
+    per_group = [*per_group, []] if groups == 3 else per_group  # an empty group too
+    reads: list[Read] = []
+    ends: list[int] = []
+    for group in per_group:
+        reads += [(o, off, n) for o in range(6) for off, n in group]
+        ends.append(len(reads))
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        ranges = [(5, 100), (CHUNK - 7, 2 * CHUNK + 1), (0, 0), (3 * CHUNK - 1, 1)]
-        owner = [0, 1, 0, 1]
-        into = np.zeros(sum(n for _, n in ranges), np.uint8)
-        cols = columns([fds[k] for k in owner], ranges, into)
-        assert read_into(*cols) == len(ranges)
-        at = 0
-        for (offset, n), k, crc in zip(ranges, owner, cols[4], strict=True):
-            want = blobs[k][offset : offset + n]
-            assert np.array_equal(into[at : at + n], want)
-            assert int(crc) == crc32c.crc32c(want.tobytes())
-            at += n
-        past = [(0, 10), (3 * CHUNK - 4, 5), (0, 10)]  # the second runs past the end
-        assert read_into(*columns(fds[:1] * 3, past, np.zeros(25, np.uint8))) == 1
-        closed = os.open(tmp_path / "f0", os.O_RDONLY)
-        os.close(closed)
-        assert read_into(*columns([fds[0], closed], [(0, 4), (0, 4)], np.zeros(8, np.uint8))) == 1
-        good = columns(fds[:1], [(0, 4)], np.zeros(4, np.uint8))
-        with pytest.raises(ValueError, match="offsets has 2 items, fds 1"):
-            read_into(good[0], np.zeros(2, np.int64), *good[2:])
-        with pytest.raises(ValueError, match="crcs: 6 bytes"):
-            read_into(*good[:4], np.zeros(6, np.uint8))
-        with pytest.raises(BufferError):
-            read_into(*good[:4], b"\0\0\0\0")  # not writable
+        sizes = [len(b) for b in blobs]
+        (opened, done), into, crcs = call(
+            (root, [f"o{o}" for o in range(6)]), sizes, reads, ends, threads
+        )
     finally:
-        for fd in fds:
-            os.close(fd)
+        os.close(root)
+    # the objects before it in its first group are read, none after: as a serial read
+    first_gone = next((k for k, (o, _, _) in enumerate(reads) if o == missing), len(reads))
+    assert done == first_gone and opened == (6 if missing is None else missing)
+    at = 0
+    for k, (o, off, n) in enumerate(reads):
+        if k < done:
+            assert into[at : at + n].tobytes() == blobs[o][off : off + n]
+            assert int(crcs[k]) == crc32c.crc32c(blobs[o][off : off + n])
+        at += n
+
+
+def test_only_a_regular_file_of_its_size_below_the_folder_is_opened(tmp_path: Path) -> None:
+    """The jail, natively: a link (to a file inside or out), a FIFO (refused without
+    blocking), a folder, a file of another size, a path out of the folder or through a link
+    each read as absent; a used object's access time is set, its modification time kept."""
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    store.mkdir()
+    outside.write_bytes(b"x" * 64)
+    (store / "good").write_bytes(b"g" * 64)
+    os.utime(store / "good", ns=(1_000_000_000, 2_000_000_000))
+    (store / "link").symlink_to(store / "good")
+    (store / "out").symlink_to(outside)
+    os.mkfifo(store / "fifo")
+    (store / "folder").mkdir()
+    (store / "short").write_bytes(b"s" * 63)
+    (store / "via").symlink_to(store / "folder")
+    (store / "folder" / "inner").write_bytes(b"i" * 64)
+    names = [
+        "good",
+        "link",
+        "out",
+        "fifo",
+        "folder",
+        "short",
+        "../outside",
+        "via/inner",
+        "/etc/passwd",
+    ]
+    root = os.open(store, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for k, name in enumerate(names):
+            (opened, done), into, _ = call((root, [name]), [64], [(0, 0, 64)], [1], 1, used=True)
+            assert (opened, done) == ((1, 1) if k == 0 else (0, 0)), name
+            assert into[:64].tobytes() == (b"g" if k == 0 else b"\0") * 64
+    finally:
+        os.close(root)
+    info = os.stat(store / "good")
+    assert info.st_mtime_ns == 2_000_000_000 and info.st_atime_ns > 2_000_000_000
+
+
+def test_each_group_is_handed_over_whole_in_order_and_may_stop_the_reads(tmp_path: Path) -> None:
+    """on_group(g) once group g is whole, in order (its ranges' CRCs there); False stops the
+    reads at that group; what on_group raises is raised once the threads are done. Given
+    descriptors read as opened ones; columns that do not agree are refused before any read."""
+    blob = np.random.default_rng(5).integers(0, 256, 4 * CHUNK, np.uint8).tobytes()
+    (tmp_path / "a").write_bytes(blob)
+    fd = os.open(tmp_path / "a", os.O_RDONLY)
+    try:
+        reads = [(0, g * CHUNK, CHUNK) for g in range(4)]
+        seen: list[tuple[int, int]] = []
+
+        def on_group(g: int) -> bool:
+            seen.append((g, len(seen)))
+            return g < 1
+
+        fds = np.array([fd], np.int32)
+        (opened, done), _, crcs = call(fds, [len(blob)], reads, [1, 2, 3, 4], 3, on_group=on_group)
+        assert seen == [(0, 0), (1, 1)] and (opened, done) == (1, 2)
+        assert [int(c) for c in crcs[:2]] == [
+            crc32c.crc32c(blob[:CHUNK]),
+            crc32c.crc32c(blob[CHUNK : 2 * CHUNK]),
+        ]
+
+        def raises(g: int) -> bool:
+            raise KeyError(g)
+
+        with pytest.raises(KeyError):
+            call(fds, [len(blob)], reads, [2, 4], 4, on_group=raises)
+        bad = [
+            ([(0, 0, 4), (0, 4, 4)], [1, 1], "ends"),  # the last end is not the count
+            ([(0, 0, 4), (0, 4, 4)], [2, 1], "ends"),
+            ([(0, 0, 4), (0, 4, 4)], [], "no group"),
+            ([(0, 0, 4), (1, 0, 4)], [2], "object 1 of 1"),
+            ([(0, 0, 4), (0, -4, 4)], [2], "negative"),
+        ]
+        for reads_, ends, match in bad:
+            with pytest.raises((ValueError, IndexError), match=match):
+                call(fds, [len(blob)], reads_, ends, 2)
+        two = np.array([fd, fd], np.int32)
+        with pytest.raises(ValueError, match="ascending"):
+            call(two, [len(blob)] * 2, [(1, 0, 4), (0, 0, 4)], [2], 2)
+        with pytest.raises(ValueError, match="2 fds for 1 objects"):
+            call(two, [len(blob)], [(0, 0, 4)], [1], 2)
+        with pytest.raises(ValueError, match="threads"):
+            call(fds, [len(blob)], [(0, 0, 4)], [1], 0)
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.usefixtures("one_rank")
@@ -157,15 +263,16 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, stream_layers: int
 ) -> None:
     """Whole objects (a window per load) and streamed groups of layers alike: every read is
-    a run of pages in one native call, a run per I/O thread, none a page at a time."""
+    in one native call for all the load's pages on the tier's 2 I/O threads (the first group;
+    then every later one), none a page at a time."""
     overrides = [f"topology.mem_layout={layout}", "storage.io_threads=2"]
     with engine_with(tmp_path, *overrides, f"storage.stream_layers={stream_layers}") as engine:
         keys, expected = stored_prefix(engine)
-        runs: list[int] = []
+        runs: list[tuple[int, int]] = []
         real_units = FileParts.read_units
 
         def read_units(reader: FileParts, reads: Any) -> int:
-            runs.append(len(reads.names))
+            runs.append((len(reads.names), reads.threads))
             return real_units(reader, reads)
 
         def read(*_: Any) -> bool:
@@ -176,26 +283,32 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()
-        calls = 2 if stream_layers else 1  # the first group; then every later one, in one call
-        assert sorted(runs) == sorted([3, 2] * calls)  # pages 0-2, 3-4: a run per thread
+        assert runs == [(PAGES, 2)] * (2 if stream_layers else 1)
         assert not first_mismatch(engine, target, expected)
 
 
 @pytest.mark.usefixtures("one_rank")
-def test_each_window_of_a_fetch_is_split_across_the_threads(
+def test_the_windows_of_a_fetch_are_the_groups_of_its_one_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Windows of 4 pages on 2 I/O threads: runs of 2 pages, started in page order, so the
-    first window's reads come first; loaded bit-exact window by window."""
+    """Windows of 4 pages: one call whose groups are pages 0-3 and 4 (a header and the
+    units each), handed over in order; loaded bit-exact window by window."""
     overrides = ["topology.mem_layout=page_first_direct", "storage.io_threads=2"]
     with engine_with(tmp_path, *overrides, "storage.load_chunk_pages=4") as engine:
         keys, expected = stored_prefix(engine)
-        firsts: list[str] = []
+        calls: list[tuple[list[int], list[int]]] = []
         real_units = FileParts.read_units
 
         def read_units(reader: FileParts, reads: Any) -> int:
-            firsts.append(reads.names[0])
-            return real_units(reader, reads)
+            groups: list[int] = []
+            on_group = reads.on_group
+
+            def seen(g: int) -> bool:
+                groups.append(g)
+                return bool(on_group(g))
+
+            calls.append((reads.ends.tolist(), groups))
+            return real_units(reader, dataclasses.replace(reads, on_group=seen))
 
         monkeypatch.setattr(FileParts, "read_units", read_units)
         loaded, target, _ = load(engine, keys)
@@ -203,7 +316,8 @@ def test_each_window_of_a_fetch_is_split_across_the_threads(
         loaded.handle.done().wait()
         tier = engine.l3
         assert tier is not None
-        assert sorted(firsts) == sorted(tier.name(keys[i]) for i in (0, 2, 4))
+        per = len(tier.reads(False)) + 1
+        assert calls == [([4 * per, PAGES * per], [0, 1])]
         assert not first_mismatch(engine, target, expected)
 
 

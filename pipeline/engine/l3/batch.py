@@ -41,19 +41,16 @@ def start_batches(
     into: np.ndarray,
     tables: list[list[int]],
 ) -> list[Future[bool]]:
-    """Read the pages `into` in runs, a task each on the I/O threads in page order (each
-    window of the fetch split across the threads); a future per page, True once it is read
-    intact. A run any of whose futures was cancelled (a drained fetch) reads nothing."""
-    count = len(keys)
-    per_run = max(1, -(-min(tier.window_pages or count, count) // tier.storage.io_threads))
+    """Read the pages `into` in one store call, a task on the I/O threads that reads on the
+    tier's I/O thread count of its own (the fetch's windows its groups); a future per page,
+    True once it is read intact, resolved window by window. A window any of whose futures
+    was cancelled (a drained fetch) and those after it read nothing."""
     futures: list[Future[bool]] = [Future() for _ in keys]
-    for first in range(0, count, per_run):
-        run = slice(first, min(first + per_run, count))
-        tier.io.submit(_run, tier, units, keys[run], into[run], tables[run], futures[run])
+    tier.io.submit(_fetch, tier, units, keys, into, tables, futures)
     return futures
 
 
-def _run(
+def _fetch(
     tier: L3Tier,
     units: tuple[Unit, ...],
     keys: list[str],
@@ -61,22 +58,41 @@ def _run(
     tables: list[list[int]],
     futures: list[Future[bool]],
 ) -> None:
-    running = [future for future in futures if future.set_running_or_notify_cancel()]
-    found = 0
+    count, window = len(keys), tier.window_pages or len(keys)
+    bounds = [*range(0, count, window), count]
+    settled = [0]  # the pages resolved
+
+    def resolve(stop: int, intact: int) -> None:
+        for i in range(settled[0], stop):
+            futures[i].set_result(i < settled[0] + intact)
+        settled[0] = stop
+
+    def running(w: int) -> bool:  # window w's futures, all still wanted
+        return all(f.set_running_or_notify_cancel() for f in futures[bounds[w] : bounds[w + 1]])
+
+    def on_window(w: int) -> bool:
+        intact = plan.intact(bounds[w], bounds[w + 1])
+        resolve(bounds[w + 1], intact)
+        return intact == bounds[w + 1] - bounds[w] and w + 2 < len(bounds) and running(w + 1)
+
     try:
-        if len(running) == len(futures):
+        if count and running(0):
+            plan = PageReads(tier, units, keys, into, tables)
             reader = tier.store.units_reader()
             assert reader is not None, "batched() asked the store"
             try:
-                found = read_batch(tier, reader, units, keys, into, tables)
+                done = reader.read_units(plan.reads(bounds, on_window)) // plan.per
             finally:
                 reader.close()
+            if settled[0] < count and futures[settled[0]].running():  # cut short by a read
+                resolve(bounds[bounds.index(settled[0]) + 1], plan.intact(settled[0], done))
     except BaseException as e:
-        for future in running:
-            future.set_exception(e)
-        return
-    for i, future in enumerate(running):
-        future.set_result(i < found)
+        for future in futures[settled[0] :]:
+            if future.running():
+                future.set_exception(e)
+    for future in futures[settled[0] :]:  # after a miss, a failure or a cancel
+        if future.running() or future.set_running_or_notify_cancel():
+            future.set_result(False)
 
 
 def read_batch(
@@ -87,34 +103,71 @@ def read_batch(
     into: np.ndarray,
     tables: Sequence[list[int]],
 ) -> int:
-    """Each object of `keys`: its header and its `units` read into host pages `into`, in one
-    `reader` call, the units checked against the header's digest table (kept in the empty
-    `tables[i]`); how many pages, from the first, were read intact. A page there that fails
-    its check counts as `l3_corrupt`."""
-    obj, pages, count = tier.object, tier.page_map(units, device=False), len(keys)
-    names, heads = named(tier, keys)
-    width = int(heads.max()) if count else 0
-    head_rows = np.empty((count, width), np.uint8)  # kept alive until the read returns
-    per = len(units) + 1  # the header's range, then the units'
-    offsets, addresses, nbytes = unit_columns(pages, heads, into, skip=1)
-    offsets[:, 0] = 0
-    addresses[:, 0] = head_rows.ctypes.data + np.arange(count, dtype=np.uint64) * width
-    nbytes[:, 0] = heads
-    crcs = np.empty((count, per), np.uint32)
-    objects = np.repeat(np.arange(count), per)
-    columns = (offsets.ravel(), addresses.ravel(), nbytes.ravel(), crcs.ravel())
-    sizes = (heads + obj.page_bytes).tolist()
-    read = reader.read_units(UnitReads(names, sizes, objects, *columns, starts=True)) // per
-    if not read:
-        return 0
-    ok, digests = header_rows(head_rows[:read], obj, tier.space, names[:read], tier.checks)
-    headed = int(np.argmin(ok)) if not ok.all() else read
-    for table, row in zip(tables[:headed], digests.tolist(), strict=False):
-        table.extend(row)
-    intact = leading_intact(crcs[:headed, 1:], digests[:headed][:, pages.rows])
-    if intact < read:
-        tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
-    return intact
+    """The pages of `keys` read into host pages `into` in one `reader` call (`PageReads`);
+    how many, from the first, were read intact."""
+    plan = PageReads(tier, units, keys, into, tables)
+    done = reader.read_units(plan.reads([0, len(keys)], None)) // plan.per
+    return plan.intact(0, done)
+
+
+class PageReads:
+    """A run of pages read whole: each object's header and `units` into host pages `into`,
+    in one call, the units checked against the header's digest table (kept in the empty
+    `tables[i]`), group by group of pages."""
+
+    def __init__(
+        self,
+        tier: L3Tier,
+        units: tuple[Unit, ...],
+        keys: Sequence[str],
+        into: np.ndarray,
+        tables: Sequence[list[int]],
+    ) -> None:
+        self.tier, self.tables, self.count = tier, tables, len(keys)
+        self.pages, self.per = tier.page_map(units, device=False), len(units) + 1
+        self.names, heads = named(tier, keys)  # a range for the header, then the units'
+        width = int(heads.max()) if self.count else 0
+        self.head_rows = np.empty((self.count, width), np.uint8)  # kept alive until read
+        offsets, addresses, nbytes = unit_columns(self.pages, heads, into, skip=1)
+        offsets[:, 0] = 0
+        addresses[:, 0] = (
+            self.head_rows.ctypes.data + np.arange(self.count, dtype=np.uint64) * width
+        )
+        nbytes[:, 0] = heads
+        self.columns = (offsets.ravel(), addresses.ravel(), nbytes.ravel())
+        self.crcs = np.empty((self.count, self.per), np.uint32)
+        self.sizes = (heads + tier.object.page_bytes).tolist()
+
+    def reads(self, bounds: Sequence[int], on_group: Callable[[int], bool] | None) -> UnitReads:
+        """The reads, in groups of pages [bounds[g], bounds[g + 1])."""
+        return UnitReads(
+            self.names,
+            self.sizes,
+            np.repeat(np.arange(self.count), self.per),
+            *self.columns,
+            self.crcs.ravel(),
+            starts=True,
+            ends=np.asarray(bounds[1:], np.int64) * self.per,
+            threads=self.tier.storage.io_threads,
+            on_group=on_group,
+        )
+
+    def intact(self, first: int, stop: int) -> int:
+        """How many of pages [first, stop), read whole, are intact from the first; a page
+        there that fails its check counts as `l3_corrupt`."""
+        if stop <= first:
+            return 0
+        tier = self.tier
+        rows, names = self.head_rows[first:stop], self.names[first:stop]
+        ok, digests = header_rows(rows, tier.object, tier.space, names, tier.checks)
+        headed = int(np.argmin(ok)) if not ok.all() else stop - first
+        for table, row in zip(self.tables[first : first + headed], digests.tolist(), strict=False):
+            table.extend(row)
+        wanted = digests[:headed][:, self.pages.rows]
+        intact = leading_intact(self.crcs[first : first + headed, 1:], wanted)
+        if intact < stop - first:
+            tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
+        return intact
 
 
 def named(tier: L3Tier, keys: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -160,6 +213,7 @@ class GroupReads:
         self.wanted = [tables[:, pages.rows] for pages in self.maps]
         self.ends = np.cumsum([self.count * len(pages.units) for pages in self.maps])
         self.crcs = np.empty(int(self.ends[-1]), np.uint32)
+        self.threads = tier.storage.io_threads
 
     def start(self, g: int) -> int:
         return int(self.ends[g - 1]) if g else 0
@@ -189,6 +243,7 @@ class GroupReads:
             crcs=self.crcs,
             starts=False,
             ends=self.ends,
+            threads=self.threads,
             on_group=on_group,
         )
 

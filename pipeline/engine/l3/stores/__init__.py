@@ -53,10 +53,10 @@ class UnitsReader(PartsReader, Protocol):
     """A `PartsReader` that also reads a run of pages' ranges natively (`read_units`)."""
 
     def read_units(self, reads: UnitReads) -> int:
-        """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in order,
-        in one call outside Python's lock (but for `reads.on_group`); how many ranges, from
-        the first, were read whole (it stops at a range of an object not there at its size,
-        and at a short read)."""
+        """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in one call
+        outside Python's lock (but for `reads.on_group`); how many ranges, from the first,
+        were read whole (the reads stop at the group of a range of an object not there at
+        its size, or of a short read)."""
 
 
 class ObjectStore(Protocol):

@@ -1,10 +1,14 @@
 /* Batched reads of a file store's objects, each range's CRC-32C taken as it lands.
 
-   `read_into` reads many (file, offset, size) ranges into memory in one call, without the
-   interpreter's lock: each range a chunk at a time, each chunk's CRC-32C computed while the
-   chunk is still in the CPU's cache (a check after the whole read would fetch every byte from
-   memory again). Python opens the files (the store's jail), lays out the ranges and compares
-   the CRCs with the objects' headers; this file only moves and sums bytes.
+   `read_objects` reads a whole load's (file, offset, size) ranges into memory in one call, on
+   threads of its own, without the interpreter's lock: each object opened once, below the
+   store's folder with no link followed (the store's jail, as `beneath.py` does it), by the
+   first thread to need it; each range read a chunk at a time, each chunk's CRC-32C computed
+   while the chunk is still in the CPU's cache (a check after the whole read would fetch every
+   byte from memory again). Threads take an object's ranges of one group at a time, in order,
+   so the groups (a load's windows of pages, or a streamed load's groups of layers) finish in
+   order; the calling thread wakes as each is whole and hands it to Python, which compares the
+   CRCs with the objects' headers. This file only opens, moves and sums bytes.
 
    CRC-32C (Castagnoli, as the `crc32c` package computes it) on x86-64 runs either the CRC
    instruction, three independent streams combined by shifting (after Mark Adler's method), or
@@ -16,8 +20,15 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +38,17 @@
 #include <wmmintrin.h>
 #define HAVE_SSE42_PATH 1
 #endif
+
+#ifndef SYS_openat2
+#define SYS_openat2 437 /* Linux's generic table: x86-64 and arm64 alike */
+#endif
+#define RESOLVE_NO_MAGICLINKS 0x02
+#define RESOLVE_NO_SYMLINKS 0x04
+#define RESOLVE_BENEATH 0x08
+
+struct open_how { /* openat2's, as <linux/openat2.h> (not on every build host) has it */
+    uint64_t flags, mode, resolve;
+};
 
 #define POLY 0x82f63b78u /* CRC-32C, reflected */
 #define LONG_BLOCK 8192
@@ -252,6 +274,124 @@ static int read_range(int fd, int64_t offset, unsigned char *into, int64_t size,
     return 1;
 }
 
+/* The jail, as the store's Python opens (`beneath.py`, `files.py`): the path resolved below
+   the root's descriptor with no link, `..` or absolute path anywhere in the walk, never
+   blocking on a planted FIFO, and only a regular file of the object's size taken; -1 else. */
+static int open_object(int root, const char *path, int64_t size, int used) {
+    struct open_how how = {.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                      RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+    struct stat info;
+    if (fd < 0) return -1;
+    if (fstat(fd, &info) < 0 || !S_ISREG(info.st_mode) || info.st_size != size) {
+        close(fd);
+        return -1;
+    }
+    if (used) { /* eviction orders by access time; the modification time is kept */
+        const struct timespec now[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+        futimens(fd, now); /* a store another user owns is read without it */
+    }
+    return fd;
+}
+
+enum { UNOPENED, OPENING, OPEN, ABSENT }; /* an object's descriptor, as threads see it */
+
+/* One `read_objects` call: its columns, its items (an object's ranges within one group, in
+   the order they are taken) and what the threads share. */
+typedef struct {
+    int root, used;
+    const char *const *paths; /* NULL: descriptors given */
+    int32_t *fds;
+    int *open_state;
+    const int64_t *sizes, *objects, *offsets, *nbytes;
+    const uint64_t *addresses;
+    uint32_t *crcs;
+    Py_ssize_t *item_start, *item_group, *group_left, items;
+    int8_t *item_ok;
+    Py_ssize_t next, limit; /* atomics: the next item to take; items from `limit` on are not read */
+    pthread_mutex_t lock;
+    pthread_cond_t group_done;
+} Reads;
+
+/* Object `o`'s descriptor, opened here by the first thread to need it (another waits for
+   it: only a later group's item can reach an object whose first is still opening). */
+static int object_fd(Reads *r, Py_ssize_t o) {
+    int expected = UNOPENED;
+    if (__atomic_compare_exchange_n(&r->open_state[o], &expected, OPENING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        int fd = open_object(r->root, r->paths[o], r->sizes[o], r->used);
+        r->fds[o] = fd;
+        __atomic_store_n(&r->open_state[o], fd < 0 ? ABSENT : OPEN, __ATOMIC_RELEASE);
+        return fd;
+    }
+    while ((expected = __atomic_load_n(&r->open_state[o], __ATOMIC_ACQUIRE)) == OPENING)
+        sched_yield();
+    return expected == OPEN ? r->fds[o] : -1;
+}
+
+static int read_item(Reads *r, Py_ssize_t i) {
+    Py_ssize_t k = r->item_start[i];
+    int fd = object_fd(r, r->objects[k]);
+    for (; fd >= 0 && k < r->item_start[i + 1]; k++)
+        if (!read_range(fd, r->offsets[k], (unsigned char *)r->addresses[k], r->nbytes[k],
+                        &r->crcs[k]))
+            return 0;
+    return fd >= 0;
+}
+
+/* A reading thread: items in order, each whole or failed (reads stop there), until none is
+   left; the last item of a group wakes the caller. */
+static void *reader(void *arg) {
+    Reads *r = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the interpreter's main thread's */
+    for (Py_ssize_t i; (i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED)) < r->items;) {
+        if (i < __atomic_load_n(&r->limit, __ATOMIC_ACQUIRE)) {
+            r->item_ok[i] = (int8_t)read_item(r, i);
+            for (Py_ssize_t at = r->limit; !r->item_ok[i] && i < at;)
+                __atomic_compare_exchange_n(&r->limit, &at, i, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE);
+        }
+        if (__atomic_sub_fetch(&r->group_left[r->item_group[i]], 1, __ATOMIC_ACQ_REL) == 0) {
+            pthread_mutex_lock(&r->lock);
+            pthread_cond_broadcast(&r->group_done);
+            pthread_mutex_unlock(&r->lock);
+        }
+    }
+    return NULL;
+}
+
+/* Items from the ranges: a new one where the object or the group changes; -1 with an error
+   where a group's objects are not in ascending order, once each. */
+static Py_ssize_t make_items(Reads *r, Py_ssize_t n, const int64_t *ends, Py_ssize_t groups,
+                             Py_ssize_t objects) {
+    Py_ssize_t items = 0, g = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        while (g < groups && k >= ends[g]) g++;
+        int64_t o = r->objects[k];
+        int first_of_group = k == 0 || (g > 0 && k == ends[g - 1]);
+        if (o < 0 || o >= objects) {
+            PyErr_Format(PyExc_IndexError, "range %zd reads object %lld of %zd", k, (long long)o,
+                         objects);
+            return -1;
+        }
+        if (first_of_group || o != r->objects[k - 1]) {
+            if (!first_of_group && o < r->objects[k - 1]) {
+                PyErr_Format(PyExc_ValueError, "range %zd: a group's objects go in ascending "
+                             "order, once each", k);
+                return -1;
+            }
+            r->item_start[items] = k;
+            r->item_group[items++] = g;
+        }
+    }
+    r->item_start[items] = n;
+    for (Py_ssize_t i = 0; i < items; i++) r->group_left[r->item_group[i]]++;
+    return items;
+}
+
 typedef struct {
     Py_buffer view;
     Py_ssize_t count;
@@ -271,59 +411,177 @@ static int column(PyObject *obj, Column *col, Py_ssize_t itemsize, int writable,
     return 1;
 }
 
-/* Whether to go on after a group of ranges: `on_group(g)`'s truth, called with the lock. */
-static int group_done(PyObject *on_group, Py_ssize_t g, int *failed) {
-    PyObject *r = PyObject_CallFunction(on_group, "n", g);
-    int go = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
-    *failed = go < 0;
-    return go > 0;
+/* The objects' descriptors: opened below `root` by the reading threads (`paths`, the
+   store's names), or given (`fds`, -1 for one not there); 0 with an error. */
+static int objects_of(PyObject *files, Reads *r, PyObject **paths_held, const char ***paths,
+                      Column *fds_given, Py_ssize_t n) {
+    int root;
+    PyObject *names;
+    if (PyTuple_Check(files)) {
+        if (!PyArg_ParseTuple(files, "iO:files", &root, &names)) return 0;
+        if (!(*paths_held = PySequence_Tuple(names))) return 0;
+        if (PyTuple_GET_SIZE(*paths_held) != n) {
+            PyErr_Format(PyExc_ValueError, "%zd paths for %zd objects", PyTuple_GET_SIZE(*paths_held), n);
+            return 0;
+        }
+        if (!(*paths = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *)))) return !!PyErr_NoMemory();
+        for (Py_ssize_t o = 0; o < n; o++) {
+            Py_ssize_t len;
+            const char *p = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(*paths_held, o), &len);
+            if (!p) return 0;
+            if ((Py_ssize_t)strlen(p) != len) {
+                PyErr_SetString(PyExc_ValueError, "a path holds a NUL byte");
+                return 0;
+            }
+            (*paths)[o] = p;
+        }
+        r->root = root;
+        r->paths = *paths;
+        return 1;
+    }
+    if (!column(files, fds_given, 4, 0, "fds")) return 0;
+    if (fds_given->count != n) {
+        PyErr_Format(PyExc_ValueError, "%zd fds for %zd objects", fds_given->count, n);
+        PyBuffer_Release(&fds_given->view);
+        fds_given->view.obj = NULL;
+        return 0;
+    }
+    memcpy(r->fds, fds_given->view.buf, (size_t)n * sizeof(int32_t));
+    for (Py_ssize_t o = 0; o < n; o++) r->open_state[o] = r->fds[o] < 0 ? ABSENT : OPEN;
+    return 1;
 }
 
-static PyObject *read_into(PyObject *self, PyObject *args) {
-    PyObject *objs[6], *on_group = Py_None;
-    static const char *names[6] = {"fds", "offsets", "addresses", "sizes", "crcs", "ends"};
-    static const Py_ssize_t widths[6] = {4, 8, 8, 8, 4, 8};
-    Column cols[6];
-    objs[5] = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOO|OO:read_into", &objs[0], &objs[1], &objs[2], &objs[3],
-                          &objs[4], &objs[5], &on_group))
+/* Reads every item on `threads` threads while the caller, without the interpreter's lock
+   (`state` saved), waits for each group in turn and, taking the lock, asks `on_group` whether
+   to go on; 0 where `on_group` raised (after the threads are joined). */
+static int run_groups(Reads *r, Py_ssize_t groups, int threads,
+                      PyObject *on_group, PyThreadState **state) {
+    pthread_t *ids = malloc(sizeof(pthread_t) * (size_t)threads);
+    int made = 0, raised = 0;
+    for (; ids && made < threads && r->items; made++)
+        if (pthread_create(&ids[made], NULL, reader, r)) break;
+    if (!made) reader(r); /* no thread to be had: this one reads */
+    for (Py_ssize_t g = 0, group_end = 0; g < groups; g++) {
+        while (group_end < r->items && r->item_group[group_end] <= g) group_end++;
+        pthread_mutex_lock(&r->lock);
+        while (__atomic_load_n(&r->group_left[g], __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&r->group_done, &r->lock);
+        pthread_mutex_unlock(&r->lock);
+        if (__atomic_load_n(&r->limit, __ATOMIC_ACQUIRE) < group_end) break; /* a miss */
+        if (on_group == Py_None) continue;
+        PyEval_RestoreThread(*state);
+        PyObject *go = PyObject_CallFunction(on_group, "n", g);
+        int more = go ? PyObject_IsTrue(go) : -1;
+        Py_XDECREF(go);
+        *state = PyEval_SaveThread();
+        if (more > 0) continue;
+        for (Py_ssize_t at = r->limit; group_end < at;) /* the later groups are not read */
+            __atomic_compare_exchange_n(&r->limit, &at, group_end, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
+        raised = more < 0;
+        break;
+    }
+    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+    free(ids);
+    return !raised;
+}
+
+/* What the call found: the objects opened, from the first, and the ranges read whole, from
+   the first, up to where the reads stopped. */
+static PyObject *found(Reads *r, Py_ssize_t objects) {
+    Py_ssize_t opened = 0, i = 0;
+    while (opened < objects && r->open_state[opened] == OPEN) opened++;
+    while (i < r->limit && r->item_ok[i]) i++;
+    return Py_BuildValue("nn", opened, r->item_start[i]);
+}
+
+static int ends_ok(const int64_t *ends, Py_ssize_t groups, Py_ssize_t n) {
+    for (Py_ssize_t g = 0; g < groups; g++)
+        if (ends[g] < (g ? ends[g - 1] : 0) || ends[g] > n || (g == groups - 1 && ends[g] != n)) {
+            PyErr_SetString(PyExc_ValueError, "ends: where each group of ranges ends, ascending, "
+                                              "the last at the number of ranges");
+            return 0;
+        }
+    if (n && !groups) PyErr_SetString(PyExc_ValueError, "ends: no group holds the ranges");
+    return !n || groups;
+}
+
+static PyObject *read_objects(PyObject *self, PyObject *args) {
+    static const char *names[6] = {"sizes", "objects", "offsets", "addresses", "nbytes", "crcs"};
+    PyObject *files, *objs[7], *on_group = Py_None, *paths_held = NULL, *result = NULL;
+    const char **paths = NULL;
+    int used, threads, made = 0;
+    Column cols[7], fds_given = {.view = {.obj = NULL}};
+    Reads r = {.root = -1};
+    if (!PyArg_ParseTuple(args, "OOpOOOOOOi|O:read_objects", &files, &objs[0], &used, &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &threads, &on_group))
         return NULL;
-    int wanted = objs[5] == Py_None ? 5 : 6, made = 0, failed = 0;
-    if (wanted == 6 && !PyCallable_Check(on_group)) {
-        PyErr_SetString(PyExc_TypeError, "read_into: ends come with a callable on_group");
+    if (threads < 1 || (on_group != Py_None && !PyCallable_Check(on_group))) {
+        PyErr_SetString(PyExc_ValueError, "read_objects: threads >= 1, on_group a callable");
         return NULL;
     }
-    for (; made < wanted; made++)
-        if (!column(objs[made], &cols[made], widths[made], made == 4, names[made])) break;
-    Py_ssize_t n = made == wanted ? cols[0].count : -1, done = 0;
-    for (int k = 1; k < made && k < 5 && n >= 0; k++)
+    for (; made < 7; made++)
+        if (!column(objs[made], &cols[made], made == 5 ? 4 : 8, made == 5,
+                    made < 6 ? names[made] : "ends"))
+            goto out;
+    Py_ssize_t count = cols[0].count, n = cols[1].count, groups = cols[6].count;
+    for (int k = 2; k < 6; k++)
         if (cols[k].count != n) {
-            PyErr_Format(PyExc_ValueError, "%s has %zd items, fds %zd", names[k], cols[k].count, n);
-            n = -1;
+            PyErr_Format(PyExc_ValueError, "%s has %zd items, objects %zd", names[k],
+                         cols[k].count, n);
+            goto out;
         }
-    if (n >= 0) {
-        const int32_t *fds = cols[0].view.buf;
-        const int64_t *offsets = cols[1].view.buf, *sizes = cols[3].view.buf;
-        const int64_t *ends = wanted == 6 ? cols[5].view.buf : NULL;
-        Py_ssize_t groups = wanted == 6 ? cols[5].count : 0, g = 0;
-        const uint64_t *addresses = cols[2].view.buf;
-        uint32_t *crcs = cols[4].view.buf;
-        Py_BEGIN_ALLOW_THREADS
-        while (done < n && read_range(fds[done], offsets[done], (unsigned char *)addresses[done],
-                                      sizes[done], &crcs[done])) {
-            done++;
-            if (g < groups && done == ends[g]) { /* a group whole: its caller checks it */
-                Py_BLOCK_THREADS
-                int go = group_done(on_group, g++, &failed);
-                Py_UNBLOCK_THREADS
-                if (!go) break;
-            }
-        }
-        Py_END_ALLOW_THREADS
+    const int64_t *ends = cols[6].view.buf;
+    if (!ends_ok(ends, groups, n)) goto out;
+    r.used = used;
+    r.sizes = cols[0].view.buf;
+    r.objects = cols[1].view.buf;
+    r.offsets = cols[2].view.buf;
+    r.addresses = cols[3].view.buf;
+    r.nbytes = cols[4].view.buf;
+    r.crcs = cols[5].view.buf;
+    r.fds = calloc((size_t)count + 1, sizeof(int32_t));
+    r.open_state = calloc((size_t)count + 1, sizeof(int));
+    r.item_start = calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    r.item_group = calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    r.item_ok = calloc((size_t)n + 1, 1);
+    r.group_left = calloc((size_t)groups + 1, sizeof(Py_ssize_t));
+    if (!r.fds || !r.open_state || !r.item_start || !r.item_group || !r.item_ok || !r.group_left) {
+        PyErr_NoMemory();
+        goto out;
     }
+    if (!objects_of(files, &r, &paths_held, &paths, &fds_given, count)) goto out;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (r.nbytes[k] < 0 || r.offsets[k] < 0) {
+            PyErr_Format(PyExc_ValueError, "range %zd: a negative offset or length", k);
+            goto out;
+        }
+    if ((r.items = make_items(&r, n, ends, groups, count)) < 0) goto out;
+    r.limit = r.items;
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_cond_init(&r.group_done, NULL);
+    PyThreadState *state = PyEval_SaveThread();
+    int ok = run_groups(&r, groups, threads < r.items ? threads : (int)r.items, on_group,
+                        &state);
+    if (r.paths)
+        for (Py_ssize_t o = 0; o < count; o++)
+            if (r.open_state[o] == OPEN) close(r.fds[o]);
+    PyEval_RestoreThread(state);
+    pthread_cond_destroy(&r.group_done);
+    pthread_mutex_destroy(&r.lock);
+    result = ok ? found(&r, count) : NULL;
+out:
     for (int k = 0; k < made; k++) PyBuffer_Release(&cols[k].view);
-    return n < 0 || failed ? NULL : PyLong_FromSsize_t(done);
+    if (fds_given.view.obj) PyBuffer_Release(&fds_given.view);
+    Py_XDECREF(paths_held);
+    PyMem_Free(paths);
+    free(r.fds);
+    free(r.open_state);
+    free(r.item_start);
+    free(r.item_group);
+    free(r.item_ok);
+    free(r.group_left);
+    return result;
 }
 
 typedef uint32_t (*Sum)(uint32_t, const unsigned char *, size_t);
@@ -387,13 +645,19 @@ out:
 }
 
 static PyMethodDef methods[] = {
-    {"read_into", read_into, METH_VARARGS,
-     "read_into(fds, offsets, addresses, sizes, crcs, ends=None, on_group=None) -> int\n\n"
-     "Read range i (size bytes at offset of the open file fds[i]) to the memory at address i, "
-     "and store its CRC-32C in crcs[i], in order, until a read comes back short or fails; "
-     "the number of ranges read whole. Columns: int32, int64, uint64, int64, uint32 (written). "
-     "With ends (int64: where each group of ranges ends), on_group(g) is called, holding the "
-     "interpreter's lock, as each group is read whole; a false answer stops the reads."},
+    {"read_objects", read_objects, METH_VARARGS,
+     "read_objects(files, sizes, used, objects, offsets, addresses, nbytes, crcs, ends, threads, "
+     "on_group=None) -> (opened, read)\n\n"
+     "Read range k (nbytes[k] at offsets[k] of object objects[k]) to the memory at "
+     "addresses[k] and store its CRC-32C in crcs[k], on `threads` threads, without the "
+     "interpreter's lock. files: (root_fd, paths), each path opened below root_fd with no link "
+     "followed, a regular file of sizes[o] bytes or absent (`used`: its access time set now), "
+     "or an int32 array of descriptors already open (-1: absent). Ranges go in groups "
+     "(ends[g]: where group g ends), each group's objects ascending; a missing object or a "
+     "short read stops the reads at its group; on_group(g) is called, holding the lock, once "
+     "group g is whole, and a false answer stops the reads. Returns the objects opened and the "
+     "ranges read whole, each counted from the first. Columns: int64, int64, int64, uint64, "
+     "int64, uint32 (written), int64."},
     {"crcs_of", crcs_of, METH_O,
      "crcs_of(buffers) -> list[int]: the CRC-32C of each buffer, summed in one call outside the "
      "interpreter's lock (a write's units: one release of the lock a page, not one a unit)."},

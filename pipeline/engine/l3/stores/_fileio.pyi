@@ -11,14 +11,18 @@ SUM: str
 SUMS: tuple[str, ...]
 """Every sum the module knows; a CPU may lack some (x86-64's instructions)."""
 
-def read_into(
-    fds: np.ndarray,
+def read_objects(
+    files: tuple[int, Sequence[str]] | np.ndarray,
+    sizes: np.ndarray,
+    used: bool,
+    objects: np.ndarray,
     offsets: np.ndarray,
     addresses: np.ndarray,
-    sizes: np.ndarray,
+    nbytes: np.ndarray,
     crcs: np.ndarray,
-    ends: np.ndarray | None = None,
+    ends: np.ndarray,
+    threads: int,
     on_group: Callable[[int], bool] | None = None,
-) -> int: ...
+) -> tuple[int, int]: ...
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0, how: str = "") -> int: ...
 def crcs_of(buffers: Sequence[bytes | bytearray | memoryview]) -> list[int]: ...

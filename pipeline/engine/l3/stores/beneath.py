@@ -13,11 +13,19 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 
 SYS_OPENAT2 = 437
 """openat2's number in Linux's generic syscall table (x86-64 and arm64 alike)."""
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+COMPONENT = re.compile(r"[\w-][\w.-]*")
+"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
+
+
+def store_name(name: str) -> bool:
+    """Whether `name` is a path of components below a folder (never opened otherwise)."""
+    return all(COMPONENT.fullmatch(p) for p in name.split("/"))
 
 
 class OpenHow(ctypes.Structure):

@@ -1,5 +1,5 @@
 """Reads of parts of a file store's objects, each held open from its first read to the last;
-a run of pages' ranges in one native call (`_fileio.read_into`)."""
+a load's ranges in one native call (`_fileio.read_objects`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Protocol
 import crc32c
 import numpy as np
 
-from pipeline.engine.l3.stores._fileio import read_into
+from pipeline.engine.l3.stores._fileio import read_objects
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads
 from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads, UnitReads
@@ -36,6 +36,10 @@ class OpenFiles(Protocol):
 
     def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         """A read that opens the object for itself (not counted)."""
+
+    def paths_below(self, names: Sequence[str]) -> tuple[int, list[str]] | None:
+        """(the store folder's descriptor, each object's path below it) for native opens
+        beneath it, or None where this kernel cannot open beneath a folder in one call."""
 
 
 class FileParts:
@@ -78,11 +82,24 @@ class FileParts:
         return found
 
     def read_units(self, reads: UnitReads) -> int:
-        """Open each object (held) up to the first not there at its size, then read every
-        range in one `read_into` call, which takes each range's CRC-32C as it lands (a range
-        of an object not opened ends it: its descriptor is -1)."""
-        fds, opened = np.full(len(reads.names), -1, dtype=np.int32), 0
-        for name, size in zip(reads.names, reads.sizes, strict=True):
+        """Every range in one `read_objects` call on `reads.threads` threads, which open each
+        object below the store's folder (or, where this kernel cannot open beneath a folder in
+        one call, take the descriptors opened here and held) and take each range's CRC-32C as
+        it lands."""
+        below = self.store.paths_below(reads.names)
+        files = self._opened(reads) if below is None else below
+        columns = (reads.offsets, reads.addresses, reads.nbytes, reads.crcs, reads.ends)
+        sizes = np.asarray(reads.sizes, np.int64)
+        opened, done = read_objects(
+            files, sizes, reads.starts, reads.objects, *columns, reads.threads, reads.on_group
+        )
+        self.store.counters.add(hits=opened, misses=int(opened < len(reads.names)))
+        return done
+
+    def _opened(self, reads: UnitReads) -> np.ndarray:
+        """Each object's descriptor (held), -1 from the first not there at its size."""
+        fds = np.full(len(reads.names), -1, dtype=np.int32)
+        for i, (name, size) in enumerate(zip(reads.names, reads.sizes, strict=True)):
             try:
                 held = self._held(name)
             except OSError:  # out of descriptors: the objects opened so far are read
@@ -91,12 +108,8 @@ class FileParts:
                 break
             if reads.starts:
                 used(held[0], held[1].st_mtime_ns)
-            fds[opened], opened = held[0], opened + 1
-        self.store.counters.add(hits=opened, misses=int(opened < len(fds)))
-        columns = (reads.offsets, reads.addresses, reads.nbytes, reads.crcs)
-        if reads.ends is None:
-            return read_into(fds[reads.objects], *columns)
-        return read_into(fds[reads.objects], *columns, reads.ends, reads.on_group)
+            fds[i] = held[0]
+        return fds
 
     def _read(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
         try:

@@ -6,7 +6,6 @@ import collections
 import contextlib
 import errno
 import os
-import re
 import secrets
 import stat
 import threading
@@ -15,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.core.l3_owned import is_object_name
-from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath
+from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath, store_name
 from pipeline.engine.l3.stores.capacity import CapacityFull, Quota, open_bound
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads, in_memory
@@ -37,8 +36,6 @@ READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-COMPONENT = re.compile(r"[\w-][\w.-]*")
-"""One folder or file name of an object name: no separators, nothing hidden, never '..'."""
 TIMEOUT_S = 120.0
 """The longest a wait on the folder's lock lasts where the caller does not say
 (`runtime.timeout_s`'s default)."""
@@ -95,9 +92,9 @@ class FileStore:
         return {**self.counters.snapshot(), "bytes": held[0], "objects": held[1]}
 
     def _split(self, name: str) -> tuple[list[str], str]:
-        parts = name.split("/")
-        if not all(COMPONENT.fullmatch(p) for p in parts):
+        if not store_name(name):
             raise ValueError(f"object name {name!r} is not a store name")
+        parts = name.split("/")
         return parts[:-1], parts[-1]
 
     def _folder(self, folders: list[str], *, create: bool) -> int:
@@ -196,6 +193,11 @@ class FileStore:
         """Native reads through the page cache (not O_DIRECT's aligned staging)."""
         return None if self.direct is not None else FileParts(self)
 
+    def paths_below(self, names: Sequence[str]) -> tuple[int, list[str]] | None:
+        if not self.beneath.one_call:
+            return None
+        return self.beneath.fd, [n if store_name(n) else "" for n in names]  # "": opens none
+
     def open_read(self, name: str) -> tuple[int, os.stat_result]:
         return self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))
 
@@ -287,8 +289,7 @@ class FileStore:
     def register(self, buffers: Sequence[memoryview]) -> None:
         """Reads land where they are asked to: nothing to register."""
 
-    def unregister(self, buffers: Sequence[memoryview]) -> None:
-        pass
+    unregister = register
 
     def close(self) -> None:
         if self.bound is not None:

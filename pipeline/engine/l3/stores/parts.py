@@ -55,9 +55,11 @@ class SpanReads:
 @dataclass(frozen=True)
 class UnitReads:
     """Byte ranges of many objects, every range into memory at an address (pool rows, a header
-    buffer) with its CRC-32C taken as it lands: the reads of a run of pages in one call
-    (`UnitsReader.read_units`), made without a Python step per range. Whether the CRCs match
-    is the caller's to check: between groups of ranges (`ends`, `on_group`) or after."""
+    buffer) with its CRC-32C taken as it lands: a load's reads in one call
+    (`UnitsReader.read_units`) on `threads` threads of its own, made without a Python step per
+    range. The ranges go in groups (a load's windows of pages, or a streamed load's groups of
+    layers), each group's objects in order, once each; whether the CRCs match is the caller's
+    to check, group by group (`on_group`)."""
 
     names: Sequence[str]
     sizes: Sequence[int]
@@ -74,11 +76,13 @@ class UnitReads:
     """uint32, filled: each range's CRC-32C."""
     starts: bool
     """The reads start at each object (its header): it is marked used (eviction order)."""
-    ends: np.ndarray | None = None
-    """int64: where each group of ranges ends (a streamed load's groups of layers), or None."""
+    ends: np.ndarray
+    """int64: where each group of ranges ends (the last at the number of ranges)."""
+    threads: int
+    """How many threads read (the tier's I/O threads)."""
     on_group: Callable[[int], bool] | None = None
-    """Called with group g's index once its ranges are whole, from the reading thread;
-    False stops the reads."""
+    """Called with group g's index once its ranges are whole (groups in order, from the
+    calling thread, holding Python's lock); False stops the reads."""
 
 
 def span_ok(view: memoryview, crc: int, _: int) -> bool:
