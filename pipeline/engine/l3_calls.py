@@ -50,7 +50,7 @@ def load_from_l3(
     hit pages said to be in the host tier once they have landed."""
     (host_indices, device_indices), start = slots, time.monotonic()
     job = objects_job(keys, host_indices, device_indices, engine.spec, engine.host_allocator)
-    if per_group := streamed_layers(engine, tier):
+    if per_group := streamed_layers(engine, tier, len(keys)):
         loaded = stream_from_l3(engine, tier, job, per_group, slots)
     else:
         loaded = windowed_from_l3(engine, tier, job, slots)

@@ -20,7 +20,7 @@ from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.l3 import runs
 from pipeline.engine.l3.handles import WindowedLoad
-from pipeline.engine.l3.load import StreamedLoad
+from pipeline.engine.l3.load import AUTO_GROUPS, MIN_GROUP_BYTES, StreamedLoad, auto_layers
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
@@ -271,10 +271,26 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
     ids=["off", "default", "verifying"],
 )
 def test_loads_that_must_not_stream_are_windowed(tmp_path: Path, overrides: list[str]) -> None:
-    """Off (the default too) and a load that verifies across ranks read whole objects."""
+    """Off, the default on a CPU rank (null streams only onto a GPU) and a load that
+    verifies across ranks read whole objects."""
     with engine_with(tmp_path, *overrides) as engine:
         keys, expected = stored_prefix(engine)
         loaded, target, _ = load(engine, keys)
         assert isinstance(loaded.handle, WindowedLoad)
         loaded.handle.done().wait()
         assert not first_mismatch(engine, target, expected)
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("layers", [1, 8, 61, 78])
+@pytest.mark.parametrize("groups_of", [MIN_GROUP_BYTES - 1, MIN_GROUP_BYTES, 40 * MIN_GROUP_BYTES])
+def test_a_null_stream_layers_streams_an_eighth_of_the_layers_only_where_it_pays(
+    gpu: bool, native: bool, layers: int, groups_of: int
+) -> None:
+    """Onto a GPU, read natively, each of 8 groups at least MIN_GROUP_BYTES: ceil(layers / 8)
+    layers a group (61 layers: 8); anything short of that: whole objects."""
+    found = auto_layers(layers, AUTO_GROUPS * groups_of, gpu=gpu, native=native)
+    pays = gpu and native and groups_of >= MIN_GROUP_BYTES
+    assert found == (-(-layers // 8) if pays else 0)
+    assert AUTO_GROUPS == 8 and auto_layers(61, 1 << 40, gpu=True, native=True) == 8

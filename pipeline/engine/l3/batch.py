@@ -1,7 +1,7 @@
-"""A run of pages read in one store call (`UnitsReader.read_units`): each page's units straight
-into its host-pool rows, each unit's CRC-32C taken natively as it lands, every header read in
-the same call where the digest tables are not known yet; the digests are compared after, in
-bulk, and only the headers' own checks take a Python step per page.
+"""A load's pages read in one store call (`UnitsReader.read_units`) on threads of its own:
+each page's units straight into its host-pool rows, each unit's CRC-32C taken natively as it
+lands, every header read in the same call where the digest tables are not known yet; the
+digests are compared in bulk as each group of pages (a window, a group of layers) is whole.
 
 Taken where the host pool holds each unit's page as bytes (host layouts layer_first and
 page_first_direct), the check is CRC-32C (a keyed check is a digest per unit in Python) and the

@@ -2,14 +2,15 @@
 
 Windowed, the fetch reads whole objects and loads each window of `storage.load_chunk_pages`
 pages once the group agreed on it; but an object holds every layer of its page, so no layer
-is complete before the last object is read, and the forward waits for the whole prefix. Streamed
-(`storage.stream_layers` > 0), the fetch reads each page's first group of layers and the
-replica group agrees on the hits from those reads; the load returns, the later groups' reads
-run on the I/O threads in group order, and each group's copies to the device are issued as
-soon as its reads are in, from the forward's own calls (`wait`, `ready`, `done`): nothing is
-issued from another thread. An object that goes missing after the hits were agreed (evicted,
-overwritten, corrupted) fails the load at the first layer it held: the layers before it are
-loaded, the host pages are given back as holding no data, and the waits raise naming it.
+is complete before the last object is read, and the forward waits for the whole prefix.
+Streamed (`storage.stream_layers`; by default where it pays: `auto_layers`), the fetch reads
+each page's first group of layers and the replica group agrees on the hits from those reads;
+the load returns, the later groups' reads run on the I/O threads in group order, and each
+group's copies to the device are issued as soon as its reads are in, from the forward's own
+calls (`wait`, `ready`, `done`): nothing is issued from another thread. An object that goes
+missing after the hits were agreed (evicted, overwritten, corrupted) fails the load at the
+first layer it held: the layers before it are loaded, the host pages are given back as
+holding no data, and the waits raise naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pipeline.core.slots import PageAllocator
 from pipeline.core.steps import Step
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.cuda.streams import Event, Stream
+from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.fetch import cancel_or_wait
 from pipeline.engine.l3.handles import L3Load, WindowedLoad
 from pipeline.engine.l3.jobs import ObjectsJob
@@ -197,13 +199,34 @@ def windowed_from_l3(
     return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
 
 
-def streamed_layers(engine: Loader, tier: L3Tier) -> int:
-    """Layers per group if the engine's next load from L3 streams, else 0: not where its
-    strategy exchanges layers or the load verifies across ranks (their collectives would run
-    inside the forward's waits), nor with storage.stream_layers=0."""
+AUTO_GROUPS = 8
+"""Groups a load streams in where `storage.stream_layers` is null and streaming pays."""
+MIN_GROUP_BYTES = 16 << 20
+"""The least a group of layers moves (this rank's bytes) for a null `stream_layers` to
+stream: below it a group's own steps (its wait, its copies' issue) weigh on its read."""
+
+
+def streamed_layers(engine: Loader, tier: L3Tier, pages: int) -> int:
+    """Layers per group if the engine's load of `pages` from L3 streams, else 0: not where
+    its strategy exchanges layers or the load verifies across ranks (their collectives would
+    run inside the forward's waits), nor with storage.stream_layers=0; null: `auto_layers`
+    (the same on every rank of the group: it depends on the config and the keys alone)."""
     if engine.strategy.load.exchange or engine.verifies_next_load():
         return 0
-    return tier.storage.stream_layers
+    if tier.storage.stream_layers is not None:
+        return tier.storage.stream_layers
+    units = tier.reads(False)
+    gpu, native = engine.runtime.device.type == "cuda", batched(tier, units, device=False)
+    load_bytes = pages * sum(u.page_bytes for u in units)
+    return auto_layers(engine.model.num_layers, load_bytes, gpu=gpu, native=native)
+
+
+def auto_layers(num_layers: int, load_bytes: int, *, gpu: bool, native: bool) -> int:
+    """A null `storage.stream_layers`: an eighth of the layers a group onto a GPU where the
+    groups read natively and each moves at least MIN_GROUP_BYTES of `load_bytes`, else 0."""
+    if not (gpu and native) or load_bytes < AUTO_GROUPS * MIN_GROUP_BYTES:
+        return 0
+    return -(-num_layers // AUTO_GROUPS)
 
 
 def stream_from_l3(

@@ -2,8 +2,10 @@
 
 Each later group reads only its layers' bytes of every page, checked against the digest table
 that the page's first group read from its header (`ObjectsJob.tables`), so no header is read
-again. The pages are split into a run per I/O thread; one task per run reads its pages group after
-group, each group in one `PartsReader` call, through one reader that may hold each object
+again. Where the store reads natively (`pipeline.engine.l3.batch`), one task reads every page's
+later groups in one call on threads of its own. Elsewhere the pages are split into a run per
+I/O thread; one task per run reads its pages group after group, each group in one
+`PartsReader` call, through one reader that may hold each object
 open from its first read to its last: a task, a store call and an open per page and group would
 turn Python's lock several times a page, and with many threads each waiting for it in turn,
 more threads read a group slower than one. Where a group's units are one run in the object and

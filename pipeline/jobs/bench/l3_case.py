@@ -11,6 +11,7 @@ import torch
 from pipeline.core.slots import page_tokens
 from pipeline.core.storage import StorageConfig
 from pipeline.engine.engine import Engine
+from pipeline.engine.l3.load import streamed_layers
 from pipeline.engine.l3.stores import FileStore, MooncakeStore
 from pipeline.engine.l3.tier import L3Tier
 from pipeline.jobs.bench.limits import file_limits, mooncake_limits
@@ -47,6 +48,7 @@ def measure_l3_case(
         "bit_exact": exact and min(outcome["hits"]) == n,
         "limits": limits,
         "window_pages": tier.window_pages,
+        "stream_layers": streamed_layers(engine, tier, n),  # as the loads ran
     }
 
 

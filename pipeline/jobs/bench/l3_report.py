@@ -81,7 +81,7 @@ def row_of(job: Job, case: dict, per_rank: list[dict]) -> dict[str, Any]:
         "limits": limits,
         "io_threads": job.storage.io_threads,
         "load_chunk_pages": per_rank[0]["window_pages"],
-        "stream_layers": job.storage.stream_layers,
+        "stream_layers": per_rank[0]["stream_layers"],
         "layout": job.topology.mem_layout.value,
     }
 

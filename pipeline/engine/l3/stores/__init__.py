@@ -83,7 +83,7 @@ class ObjectStore(Protocol):
         groups of layers, one run of pages), until its `close`."""
 
     def units_reader(self) -> UnitsReader | None:
-        """A reader of `UnitReads` (a run of pages in one native call), or None where this
+        """A reader of `UnitReads` (a load's pages in one native call), or None where this
         store reads them only through `parts_reader` (Mooncake; O_DIRECT reads)."""
 
     def get(self, name: str) -> bytes | None:
