@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pipeline.engine.l3.shares import hear_missing, receive_shares, send_share, tell_missing
 from pipeline.engine.l3.tier import L3Tier, ObjectsJob
+from pipeline.engine.l3.writes import write_pages
 
 
 class WriteObjects:
-    """Per page, its one object, written by the replica group's first rank, several at once
-    (`storage.io_threads`); objects already stored are left alone (a key names its bytes).
+    """Per page, its one object, written by the replica group's first rank, a batch at a time
+    (`write_pages`: in one native call where the store allows, else `storage.io_threads` at
+    once); objects already stored are left alone (a key names its bytes).
     Under rotating the other owners first send the writer their layers of the pages it will
     write, a few pages at a time. The first failed write fails the write-back."""
 
@@ -21,11 +23,7 @@ class WriteObjects:
             for first in range(0, len(missing), tier.batch_pages):
                 batch = missing[first : first + tier.batch_pages]
                 shares = receive_shares(tier, len(batch))
-                list(
-                    tier.io.map(
-                        lambda i, share: tier.write(job.keys[i], pages[i], share), batch, shares
-                    )
-                )
+                write_pages(tier, [job.keys[i] for i in batch], [pages[i] for i in batch], shares)
                 for _ in batch:
                     tier.trace.op("l3_write", bytes=tier.object.page_bytes)
         elif tier.rank in roles.senders:

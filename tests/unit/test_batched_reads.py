@@ -19,7 +19,7 @@ from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
 from pipeline.engine.l3.batch import unit_columns
 from pipeline.engine.l3.stores import FileStore
-from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, read_objects
+from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import first_mismatch
@@ -171,7 +171,9 @@ def test_a_loads_ranges_land_with_their_crcs_on_any_threads_up_to_a_missing_obje
 def test_only_a_regular_file_of_its_size_below_the_folder_is_opened(tmp_path: Path) -> None:
     """The jail, natively: a link (to a file inside or out), a FIFO (refused without
     blocking), a folder, a file of another size, a path out of the folder or through a link
-    each read as absent; a used object's access time is set, its modification time kept."""
+    each read as absent; a used object's access time is set, its modification time kept. A
+    lookup (`present`, `FileStore.exists`) finds the regular files of any size, as the
+    store's Python open does."""
     store, outside = tmp_path / "store", tmp_path / "outside"
     store.mkdir()
     outside.write_bytes(b"x" * 64)
@@ -201,6 +203,15 @@ def test_only_a_regular_file_of_its_size_below_the_folder_is_opened(tmp_path: Pa
             (opened, done), into, _ = call((root, [name]), [64], [(0, 0, 64)], [1], 1, used=True)
             assert (opened, done) == ((1, 1) if k == 0 else (0, 0)), name
             assert into[:64].tobytes() == (b"g" if k == 0 else b"\0") * 64
+        # a lookup opens them alike (any size), and the store's own walk agrees
+        found = [name in ("good", "short") for name in names]
+        assert present((root, names), 3) == found
+        store_ = FileStore(str(store))
+        try:
+            assert [store_._there(name) for name in names] == found
+            assert store_.exists(names) == found
+        finally:
+            store_.close()
     finally:
         os.close(root)
     info = os.stat(store / "good")

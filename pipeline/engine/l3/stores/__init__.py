@@ -30,6 +30,7 @@ __all__ = [
     "SpanReads",
     "UnitReads",
     "UnitsReader",
+    "UnitsWriter",
     "open_store",
 ]
 
@@ -59,6 +60,14 @@ class UnitsReader(PartsReader, Protocol):
         its size, or of a short read)."""
 
 
+class UnitsWriter(Protocol):
+    """Writes of many objects in one native call (`put_many`)."""
+
+    def put_many(self, objects: Sequence[tuple[str, Sequence[Part]]]) -> None:
+        """`ObjectStore.put` of each (name, parts), all in one call on threads of the store's
+        own, outside Python's lock; the first failure raised once every object was tried."""
+
+
 class ObjectStore(Protocol):
     """Blobs by name. A blob is written from a list of buffers (a header and its units' pages)
     and read as byte ranges into buffers (a reader's units' rows in the pool): no joining
@@ -85,6 +94,10 @@ class ObjectStore(Protocol):
     def units_reader(self) -> UnitsReader | None:
         """A reader of `UnitReads` (a load's pages in one native call), or None where this
         store reads them only through `parts_reader` (Mooncake; O_DIRECT reads)."""
+
+    def units_writer(self) -> UnitsWriter | None:
+        """A writer of many objects in one native call, or None where this store writes
+        them one `put` at a time (Mooncake; a bounded file store, which makes room for each)."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""
@@ -128,6 +141,7 @@ def open_store(
             evict_to=config.evict_to,
             timeout_s=timeout_s,
             quota=tenant_quota(config),
+            threads=config.io_threads,
         )
     assert config.kind is StorageKind.mooncake and config.metadata_server is not None
     in_flight = 2 * config.io_threads * largest_object  # puts stage through it

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,7 @@ struct open_how { /* openat2's, as <linux/openat2.h> (not on every build host) h
 #define LONG_BLOCK 8192
 #define SHORT_BLOCK 256
 #define CHUNK (256 * 1024) /* read, then summed while in L2 */
+#define IOV_BATCH 512        /* parts a write hands the kernel at once (IOV_MAX is 1024) */
 
 typedef struct {
     uint32_t byte[256];        /* one byte at a time (no SSE 4.2) */
@@ -276,7 +278,8 @@ static int read_range(int fd, int64_t offset, unsigned char *into, int64_t size,
 
 /* The jail, as the store's Python opens (`beneath.py`, `files.py`): the path resolved below
    the root's descriptor with no link, `..` or absolute path anywhere in the walk, never
-   blocking on a planted FIFO, and only a regular file of the object's size taken; -1 else. */
+   blocking on a planted FIFO, and only a regular file of the object's size (any, for a
+   negative `size`) taken; -1 else. */
 static int open_object(int root, const char *path, int64_t size, int used) {
     struct open_how how = {.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
@@ -284,7 +287,7 @@ static int open_object(int root, const char *path, int64_t size, int used) {
     int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof how);
     struct stat info;
     if (fd < 0) return -1;
-    if (fstat(fd, &info) < 0 || !S_ISREG(info.st_mode) || info.st_size != size) {
+    if (fstat(fd, &info) < 0 || !S_ISREG(info.st_mode) || (size >= 0 && info.st_size != size)) {
         close(fd);
         return -1;
     }
@@ -584,6 +587,234 @@ out:
     return result;
 }
 
+/* `present`'s call: each path's answer, found by threads taking the next path in turn. */
+typedef struct {
+    int root;
+    const char *const *paths;
+    Py_ssize_t count, next;
+    int8_t *found;
+} Lookups;
+
+static void *look_up(void *arg) {
+    Lookups *l = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (Py_ssize_t i; (i = __atomic_fetch_add(&l->next, 1, __ATOMIC_RELAXED)) < l->count;) {
+        int fd = open_object(l->root, l->paths[i], -1, 0);
+        l->found[i] = fd >= 0;
+        if (fd >= 0) close(fd);
+    }
+    return NULL;
+}
+
+static PyObject *present(PyObject *self, PyObject *args) {
+    PyObject *files, *paths_held = NULL, *result = NULL;
+    const char **paths = NULL;
+    int threads;
+    Reads r = {.root = -1};
+    if (!PyArg_ParseTuple(args, "O!i:present", &PyTuple_Type, &files, &threads)) return NULL;
+    if (threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "present: threads >= 1");
+        return NULL;
+    }
+    PyObject *names = PyTuple_GET_SIZE(files) == 2 ? PyTuple_GET_ITEM(files, 1) : NULL;
+    Py_ssize_t n = names ? PySequence_Size(names) : -1;
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "present: files is (root, paths)");
+        return NULL;
+    }
+    Lookups l = {.count = n, .found = calloc((size_t)n + 1, 1)};
+    if (!l.found) return PyErr_NoMemory();
+    if (objects_of(files, &r, &paths_held, &paths, NULL, n)) {
+        l.root = r.root;
+        l.paths = r.paths;
+        pthread_t ids[64];
+        int made = 0, wanted = threads < n ? threads : (int)n;
+        Py_BEGIN_ALLOW_THREADS
+        for (; made < wanted && made < 64; made++)
+            if (pthread_create(&ids[made], NULL, look_up, &l)) break;
+        if (!made) look_up(&l);
+        for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+        Py_END_ALLOW_THREADS
+        result = PyList_New(n);
+        for (Py_ssize_t i = 0; result && i < n; i++)
+            PyList_SET_ITEM(result, i, PyBool_FromLong(l.found[i]));
+    }
+    Py_XDECREF(paths_held);
+    PyMem_Free(paths);
+    free(l.found);
+    return result;
+}
+
+/* `write_objects`' call: each object's folder, its temporary and final names, its parts. */
+typedef struct {
+    const int32_t *folders;
+    const char *const *tmps, *const *leaves;
+    Py_buffer *parts;
+    Py_ssize_t *first; /* object o's parts: [first[o], first[o + 1]) */
+    Py_ssize_t count, next;
+    int *errors;
+} Writes;
+
+/* Object o written whole as a new temporary file beside its final name, its times set now,
+   then renamed over the final name: all relative to its folder's descriptor (no path walked,
+   so no link followed); 0, or the errno of the step that failed (the temporary removed). */
+static int write_object(Writes *w, Py_ssize_t o) {
+    int folder = w->folders[o];
+    int fd = openat(folder, w->tmps[o], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    struct iovec iov[IOV_BATCH];
+    Py_ssize_t k = w->first[o], stop = w->first[o + 1];
+    size_t done = 0; /* bytes of part k already written */
+    off_t at = 0;
+    int error = 0;
+    while (!error && k < stop) {
+        int n = 0;
+        size_t want = 0;
+        for (Py_ssize_t j = k; j < stop && n < IOV_BATCH; j++, n++) {
+            size_t skip = j == k ? done : 0;
+            iov[n].iov_base = (char *)w->parts[j].buf + skip;
+            want += iov[n].iov_len = (size_t)w->parts[j].len - skip;
+        }
+        if (!want) { /* empty parts only */
+            k += n;
+            done = 0;
+            continue;
+        }
+        ssize_t got = pwritev(fd, iov, n, at);
+        if (got <= 0) {
+            if (got == 0 || errno != EINTR) error = got ? errno : EIO;
+            continue;
+        }
+        at += got;
+        for (size_t left = (size_t)got; k < stop;) { /* past the parts written whole */
+            size_t rest = (size_t)w->parts[k].len - done;
+            if (left < rest) {
+                done += left;
+                break;
+            }
+            left -= rest;
+            done = 0;
+            k++;
+        }
+    }
+    struct timespec now[2]; /* its first use, to the nanosecond (the file system's own
+                               clock, UTIME_NOW, ticks in milliseconds) */
+    clock_gettime(CLOCK_REALTIME, &now[0]);
+    now[1] = now[0];
+    if (!error && futimens(fd, now) < 0) error = errno;
+    if (close(fd) < 0 && !error) error = errno;
+    if (!error && renameat(folder, w->tmps[o], folder, w->leaves[o]) < 0) error = errno;
+    if (error) unlinkat(folder, w->tmps[o], 0);
+    return error;
+}
+
+static void *writer(void *arg) {
+    Writes *w = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (Py_ssize_t o; (o = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->count;)
+        w->errors[o] = write_object(w, o);
+    return NULL;
+}
+
+/* Each item of `seq` (a sequence of str) as UTF-8 in `out`, held by `*held`; 0 with an error. */
+static int utf8_names(PyObject *seq, Py_ssize_t n, PyObject **held, const char ***out) {
+    if (!(*held = PySequence_Tuple(seq))) return 0;
+    if (PyTuple_GET_SIZE(*held) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd names for %zd objects", PyTuple_GET_SIZE(*held), n);
+        return 0;
+    }
+    if (!(*out = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *)))) return !!PyErr_NoMemory();
+    for (Py_ssize_t o = 0; o < n; o++) {
+        Py_ssize_t len;
+        const char *p = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(*held, o), &len);
+        if (!p) return 0;
+        if ((Py_ssize_t)strlen(p) != len || !len || strchr(p, '/')) {
+            PyErr_SetString(PyExc_ValueError, "a name is empty, or holds a NUL or a '/'");
+            return 0;
+        }
+        (*out)[o] = p;
+    }
+    return 1;
+}
+
+static PyObject *write_objects(PyObject *self, PyObject *args) {
+    PyObject *folders, *tmps, *leaves, *objects, *result = NULL, *held[3] = {NULL, NULL, NULL};
+    int threads;
+    Column fds = {.view = {.obj = NULL}};
+    Writes w = {0};
+    const char **tmp_names = NULL, **leaf_names = NULL;
+    Py_ssize_t taken = 0, total = 0;
+    if (!PyArg_ParseTuple(args, "OOOOi:write_objects", &folders, &tmps, &leaves, &objects,
+                          &threads))
+        return NULL;
+    if (threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "write_objects: threads >= 1");
+        return NULL;
+    }
+    if (!column(folders, &fds, 4, 0, "folders")) return NULL;
+    Py_ssize_t n = fds.count;
+    if (!utf8_names(tmps, n, &held[0], &tmp_names) || !utf8_names(leaves, n, &held[1], &leaf_names))
+        goto out;
+    if (!(held[2] = PySequence_Tuple(objects)) || PyTuple_GET_SIZE(held[2]) != n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "objects: one list of parts each");
+        goto out;
+    }
+    for (Py_ssize_t o = 0; o < n; o++) {
+        Py_ssize_t size = PySequence_Size(PyTuple_GET_ITEM(held[2], o));
+        if (size < 0) goto out;
+        total += size;
+    }
+    w.first = calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    w.parts = calloc((size_t)total + 1, sizeof(Py_buffer));
+    w.errors = calloc((size_t)n + 1, sizeof(int));
+    if (!w.first || !w.parts || !w.errors) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t o = 0; o < n; o++) {
+        PyObject *list = PySequence_Fast(PyTuple_GET_ITEM(held[2], o), "objects: lists of parts");
+        if (!list) goto out;
+        w.first[o] = taken;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(list); j++, taken++)
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(list, j), &w.parts[taken],
+                                   PyBUF_C_CONTIGUOUS) < 0) {
+                Py_DECREF(list);
+                goto out;
+            }
+        Py_DECREF(list);
+    }
+    w.first[n] = taken;
+    w.folders = fds.view.buf;
+    w.tmps = tmp_names;
+    w.leaves = leaf_names;
+    w.count = n;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_t ids[64];
+    int made = 0, wanted = threads < n ? threads : (int)n;
+    for (; made < wanted && made < 64; made++)
+        if (pthread_create(&ids[made], NULL, writer, &w)) break;
+    if (!made) writer(&w);
+    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    for (Py_ssize_t o = 0; result && o < n; o++)
+        PyList_SET_ITEM(result, o, PyLong_FromLong(w.errors[o]));
+out:
+    for (Py_ssize_t j = 0; j < taken; j++) PyBuffer_Release(&w.parts[j]);
+    PyBuffer_Release(&fds.view);
+    for (int k = 0; k < 3; k++) Py_XDECREF(held[k]);
+    PyMem_Free(tmp_names);
+    PyMem_Free(leaf_names);
+    free(w.first);
+    free(w.parts);
+    free(w.errors);
+    return result;
+}
+
 typedef uint32_t (*Sum)(uint32_t, const unsigned char *, size_t);
 
 /* The sum named `how` ("" : the one reads use), or NULL with an error where this CPU lacks it. */
@@ -615,7 +846,27 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return sum ? PyLong_FromUnsignedLong(found) : NULL;
 }
 
-static PyObject *crcs_of(PyObject *self, PyObject *arg) {
+/* `crcs_of`'s call: each buffer's sum, taken by threads taking the next buffer in turn. */
+typedef struct {
+    const Py_buffer *views;
+    uint32_t *sums;
+    Py_ssize_t count, next;
+} Sums;
+
+static void *summer(void *arg) {
+    Sums *s = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (Py_ssize_t i; (i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED)) < s->count;)
+        s->sums[i] = crc32c(0, s->views[i].buf, (size_t)s->views[i].len);
+    return NULL;
+}
+
+static PyObject *crcs_of(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O|i:crcs_of", &arg, &threads)) return NULL;
     PyObject *seq = PySequence_Fast(arg, "crcs_of takes a sequence of buffers");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
@@ -630,8 +881,14 @@ static PyObject *crcs_of(PyObject *self, PyObject *arg) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
                                PyBUF_C_CONTIGUOUS) < 0)
             goto out;
+    Sums job = {.views = views, .sums = sums, .count = n};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) sums[i] = crc32c(0, views[i].buf, (size_t)views[i].len);
+    pthread_t ids[64];
+    int made = 0, wanted = threads < n ? threads : (int)n;
+    for (; made < wanted - 1 && made < 64; made++)
+        if (pthread_create(&ids[made], NULL, summer, &job)) break;
+    summer(&job); /* this thread sums too (alone, where one thread is asked for) */
+    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
     Py_END_ALLOW_THREADS
     found = PyList_New(n);
     for (Py_ssize_t i = 0; found && i < n; i++)
@@ -658,9 +915,20 @@ static PyMethodDef methods[] = {
      "group g is whole, and a false answer stops the reads. Returns the objects opened and the "
      "ranges read whole, each counted from the first. Columns: int64, int64, int64, uint64, "
      "int64, uint32 (written), int64."},
-    {"crcs_of", crcs_of, METH_O,
-     "crcs_of(buffers) -> list[int]: the CRC-32C of each buffer, summed in one call outside the "
-     "interpreter's lock (a write's units: one release of the lock a page, not one a unit)."},
+    {"present", present, METH_VARARGS,
+     "present((root_fd, paths), threads) -> list[bool]: whether each path below root_fd is a "
+     "regular file, opened as read_objects opens an object (no link followed), on `threads` "
+     "threads (at most 64) without the interpreter's lock."},
+    {"write_objects", write_objects, METH_VARARGS,
+     "write_objects(folders, tmps, leaves, objects, threads) -> list[int]\n\n"
+     "Write object o (the buffers objects[o], in order) as the new file tmps[o] in the folder "
+     "open at folders[o] (int32), set its times now and rename it over leaves[o] there, on "
+     "`threads` threads (at most 64) without the interpreter's lock; each object's errno, 0 "
+     "where it was written (a failed one leaves no temporary file). No path is walked: names "
+     "are single components of their folder."},
+    {"crcs_of", crcs_of, METH_VARARGS,
+     "crcs_of(buffers, threads=1) -> list[int]: the CRC-32C of each buffer, summed in one call "
+     "outside the interpreter's lock, on up to `threads` threads (a write's units)."},
     {"crc32c", py_crc32c, METH_VARARGS,
      "crc32c(data, crc=0, how='') -> int: CRC-32C of data, extending crc, by the sum reads use "
      "or the one named (SUMS)."},

@@ -4,38 +4,33 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
-import secrets
 import stat
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.core.l3_owned import is_object_name
+from pipeline.engine.l3.stores._fileio import present
 from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath, store_name
-from pipeline.engine.l3.stores.capacity import CapacityFull, Quota, open_bound
+from pipeline.engine.l3.stores.capacity import Quota, open_bound
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads, in_memory
 from pipeline.engine.l3.stores.file_parts import FileParts, used
+from pipeline.engine.l3.stores.file_writes import put_object, put_objects
 from pipeline.engine.l3.stores.keys import read_key_file
 from pipeline.engine.l3.stores.ledger import ledger_capacity
-from pipeline.engine.l3.stores.owned import TEMPORARY, own_size
+from pipeline.engine.l3.stores.owned import own_size
 from pipeline.engine.l3.stores.parts import (
-    IOV_MAX,
     Check,
     Part,
     Range,
-    advance,
-    bytes_views,
     read_ranges,
 )
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Never through a link; a FIFO or device planted there opens without blocking (and is then
 refused as not a regular file)."""
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 TIMEOUT_S = 120.0
 """The longest a wait on the folder's lock lasts where the caller does not say
 (`runtime.timeout_s`'s default)."""
@@ -66,9 +61,11 @@ class FileStore:
         evict_to: float = 0.9,
         timeout_s: float = TIMEOUT_S,
         quota: Quota | None = None,
+        threads: int = 1,
     ) -> None:
         self.root = Path(root)
         self.direct = direct
+        self.threads = threads  # a lookup's (`exists`)
         self.beneath = Beneath(root)
         """The root, kept open: every path below it is opened without following a link."""
         self.counters = Counters()
@@ -129,50 +126,9 @@ class FileStore:
         return fd, info
 
     def put(self, name: str, parts: Sequence[Part]) -> None:
-        folders, leaf = self._split(name)
-        folder = self._folder(folders, create=True)
-        try:
-            try:
-                self._put(folder, leaf, name, parts)
-            except CapacityFull:
-                raise
-            except OSError as e:  # a full disk: make room once, then write again
-                if e.errno != errno.ENOSPC or self.bound is None:
-                    raise
-                held = self.bound.held()[0]
-                size = sum(memoryview(p).nbytes for p in parts)
-                margin = max(size, (self.capacity_bytes or 0) - self.target_bytes)
-                self.bound.evict(held - margin, self._keep(name))
-                self._put(folder, leaf, name, parts)
-        finally:
-            os.close(folder)
+        put_object(self, name, parts)
 
-    def _put(self, folder: int, leaf: str, name: str, parts: Sequence[Part]) -> None:
-        tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
-        try:
-            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
-            with os.fdopen(fd, "wb", buffering=0) as f:
-                views = bytes_views(parts)
-                size = sum(v.nbytes for v in views)
-                while views:  # one gathering write per IOV_MAX parts, however partial
-                    views = advance(views, os.writev(f.fileno(), views[:IOV_MAX]))
-                now = time.time_ns()  # its first use, to the nanosecond (the file system's
-                os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
-            with self._room(size, name):
-                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
-            self.counters.add(writes=1, written_bytes=size)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=folder)
-            raise
-
-    def _room(self, size: int, name: str) -> contextlib.AbstractContextManager[None]:
-        """Where the store is bounded: room for `size` more bytes, for the block."""
-        if self.bound is None:
-            return contextlib.nullcontext()
-        return self.bound.admit(size, self.target_bytes, self._keep(name), name)
-
-    def _keep(self, name: str) -> frozenset[str]:
+    def kept_with(self, name: str) -> frozenset[str]:
         """What a write of `name` must not evict: the names of the latest `exists` call that
         holds it (its write-back's objects), and itself."""
         with self._lists_lock:
@@ -188,6 +144,13 @@ class FileStore:
 
     def parts_reader(self) -> FileParts:
         return FileParts(self)
+
+    def units_writer(self) -> FileStore | None:
+        """Native writes where no capacity bounds the folder (a bound makes room for each)."""
+        return self if self.bound is None else None
+
+    def put_many(self, objects: Sequence[tuple[str, Sequence[Part]]]) -> None:
+        put_objects(self, objects)
 
     def units_reader(self) -> FileParts | None:
         """Native reads through the page cache (not O_DIRECT's aligned staging)."""
@@ -229,27 +192,27 @@ class FileStore:
 
     def get(self, name: str) -> bytes | None:
         try:
-            fd = self._open(name)
+            fd, info = self._opened(name, READ_FLAGS)
         except (OSError, ValueError):
             return None
-        try:
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        blob = bytearray(size)
-        return bytes(blob) if self.read(name, size, [(0, [memoryview(blob)])]) else None
+        os.close(fd)
+        blob = bytearray(info.st_size)
+        return bytes(blob) if self.read(name, len(blob), [(0, [memoryview(blob)])]) else None
 
     def exists(self, names: list[str]) -> list[bool]:
+        """Opened as reads open them: in one native call where it can (`_fileio.present`)."""
         with self._lists_lock:
             self._lists.append(frozenset(names))
-        found = []
-        for name in names:
-            try:
-                os.close(self._open(name))
-                found.append(True)
-            except (OSError, ValueError):
-                found.append(False)
-        return found
+        if (below := self.paths_below(names)) is not None:
+            return present(below, self.threads)
+        return [self._there(name) for name in names]
+
+    def _there(self, name: str) -> bool:
+        try:
+            os.close(self._open(name))
+        except (OSError, ValueError):
+            return False
+        return True
 
     def remove(self, names: list[str]) -> None:
         """Drop these objects: only where the name is an object's and its header names it

@@ -143,6 +143,9 @@ class MooncakeStore:
     def units_reader(self) -> None:
         """Ranged reads go through the client's batch calls (`parts_reader`)."""
 
+    def units_writer(self) -> None:
+        """Each object is one `upsert_parts` call of the client."""
+
     def read_parts(self, reads: Sequence[PartRead]) -> int:
         """Every read in one ranged get where all land in registered memory (one call into
         the client for many objects, instead of one per object, each a turn of Python's

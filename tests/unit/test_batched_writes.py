@@ -1,0 +1,156 @@
+"""A write-back's objects written in one native call (`pipeline.engine.l3.writes`,
+`_fileio.write_objects`, `FileStore.put_many`): each lands whole under its name or not at all
+(a temporary file renamed over it, relative to its folder: no link followed), bit-exact and
+readable as `put` writes it, its time its first use; a failure names its object, leaves no
+temporary file and the rest of the batch written; a bounded store writes one at a time."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import numpy as np
+import pytest
+
+from pipeline.engine.l3 import writes
+from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores._fileio import crcs_of, write_objects
+from pipeline.jobs.contents import first_mismatch
+from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
+
+
+def parts_of(seed: int, count: int, size: int) -> list[memoryview]:
+    rng = np.random.default_rng(seed)
+    return [
+        memoryview(rng.integers(0, 256, size + k % 3, np.uint8).tobytes()) for k in range(count)
+    ]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_each_object_lands_whole_under_its_name_with_its_time_now(
+    tmp_path: Path, threads: int
+) -> None:
+    """Objects of 1, 600 (more than one gathering write) and 3 parts, one of them empty, in
+    two folders: each file is its parts end to end, its access and modification times the
+    moment it was written (to the nanosecond, not the file system's tick); no temporary
+    file stays; an object written again replaces the old one whole."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    objects = [parts_of(1, 1, 5000), parts_of(2, 600, 70), [b"head", memoryview(b""), b"tail"]]
+    folders = [os.open(tmp_path / f, os.O_RDONLY | os.O_DIRECTORY) for f in ("a", "b", "a")]
+    try:
+        before = time.time_ns()
+        tmps, leaves = [f".tmp-{k:016x}" for k in range(3)], ["x", "y", "z"]
+        fds = np.array(folders, np.int32)
+        assert write_objects(fds, tmps, leaves, objects, threads) == [0, 0, 0]
+        after = time.time_ns()
+        for folder, leaf, parts in zip(["a", "b", "a"], leaves, objects, strict=True):
+            path = tmp_path / folder / leaf
+            info = os.stat(path)  # before the read below sets its access time
+            assert before <= info.st_mtime_ns == info.st_atime_ns <= after
+            assert path.read_bytes() == b"".join(bytes(p) for p in parts)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "x", "y", "z"]
+        again = [[b"new"]]
+        assert write_objects(fds[:1], [".tmp-" + "f" * 16], ["x"], again, threads) == [0]
+        assert (tmp_path / "a" / "x").read_bytes() == b"new"
+    finally:
+        for fd in folders:
+            os.close(fd)
+
+
+def test_a_failed_object_leaves_nothing_of_its_own_and_the_rest_written(tmp_path: Path) -> None:
+    """A temporary name already taken (never opened through: O_EXCL, no link followed), a
+    final name that is a folder (the rename fails; the temporary is removed), a folder not
+    open: each answers its errno; the object beside them is written. A name with a '/' in it
+    is refused before any write."""
+    os.symlink(tmp_path / "elsewhere", tmp_path / ".tmp-taken")
+    (tmp_path / "dir").mkdir()
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fds = np.array([root, root, root, 10_000], np.int32)
+        tmps = [".tmp-taken", ".tmp-0000000000000001", ".tmp-0000000000000002", ".tmp-3"]
+        leaves = ["one", "dir", "fine", "gone"]
+        errors = write_objects(fds, tmps, leaves, [[b"1"], [b"2"], [b"3"], [b"4"]], 2)
+        assert errors[0] == 17 and errors[1] in (21, 39) and errors[2] == 0 and errors[3] == 9
+        assert not (tmp_path / "elsewhere").exists() and (tmp_path / "fine").read_bytes() == b"3"
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-taken", "dir", "fine"]
+        assert list((tmp_path / "dir").iterdir()) == []
+        with pytest.raises(ValueError, match="holds a NUL or a '/'"):
+            write_objects(fds[:1], ["a/b"], ["c"], [[b"x"]], 1)
+        with pytest.raises(ValueError, match="2 names for 1 objects"):
+            write_objects(fds[:1], ["a", "b"], ["c"], [[b"x"]], 1)
+    finally:
+        os.close(root)
+
+
+def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(tmp_path: Path) -> None:
+    """`put_many` in folders made as needed: each object reads back as `put` would leave it,
+    counted; one whose name is taken by a folder fails the call naming it, after the
+    others are written. A bounded store has no native writer (room is made for each)."""
+    store = FileStore(str(tmp_path), threads=2)
+    try:
+        assert store.units_writer() is store
+        objects = [(f"ns/{k:02x}/key{k}", [b"h%d" % k, *parts_of(k, 3, 100)]) for k in range(5)]
+        store.put_many(objects)
+        for name, parts in objects:
+            assert store.get(name) == b"".join(bytes(p) for p in parts)
+        assert store.counters.snapshot()["writes"] == 5
+        (tmp_path / "ns/01/blocked").mkdir()
+        with pytest.raises(OSError, match="ns/01/blocked: Is a directory"):
+            store.put_many([("ns/01/blocked", [b"x"]), ("ns/02/after", [b"y"])])
+        assert store.get("ns/02/after") == b"y"
+        assert not [p for p in tmp_path.rglob(".tmp-*")]
+    finally:
+        store.close()
+    (tmp_path / "bounded").mkdir()
+    bounded = FileStore(str(tmp_path / "bounded"), capacity_bytes=1 << 20)
+    try:
+        assert bounded.units_writer() is None
+    finally:
+        bounded.close()
+
+
+def test_a_writes_units_are_summed_on_threads_as_on_one() -> None:
+    parts = [*parts_of(7, 40, 3000), memoryview(b"")]
+    assert crcs_of(parts, 4) == crcs_of(parts) == [crc32c.crc32c(p) for p in parts]
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    ("overrides", "native"),
+    [
+        (["topology.mem_layout=page_first_direct"], True),
+        (["topology.mem_layout=layer_first"], True),
+        (["topology.mem_layout=page_first"], False),  # staged: a page a task
+        (["topology.mem_layout=page_first_direct", "storage.capacity_bytes=64MiB"], False),
+    ],
+    ids=["page_first_direct", "layer_first", "page_first", "bounded"],
+)
+def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], native: bool
+) -> None:
+    """Every page of the write-back in one `put_many` call (2 I/O threads: batches of 4
+    pages, so two calls for 5) where the pool holds the units as bytes and the store is
+    unbounded; else one `put` a page. Either way the pages load back bit-exact."""
+    calls: list[int] = []
+    real = FileStore.put_many
+
+    def put_many(store: FileStore, objects: Any) -> None:
+        calls.append(len(objects))
+        real(store, objects)
+
+    monkeypatch.setattr(FileStore, "put_many", put_many)
+    puts: list[str] = []
+    real_put = FileStore.put
+    monkeypatch.setattr(FileStore, "put", lambda s, n, p: (puts.append(n), real_put(s, n, p)))
+    with engine_with(tmp_path, "storage.io_threads=2", *overrides) as engine:
+        keys, expected = stored_prefix(engine)
+        assert (calls, len(puts)) == (([4, 1], 0) if native else ([], PAGES))
+        loaded, target, _ = load(engine, keys)
+        assert loaded.hits == PAGES and loaded.handle is not None
+        loaded.handle.done().wait()
+        assert not first_mismatch(engine, target, expected)
+    assert writes.write_pages.__module__ == "pipeline.engine.l3.writes"
