@@ -5,6 +5,7 @@ read a page), bit-exact, and a bad object ends the hits at its page, counted as 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -17,6 +18,7 @@ import pytest
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
+from pipeline.engine.l3 import load as streamed
 from pipeline.engine.l3.batch import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
@@ -368,13 +370,15 @@ def test_a_bad_object_in_a_run_ends_the_hits_at_its_page(
 
 @pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize(("case", "layer"), [("gone", 1), ("damaged", 2)])
+@pytest.mark.parametrize("read_first", [False, True], ids=["as-they-come", "read-first"])
 def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, layer: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, layer: int, read_first: bool
 ) -> None:
     """Read natively, layer by layer: page 3's object removed (its first later group, layer
     1, misses it), or a byte of its layer 2 flipped, once the hits are agreed: the waits raise
     by that layer's (a wait also settles the later groups already read), naming the layer and
-    the page; a flipped byte counts as corrupt."""
+    the page; a flipped byte counts as corrupt. Where every later group was read before the
+    load returned (`read-first`), neither the load nor `ready` raises: only the wait does."""
     layout = ["topology.mem_layout=page_first_direct", "storage.stream_layers=1"]
     with engine_with(tmp_path, *layout, "storage.io_threads=2") as engine:
         keys, _ = stored_prefix(engine)
@@ -392,10 +396,19 @@ def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
                 damage(path, "payload", head + tier.object.offsets[unit.ordinal])
             return done
 
+        def start_runs(*args: Any) -> Any:  # every later group read before the load returns
+            started = real_start(*args)
+            concurrent.futures.wait([f for runs in started for _, _, f in runs])
+            return started
+
         monkeypatch.setattr(tier, "fetch", fetch)
+        real_start = streamed.start_runs
+        if read_first:
+            monkeypatch.setattr(streamed, "start_runs", start_runs)
         loaded, _, _ = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
+        assert not handle.ready(layer)
         with pytest.raises(RuntimeError, match=rf"layers {layer}-{layer} not loaded.*page 3"):
             for waited in range(layer + 1):
                 handle.wait(waited)

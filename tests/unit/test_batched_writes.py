@@ -64,8 +64,8 @@ def test_each_object_lands_whole_under_its_name_with_its_time_now(
 def test_a_failed_object_leaves_nothing_of_its_own_and_the_rest_written(tmp_path: Path) -> None:
     """A temporary name already taken (never opened through: O_EXCL, no link followed), a
     final name that is a folder (the rename fails; the temporary is removed), a folder not
-    open: each answers its errno; the object beside them is written. A name with a '/' in it
-    is refused before any write."""
+    open: each answers its errno; the object beside them is written. A name that is not one
+    component of its folder (a '/', '.', '..', empty) is refused before any write."""
     os.symlink(tmp_path / "elsewhere", tmp_path / ".tmp-taken")
     (tmp_path / "dir").mkdir()
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -78,8 +78,9 @@ def test_a_failed_object_leaves_nothing_of_its_own_and_the_rest_written(tmp_path
         assert not (tmp_path / "elsewhere").exists() and (tmp_path / "fine").read_bytes() == b"3"
         assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-taken", "dir", "fine"]
         assert list((tmp_path / "dir").iterdir()) == []
-        with pytest.raises(ValueError, match="holds a NUL or a '/'"):
-            write_objects(fds[:1], ["a/b"], ["c"], [[b"x"]], 1)
+        for bad in ("a/b", "..", ".", ""):
+            with pytest.raises(ValueError, match=r"empty, '\.', '\.\.', or holds a NUL or a '/'"):
+                write_objects(fds[:1], [".tmp-5"], [bad], [[b"x"]], 1)
         with pytest.raises(ValueError, match="2 names for 1 objects"):
             write_objects(fds[:1], ["a", "b"], ["c"], [[b"x"]], 1)
     finally:

@@ -42,6 +42,12 @@ from pipeline.engine.transfer.graphs import TransferGraphs
 from pipeline.engine.transfer.state import Transfer
 
 
+def whole(run: Run) -> bool:
+    """Whether a run of reads is done and read every page of it intact."""
+    first, stop, future = run
+    return future.done() and future.exception() is None and future.result() == stop - first
+
+
 def layer_groups(
     units: tuple[Unit, ...], num_layers: int, per_group: int
 ) -> list[tuple[Unit, ...]]:
@@ -128,10 +134,12 @@ class StreamedLoad:
         return self.load.handle.done(consumer)
 
     def _issue_through(self, group: int) -> None:
-        """Issue the groups up to `group`, and the later ones whose reads are all in."""
+        """Issue the groups up to `group`, and the later ones whose reads are all in, intact
+        (a later group that missed fails the load only when it is waited for: neither the
+        load's own return nor `ready` raises for a layer nobody asked for yet)."""
         while self.issued < len(self.reads) and self.load.transfer.error is None:
             k, (job, runs) = self.issued, self.reads[self.issued]
-            if k > group and not all(run.done() for _, _, run in runs):
+            if k > group and not all(whole(run) for run in runs):
                 return
             self._settled(k, job, runs)
             self.issued += 1

@@ -414,6 +414,33 @@ static int column(PyObject *obj, Column *col, Py_ssize_t itemsize, int writable,
     return 1;
 }
 
+/* Each item of `seq` (a sequence of `n` str) as UTF-8 in `out`, held by `*held`; 0 with an
+   error at a NUL byte, or where `component` (a name within its folder) at an empty name, a
+   '/', "." or "..". */
+static int utf8_names(PyObject *seq, Py_ssize_t n, int component, PyObject **held,
+                      const char ***out) {
+    if (!(*held = PySequence_Tuple(seq))) return 0;
+    if (PyTuple_GET_SIZE(*held) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd names for %zd objects", PyTuple_GET_SIZE(*held), n);
+        return 0;
+    }
+    if (!(*out = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *)))) return !!PyErr_NoMemory();
+    for (Py_ssize_t o = 0; o < n; o++) {
+        Py_ssize_t len;
+        const char *p = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(*held, o), &len);
+        if (!p) return 0;
+        int bad = component && (!len || strchr(p, '/') || !strcmp(p, ".") || !strcmp(p, ".."));
+        if ((Py_ssize_t)strlen(p) != len || bad) {
+            PyErr_SetString(PyExc_ValueError, component ? "a name is empty, '.', '..', or holds "
+                                                          "a NUL or a '/'"
+                                                        : "a path holds a NUL byte");
+            return 0;
+        }
+        (*out)[o] = p;
+    }
+    return 1;
+}
+
 /* The objects' descriptors: opened below `root` by the reading threads (`paths`, the
    store's names), or given (`fds`, -1 for one not there); 0 with an error. */
 static int objects_of(PyObject *files, Reads *r, PyObject **paths_held, const char ***paths,
@@ -421,23 +448,9 @@ static int objects_of(PyObject *files, Reads *r, PyObject **paths_held, const ch
     int root;
     PyObject *names;
     if (PyTuple_Check(files)) {
-        if (!PyArg_ParseTuple(files, "iO:files", &root, &names)) return 0;
-        if (!(*paths_held = PySequence_Tuple(names))) return 0;
-        if (PyTuple_GET_SIZE(*paths_held) != n) {
-            PyErr_Format(PyExc_ValueError, "%zd paths for %zd objects", PyTuple_GET_SIZE(*paths_held), n);
+        if (!PyArg_ParseTuple(files, "iO:files", &root, &names) ||
+            !utf8_names(names, n, 0, paths_held, paths))
             return 0;
-        }
-        if (!(*paths = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *)))) return !!PyErr_NoMemory();
-        for (Py_ssize_t o = 0; o < n; o++) {
-            Py_ssize_t len;
-            const char *p = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(*paths_held, o), &len);
-            if (!p) return 0;
-            if ((Py_ssize_t)strlen(p) != len) {
-                PyErr_SetString(PyExc_ValueError, "a path holds a NUL byte");
-                return 0;
-            }
-            (*paths)[o] = p;
-        }
         r->root = root;
         r->paths = *paths;
         return 1;
@@ -720,27 +733,6 @@ static void *writer(void *arg) {
     return NULL;
 }
 
-/* Each item of `seq` (a sequence of str) as UTF-8 in `out`, held by `*held`; 0 with an error. */
-static int utf8_names(PyObject *seq, Py_ssize_t n, PyObject **held, const char ***out) {
-    if (!(*held = PySequence_Tuple(seq))) return 0;
-    if (PyTuple_GET_SIZE(*held) != n) {
-        PyErr_Format(PyExc_ValueError, "%zd names for %zd objects", PyTuple_GET_SIZE(*held), n);
-        return 0;
-    }
-    if (!(*out = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *)))) return !!PyErr_NoMemory();
-    for (Py_ssize_t o = 0; o < n; o++) {
-        Py_ssize_t len;
-        const char *p = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(*held, o), &len);
-        if (!p) return 0;
-        if ((Py_ssize_t)strlen(p) != len || !len || strchr(p, '/')) {
-            PyErr_SetString(PyExc_ValueError, "a name is empty, or holds a NUL or a '/'");
-            return 0;
-        }
-        (*out)[o] = p;
-    }
-    return 1;
-}
-
 static PyObject *write_objects(PyObject *self, PyObject *args) {
     PyObject *folders, *tmps, *leaves, *objects, *result = NULL, *held[3] = {NULL, NULL, NULL};
     int threads;
@@ -757,7 +749,8 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
     }
     if (!column(folders, &fds, 4, 0, "folders")) return NULL;
     Py_ssize_t n = fds.count;
-    if (!utf8_names(tmps, n, &held[0], &tmp_names) || !utf8_names(leaves, n, &held[1], &leaf_names))
+    if (!utf8_names(tmps, n, 1, &held[0], &tmp_names) ||
+        !utf8_names(leaves, n, 1, &held[1], &leaf_names))
         goto out;
     if (!(held[2] = PySequence_Tuple(objects)) || PyTuple_GET_SIZE(held[2]) != n) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "objects: one list of parts each");
