@@ -7,6 +7,7 @@ temporary file and the rest of the batch written; a bounded store writes one at 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from pipeline.engine.l3 import writes
-from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores import FileStore, file_writes
 from pipeline.engine.l3.stores._fileio import crcs_of, write_objects
 from pipeline.jobs.contents import first_mismatch
 from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
@@ -155,3 +156,29 @@ def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
         loaded.handle.done().wait()
         assert not first_mismatch(engine, target, expected)
     assert writes.write_pages.__module__ == "pipeline.engine.l3.writes"
+
+
+def test_a_native_call_leaves_the_callers_signals_alone() -> None:
+    """Its own threads block every signal; the calling thread (which works too) keeps its
+    mask, so Ctrl-C still reaches the interpreter's main thread."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert crcs_of(parts_of(3, 8, 1000), 1) == crcs_of(parts_of(3, 8, 1000), 4)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+def test_a_put_whose_temporary_name_is_taken_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file already under the temporary name a put draws (planted, or another writer's)
+    refuses the put (O_EXCL) and stays: only a temporary the put made is ever removed."""
+    store = FileStore(str(tmp_path))
+    try:
+        (tmp_path / "ns").mkdir()
+        planted = tmp_path / "ns" / ".tmp-0000000000000000"
+        planted.write_bytes(b"not the store's")
+        monkeypatch.setattr(file_writes.secrets, "token_hex", lambda n: "0" * 2 * n)
+        with pytest.raises(FileExistsError):
+            store.put("ns/key", [b"x"])
+        assert planted.read_bytes() == b"not the store's" and store.get("ns/key") is None
+    finally:
+        store.close()

@@ -224,7 +224,8 @@ def streamed_layers(engine: Loader, tier: L3Tier, pages: int) -> int:
     if tier.storage.stream_layers is not None:
         return tier.storage.stream_layers
     units = tier.reads(False)
-    gpu, native = engine.runtime.device.type == "cuda", batched(tier, units, device=False)
+    gpu = engine.runtime.device.type == "cuda"
+    native = gpu and batched(tier, units, device=False)  # asked only where it could stream
     load_bytes = pages * sum(u.page_bytes for u in units)
     return auto_layers(engine.model.num_layers, load_bytes, gpu=gpu, native=native)
 

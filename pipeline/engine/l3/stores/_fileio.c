@@ -298,6 +298,32 @@ static int open_object(int root, const char *path, int64_t size, int used) {
     return fd;
 }
 
+/* A thread of the extension's own: every signal blocked (they are the interpreter's main
+   thread's), then its work. */
+typedef struct {
+    void *(*work)(void *);
+    void *arg;
+} Work;
+
+static void *quiet(void *work) {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    return ((Work *)work)->work(((Work *)work)->arg);
+}
+
+/* `work(arg)` on up to `threads` threads (at most 64, no more than `jobs`), the calling one
+   among them, each taking jobs until none is left; returns once all are done. */
+static void on_threads(void *(*work)(void *), void *arg, Py_ssize_t jobs, int threads) {
+    Work quietly = {work, arg};
+    pthread_t ids[63];
+    int made = 0, wanted = threads < jobs ? threads : (int)jobs;
+    for (; made < wanted - 1 && made < 63; made++)
+        if (pthread_create(&ids[made], NULL, quiet, &quietly)) break;
+    work(arg);
+    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+}
+
 enum { UNOPENED, OPENING, OPEN, ABSENT }; /* an object's descriptor, as threads see it */
 
 /* One `read_objects` call: its columns, its items (an object's ranges within one group, in
@@ -347,9 +373,6 @@ static int read_item(Reads *r, Py_ssize_t i) {
    left; the last item of a group wakes the caller. */
 static void *reader(void *arg) {
     Reads *r = arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the interpreter's main thread's */
     for (Py_ssize_t i; (i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED)) < r->items;) {
         if (i < __atomic_load_n(&r->limit, __ATOMIC_ACQUIRE)) {
             r->item_ok[i] = (int8_t)read_item(r, i);
@@ -473,9 +496,10 @@ static int objects_of(PyObject *files, Reads *r, PyObject **paths_held, const ch
 static int run_groups(Reads *r, Py_ssize_t groups, int threads,
                       PyObject *on_group, PyThreadState **state) {
     pthread_t *ids = malloc(sizeof(pthread_t) * (size_t)threads);
+    Work reading = {reader, r};
     int made = 0, raised = 0;
     for (; ids && made < threads && r->items; made++)
-        if (pthread_create(&ids[made], NULL, reader, r)) break;
+        if (pthread_create(&ids[made], NULL, quiet, &reading)) break;
     if (!made) reader(r); /* no thread to be had: this one reads */
     for (Py_ssize_t g = 0, group_end = 0; g < groups; g++) {
         while (group_end < r->items && r->item_group[group_end] <= g) group_end++;
@@ -610,9 +634,6 @@ typedef struct {
 
 static void *look_up(void *arg) {
     Lookups *l = arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
     for (Py_ssize_t i; (i = __atomic_fetch_add(&l->next, 1, __ATOMIC_RELAXED)) < l->count;) {
         int fd = open_object(l->root, l->paths[i], -1, 0);
         l->found[i] = fd >= 0;
@@ -642,13 +663,8 @@ static PyObject *present(PyObject *self, PyObject *args) {
     if (objects_of(files, &r, &paths_held, &paths, NULL, n)) {
         l.root = r.root;
         l.paths = r.paths;
-        pthread_t ids[64];
-        int made = 0, wanted = threads < n ? threads : (int)n;
         Py_BEGIN_ALLOW_THREADS
-        for (; made < wanted && made < 64; made++)
-            if (pthread_create(&ids[made], NULL, look_up, &l)) break;
-        if (!made) look_up(&l);
-        for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+        on_threads(look_up, &l, n, threads);
         Py_END_ALLOW_THREADS
         result = PyList_New(n);
         for (Py_ssize_t i = 0; result && i < n; i++)
@@ -725,9 +741,6 @@ static int write_object(Writes *w, Py_ssize_t o) {
 
 static void *writer(void *arg) {
     Writes *w = arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
     for (Py_ssize_t o; (o = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->count;)
         w->errors[o] = write_object(w, o);
     return NULL;
@@ -786,12 +799,7 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
     w.leaves = leaf_names;
     w.count = n;
     Py_BEGIN_ALLOW_THREADS
-    pthread_t ids[64];
-    int made = 0, wanted = threads < n ? threads : (int)n;
-    for (; made < wanted && made < 64; made++)
-        if (pthread_create(&ids[made], NULL, writer, &w)) break;
-    if (!made) writer(&w);
-    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+    on_threads(writer, &w, n, threads);
     Py_END_ALLOW_THREADS
     result = PyList_New(n);
     for (Py_ssize_t o = 0; result && o < n; o++)
@@ -848,9 +856,6 @@ typedef struct {
 
 static void *summer(void *arg) {
     Sums *s = arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
     for (Py_ssize_t i; (i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED)) < s->count;)
         s->sums[i] = crc32c(0, s->views[i].buf, (size_t)s->views[i].len);
     return NULL;
@@ -876,12 +881,7 @@ static PyObject *crcs_of(PyObject *self, PyObject *args) {
             goto out;
     Sums job = {.views = views, .sums = sums, .count = n};
     Py_BEGIN_ALLOW_THREADS
-    pthread_t ids[64];
-    int made = 0, wanted = threads < n ? threads : (int)n;
-    for (; made < wanted - 1 && made < 64; made++)
-        if (pthread_create(&ids[made], NULL, summer, &job)) break;
-    summer(&job); /* this thread sums too (alone, where one thread is asked for) */
-    for (int t = 0; t < made; t++) pthread_join(ids[t], NULL);
+    on_threads(summer, &job, n, threads);
     Py_END_ALLOW_THREADS
     found = PyList_New(n);
     for (Py_ssize_t i = 0; found && i < n; i++)

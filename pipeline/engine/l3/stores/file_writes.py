@@ -63,8 +63,8 @@ def put_object(store: FileStore, name: str, parts: Sequence[Part]) -> None:
 
 def _put(store: FileStore, folder: int, leaf: str, name: str, parts: Sequence[Part]) -> None:
     tmp = f"{TEMPORARY}{secrets.token_hex(8)}"
+    fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)  # refused: nothing of ours to remove
     try:
-        fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=folder)
         with os.fdopen(fd, "wb", buffering=0) as f:
             views = bytes_views(parts)
             size = sum(v.nbytes for v in views)
@@ -75,7 +75,7 @@ def _put(store: FileStore, folder: int, leaf: str, name: str, parts: Sequence[Pa
         with _room(store, size, name):
             os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
         store.counters.add(writes=1, written_bytes=size)
-    except BaseException:
+    except BaseException:  # the temporary this call made (O_EXCL), under the name it drew
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder)
         raise
