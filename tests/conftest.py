@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.config.job import Job
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.jobs.l3_store import master_on_loopback
@@ -47,7 +48,7 @@ def one_rank() -> Iterator[None]:
 
 def job_config(*overrides: str) -> Job:
     """The typed job `run` would send to its ranks for these overrides."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         return Session.compose(list(overrides)).job()
 
 

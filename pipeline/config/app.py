@@ -18,6 +18,7 @@ from hydra import initialize_config_module
 
 from pipeline.config.compose import ALL_GROUPS, Session
 from pipeline.config.deployment import Configs
+from pipeline.config.sources import SHIPPED
 from pipeline.config.validate import checked_config
 from pipeline.core.checks import ConfigError, Problem, raise_problems
 
@@ -90,7 +91,7 @@ def configs(config_dir: str | None, allowed: Sequence[str] = ()) -> Iterator[Con
     """Hydra's compose API over the shipped options and the user's checked ones, and the
     user's deployment (`config.yaml`) if any (`allowed`: the store endpoints their files may
     name)."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         loaded = Configs.load(config_dir, allowed)
         with loaded.registered():
             yield loaded

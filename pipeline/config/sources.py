@@ -1,4 +1,5 @@
-"""Where config options come from: the shipped `conf` package, and a user's checked folder.
+"""Where config options come from: the shipped `pipeline.conf` package, and a user's checked
+folder.
 
 User options reach Hydra only through the ConfigStore, after `untrusted.read_config_dir`
 checked them; `ConfigSources.registered()` puts them there for the length of a command.
@@ -19,12 +20,17 @@ from pipeline.config.schema import GROUP_SCHEMAS
 from pipeline.config.untrusted import UserOption, read_config_dir, read_yaml
 from pipeline.core.checks import Problem
 
+SHIPPED = "pipeline.conf"
+"""The package the shipped options are installed as: the repository's `conf/` folder, under
+this package's name, so a `conf/` of the user's own (every Hydra project has one) in the
+working folder never shadows it (`pkg://pipeline.conf`)."""
+
 
 def shipped_root() -> Path:
-    """The folder of the `conf` package (found without importing it: importing it registers
-    the schemas, which imports this layer)."""
-    spec = importlib.util.find_spec("conf")
-    assert spec is not None and spec.submodule_search_locations, "the conf package ships"
+    """The folder of the shipped options (found without importing their package: importing it
+    registers the schemas, which imports this layer)."""
+    spec = importlib.util.find_spec(SHIPPED)
+    assert spec is not None and spec.submodule_search_locations, f"{SHIPPED} ships"
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -21,6 +21,7 @@ from hydra import initialize_config_module
 
 import pipeline
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.core.checks import ConfigError
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores import FileStore, open_store
@@ -232,14 +233,14 @@ def test_capacity_knobs_out_of_range_are_refused_naming_the_key(
     overrides: list[str], message: str
 ) -> None:
     with (
-        initialize_config_module(config_module="conf", version_base="1.3"),
+        initialize_config_module(config_module=SHIPPED, version_base="1.3"),
         pytest.raises(ConfigError, match=re.escape(message)),
     ):
         Session.compose(overrides).job()
 
 
 def test_a_capacity_reads_as_bytes() -> None:
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         job = Session.compose(["storage=file", "storage.capacity_bytes=64GiB"]).job()
     assert job.storage.capacity == 64 << 30 and job.storage.evict_to == 0.9
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 import pipeline
 from pipeline.cli.main import HELP, command_help
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.core.checks import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_every_knob_named_in_help_readme_and_examples_exists() -> None:
     knobs = named_knobs()
     placed: dict[int, list[str]] = {}
     unknown = []
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         configs = [Session.compose(list(base)).cfg for base in BASES]
     for key in sorted(knobs):
         where = next((i for i, c in enumerate(configs) if has(c, key)), None)

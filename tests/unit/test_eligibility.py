@@ -6,6 +6,7 @@ import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
 from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership
@@ -34,7 +35,7 @@ MLA = ModelGeometry(
 
 def verdict(*overrides: str) -> tuple[Session, Verdict]:
     """Compose the shipped config with overrides and decide (fallbacks compose too)."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         session = Session.compose(list(overrides))
         return session, session.verdict()
 
@@ -82,7 +83,7 @@ def test_many_failures_from_decide() -> None:
 
 def test_effective_config_runs_the_fallback() -> None:
     """tp 1 has no peer: rotating falls back, and the effective config is replicated's."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         job = Session.compose(["strategy=rotating", "topology=tp1"]).job()
     v = job.verdict
     assert failed(v) == ["attn_tp_gt_1"]

@@ -16,6 +16,7 @@ from hydra import initialize_config_module
 
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.config.eligibility import RULES
 from pipeline.core.checks import ConfigError
 from pipeline.core.crc_runs import CrcRuns
@@ -239,7 +240,7 @@ def test_a_fetch_must_agree_on_hits_and_dedup_on_its_plan() -> None:
 
 
 def test_a_strategy_whose_fetch_cannot_agree_is_refused_before_a_rank_starts() -> None:
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         session = Session.compose(
             [
                 "strategy=single_source",
@@ -302,7 +303,7 @@ def test_under_torchrun_a_store_must_be_given(monkeypatch: pytest.MonkeyPatch) -
 def test_each_l3_bench_case_keeps_its_own_segment_on_the_store_made_for_the_run() -> None:
     """A segment sized for the smallest case made Mooncake evict the larger case's first
     pages (every later load missed): each case keeps its size, on the shared master."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         session = Session.compose(["bench=l3", "model=deepseek_v3", "topology=tp2"])
         cases = l3_cases(session)
     made = {
@@ -332,7 +333,7 @@ def test_each_l3_bench_case_keeps_its_own_segment_on_the_store_made_for_the_run(
 )
 def test_store_knobs_out_of_range_are_refused_naming_the_key(override: str, message: str) -> None:
     with (
-        initialize_config_module(config_module="conf", version_base="1.3"),
+        initialize_config_module(config_module=SHIPPED, version_base="1.3"),
         pytest.raises(ConfigError, match=re.escape(message)),
     ):
         Session.compose(["storage=mooncake", override]).job()

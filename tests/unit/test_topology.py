@@ -6,6 +6,7 @@ import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
+from pipeline.config.sources import SHIPPED
 from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind, Unit
 from pipeline.core.topology import Topology
 
@@ -185,7 +186,7 @@ def test_indexer_layers_null_means_every_layer() -> None:
 )
 def test_shipped_preset_bytes_per_token(preset: str, bytes_per_token: int) -> None:
     """The composed presets match the byte counts documented in their YAML comments."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         m = Session.compose([f"model={preset}"]).model()
     assert m.name == preset
     assert m.bytes_per_token == bytes_per_token
@@ -228,7 +229,7 @@ def test_indexer_layers_unsorted_or_repeated(layers: list[int]) -> None:
 
 def test_glm5_index_k_layers_are_the_models_own() -> None:
     """GLM-5 keeps index-K on layer 0, then every 4th layer from layer 1: 21 of 78."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
         glm5 = Session.compose(["model=glm5"]).model()
     assert glm5.indexer_layers == (0, *range(1, 78, 4))
     assert len(glm5.indexer_layers) == 21 and glm5.indexer_layers[-1] == 77
