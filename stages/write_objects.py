@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.engine.l3.intact import intact_pages
 from pipeline.engine.l3.shares import hear_missing, receive_shares, send_share, tell_missing
 from pipeline.engine.l3.tier import L3Tier, ObjectsJob
 from pipeline.engine.l3.writes import write_pages
@@ -10,14 +11,16 @@ from pipeline.engine.l3.writes import write_pages
 class WriteObjects:
     """Per page, its one object, written by the replica group's first rank, a batch at a time
     (`write_pages`: in one native call where the store allows, else `storage.io_threads` at
-    once); objects already stored are left alone (a key names its bytes).
+    once); an object already stored intact is left alone (a key names its bytes), anything
+    else at its name (damaged, unkeyed under a key, not a regular file) is written over
+    (`intact_pages`: each present object read and checked as a load checks it).
     Under rotating the other owners first send the writer their layers of the pages it will
     write, a few pages at a time. The first failed write fails the write-back."""
 
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None:
         roles, pages = tier.roles, [int(p) for p in job.host_pages]
         if tier.rank == roles.writer:
-            stored = tier.store.exists([tier.name(k) for k in job.keys])
+            stored = intact_pages(tier, job.keys)
             missing = [i for i, present in enumerate(stored) if not present]
             tell_missing(tier, [not present for present in stored])
             for first in range(0, len(missing), tier.batch_pages):

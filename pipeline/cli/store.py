@@ -28,8 +28,9 @@ A file store's folder (storage.path), shared or not with running jobs:
           its name, its length) and each unit's digest, as its header gives them; list the
           corrupt ones and why (--remove: unlink them; exit 1 where corrupt objects remain).
           Keyed objects need storage.auth_key_file=KEY; those it cannot check (keyed without
-          the key or with another, another format version, unreadable) are listed as not
-          checked, never called intact, never removed.
+          the key, another format version, unreadable) are listed as not checked, never
+          called intact, never removed. With the key, objects it does not authenticate
+          (unkeyed, or another key's) are corrupt once another object checks with it.
   evict   remove objects, least recently used first, until the folder holds at most BYTES
           (an int or a size such as 64GiB)
 

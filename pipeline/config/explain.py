@@ -20,8 +20,8 @@ from pipeline.config.checked import (
     strategy_stage_problems,
     unknown_keys,
 )
-from pipeline.config.compose import READS
-from pipeline.config.costs import Ranking, ranking
+from pipeline.config.compose import READS, Session
+from pipeline.config.costs import AUTO, Ranking, ranking
 from pipeline.config.deployment import Configs
 from pipeline.config.eligibility import Chain, RuleResult, chain_of
 from pipeline.config.overrides import checked_overrides
@@ -87,12 +87,14 @@ def explained(
     session, problems = checked_config(overrides, loaded, reads)
     if session is None:
         raise ConfigError(problems)
+    unused = unused_files(loaded, session)  # validate's to check, not explain's
+    problems = [p for p in problems if p.file not in unused]
     refused, _ = checked_overrides(overrides, group_options(loaded))
     cfg, option = session.cfg, session.strategy_option
     judged = built_groups(cfg, ("model", "topology", "storage"))
     storage = judged["storage"]
     if (
-        loaded.sources.problems
+        any(p.file not in unused for p in loaded.sources.problems)
         or refused
         or unknown_keys(cfg)
         or rule_problems(cfg.strategy)
@@ -118,3 +120,28 @@ def explained(
     said = tuple(n for n in (session.links_note, session.auto_note) if n is not None)
     chain = dataclasses.replace(chain, notes=(*chain.notes, *said))
     return Explanation(chain, tuple(problems), model, topology, bool(cfg.strict), costs, auto)
+
+
+def unused_files(loaded: Configs, session: Session) -> set[str]:
+    """The folder's option files this config does not read: options no group chose, but for
+    the chosen strategy's fallbacks and, with strategy=auto, every strategy (its candidates)."""
+    auto = session.pick is not None or session.strategy_option == AUTO
+    used = {*session.choices.items(), *(("strategy", s) for s in fallbacks(session))}
+    return {
+        o.path
+        for o in loaded.sources.user
+        if (o.group, o.name) not in used and not (auto and o.group == "strategy")
+    }
+
+
+def fallbacks(session: Session) -> set[str]:
+    """Every strategy option the chosen one may fall back to, in turn."""
+    found: set[str] = set()
+    option = session.cfg.strategy.fallback
+    while option is not None and option not in found:
+        found.add(str(option))
+        try:
+            option = session.with_strategy(str(option)).strategy.fallback
+        except ConfigError:  # no such option: the chain's own problem, which explain lists
+            break
+    return found

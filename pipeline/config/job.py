@@ -119,9 +119,10 @@ def pool_problems(job: Job) -> list[Problem]:
     except ValueError as e:
         found.append(Problem("strategy.staging_bytes", str(e)))
     # a write-back of the workload's prefix must fit whole, or it would evict its own head
-    pages = -(-workload.num_tokens // sizing.slots_per_page)
-    if problem := job.storage.capacity_problem(object_bytes(model, job.storage.tenant), pages):
+    pages, tokens = -(-workload.num_tokens // sizing.slots_per_page), workload.num_tokens
+    one_object = object_bytes(model, job.storage.tenant)
+    if problem := job.storage.capacity_problem(one_object, pages, tokens):
         found.append(Problem("storage.capacity_bytes", problem))
-    if problem := job.storage.quota_problem(object_bytes(model, job.storage.tenant), pages):
+    if problem := job.storage.quota_problem(one_object, pages, tokens):
         found.append(Problem("storage.tenant_quota_bytes", problem))
     return found

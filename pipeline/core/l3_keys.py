@@ -19,9 +19,35 @@ KEY_BYTES = 16
 
 
 def block_keys(hashes: Sequence[BlockHash], space: str) -> list[str]:
-    """One page key per block hash, in order; ValueError naming the first hash that is not a
-    non-empty str, bytes or int (a bool is not a hash)."""
+    """One page key per block hash, in order; ValueError where `hashes` is not a list of them
+    (one bare hash included), or naming the first that is not a non-empty str, bytes or int
+    (a bool is not a hash)."""
+    if isinstance(hashes, str | bytes | bytearray):  # a str iterates as its characters
+        raise ValueError(
+            f"hashes: one {type(hashes).__name__}, not a list: pass a list of hashes, one per "
+            "page (page_keys(job, [block_hash]) for one page)"
+        )
+    if not isinstance(hashes, Sequence):
+        raise ValueError(
+            "hashes: a list of block hashes (SGLang's hex strings, vLLM's ints or bytes), one "
+            f"per page, got {type(hashes).__name__}"
+        )
     return [block_key(h, i, space) for i, h in enumerate(hashes)]
+
+
+def key_list(keys: object) -> list[str]:
+    """`keys` as a list; ValueError unless they are a list (or tuple) of keys: not one key,
+    not None (each key is then `l3.check_keys`'s to check)."""
+    if isinstance(keys, str | bytes):
+        raise ValueError(
+            f"keys: one {type(keys).__name__}, not a list: pass [key], or a list of page keys"
+        )
+    if not isinstance(keys, Sequence):
+        raise ValueError(
+            "keys: a list of page keys (pipeline.page_keys(job, hashes), or Engine.l3_keys / "
+            f"view.keys of token ids), got {type(keys).__name__}"
+        )
+    return list(keys)
 
 
 def block_key(block_hash: BlockHash, index: int, space: str) -> str:

@@ -69,8 +69,8 @@ class StorageConfig:
     kind: StorageKind = StorageKind.none
     """none, file (a folder on this machine's disk) or mooncake (Mooncake Store)."""
     path: str | None = None
-    """file: the folder of the objects; null makes a temporary one for the job and removes
-    it at the end."""
+    """file (any other store refuses it): the folder of the objects; null makes a temporary
+    one for the job and removes it at the end."""
     master: str = "auto"
     """mooncake: the master's host:port, or auto (the job starts one on loopback and stops
     it at the end)."""
@@ -167,23 +167,23 @@ class StorageConfig:
             message = f"storage.prefetch_timeout_s={timeout}: seconds, > 0"
             found.append(Problem("storage.prefetch_timeout_s", message))
         if self.io_threads > MAX_IO_THREADS:
-            found.append(
-                Problem(
-                    "storage.io_threads",
-                    f"storage.io_threads={self.io_threads}: at most {MAX_IO_THREADS}",
-                )
-            )
+            message = f"storage.io_threads={self.io_threads}: at most {MAX_IO_THREADS}"
+            found.append(Problem("storage.io_threads", message))
         raise_problems(found + self._where_problems())
 
     def _where_problems(self) -> list[Problem]:
         """The folder, master and metadata server: where the store is."""
         found = []
         if self.path is not None and not self.path.strip():
-            found.append(
-                Problem(
-                    "storage.path", "storage.path='': name a folder, or null for a temporary one"
-                )
+            message = "storage.path='': name a folder, or null for a temporary one"
+            found.append(Problem("storage.path", message))
+        elif self.path is not None and self.kind is not StorageKind.file:  # it would be unused
+            message = (
+                f"storage.path={self.path!r}: only storage=file keeps its objects in a folder "
+                f"(this config has storage={self.kind.value}): add storage=file, or drop "
+                "storage.path"
             )
+            found.append(Problem("storage.path", message))
         if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
             found.append(
                 Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")
@@ -262,29 +262,32 @@ class StorageConfig:
             return [Problem(key, message)]
         return []
 
-    def quota_problem(self, object_bytes: int, objects: int) -> str | None:
+    def quota_problem(self, object_bytes: int, objects: int, tokens: int = 0) -> str | None:
         """Why tenant_quota_bytes is too small for a write-back (as `capacity_problem`)."""
-        least = minimum_capacity(object_bytes, objects, self.evict_to)
-        if not 0 < self.tenant_quota_bytes < least:
+        quota = self.tenant_quota_bytes
+        if not 0 < quota < minimum_capacity(object_bytes, objects, self.evict_to):
             return None
-        return (
-            f"storage.tenant_quota_bytes={self.tenant_quota_bytes}: one write-back of {objects} "
-            f"objects of up to {object_bytes} B must fit under storage.evict_to={self.evict_to} "
-            f"of it; raise it to at least {least} B"
-        )
+        return self._fit(f"tenant_quota_bytes={quota}", object_bytes, objects, tokens)
 
-    def capacity_problem(self, object_bytes: int, objects: int) -> str | None:
+    def capacity_problem(self, object_bytes: int, objects: int, tokens: int = 0) -> str | None:
         """Why capacity_bytes is too small for a write-back of `objects` objects of up to
         `object_bytes` each (None where it is not): they must all fit under evict_to of it
-        (what an eviction leaves), or a write-back could not keep its own prefix's head."""
+        (what an eviction leaves), or a write-back could not keep its own prefix's head.
+        `tokens`: the workload.num_tokens that sizes the write-back (0: none does)."""
         capacity = self.capacity
-        least = minimum_capacity(object_bytes, objects, self.evict_to)
-        if capacity is None or capacity >= least:
+        if capacity is None or capacity >= minimum_capacity(object_bytes, objects, self.evict_to):
             return None
+        return self._fit(f"capacity_bytes={self.capacity_bytes}", object_bytes, objects, tokens)
+
+    def _fit(self, setting: str, object_bytes: int, objects: int, tokens: int) -> str:
+        """The message of a bound (`setting`) too small for one write-back."""
+        least = minimum_capacity(object_bytes, objects, self.evict_to)
+        sized = f" (workload.num_tokens={tokens})" if tokens else ""
+        lower = "lower workload.num_tokens, or " if tokens else ""
         return (
-            f"storage.capacity_bytes={self.capacity_bytes}: one write-back of {objects} objects "
-            f"of up to {object_bytes} B must fit under storage.evict_to={self.evict_to} of it; "
-            f"raise it to at least {least} B"
+            f"storage.{setting}: one write-back of {objects} objects{sized} of up to "
+            f"{object_bytes} B must fit under storage.evict_to={self.evict_to} of it; "
+            f"{lower}raise it to at least {least} B"
         )
 
     @property

@@ -29,6 +29,7 @@ from typing import IO
 from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.storage import P2P_METADATA, StorageConfig, StorageKind
 from pipeline.engine.l3.stores.files import read_key_file
+from pipeline.engine.l3.stores.ledger import check_folder_ledger
 from pipeline.jobs.launch import under_torchrun
 from pipeline.jobs.rank_start import die_with
 from pipeline.jobs.scratch import made_folder
@@ -79,11 +80,23 @@ def concrete(storage: StorageConfig) -> Iterator[StorageConfig]:
             message = f"storage.master={storage.master}: nothing answers at that address"
             raise ConfigError([Problem("storage.master", message)])
         if storage.kind is StorageKind.file and storage.path is not None:
-            if not Path(storage.path).is_dir():
-                message = f"storage.path={storage.path!r}: not a folder (create it, or name one)"
-                raise ConfigError([Problem("storage.path", message)])
-            check_direct_io(storage, storage.path)
+            check_folder(storage, storage.path)
         yield storage
+
+
+def check_folder(storage: StorageConfig, path: str) -> None:
+    """ConfigError naming storage.path where the given path is not a folder, or a bounded
+    store's `.usage` in it is not the store's ledger (the ranks would refuse it, each with a
+    traceback); and `check_direct_io`."""
+    if not Path(path).is_dir():
+        message = f"storage.path={path!r}: not a folder (create it, or name one)"
+        raise ConfigError([Problem("storage.path", message)])
+    if storage.capacity is not None:
+        try:
+            check_folder_ledger(path)
+        except ValueError as e:
+            raise ConfigError([Problem("storage.path", str(e))]) from e
+    check_direct_io(storage, path)
 
 
 def check_direct_io(storage: StorageConfig, folder: str) -> None:

@@ -20,7 +20,7 @@ from pipeline.core.l3_owned import NAMESPACE
 from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath
 from pipeline.engine.l3.stores.capacity import Bound, evict_pass
 from pipeline.engine.l3.stores.counters import Counters
-from pipeline.engine.l3.stores.ledger import LEDGER, MAKING, check_ledger, read_ledger
+from pipeline.engine.l3.stores.ledger import LEDGER, MAKING, check_ledger_at, read_ledger
 from pipeline.engine.l3.stores.owned import Passed, walk
 
 MADE_LEDGER = re.compile(re.escape(MAKING) + r"[0-9a-f]{16}")
@@ -69,7 +69,7 @@ def _check_top(folder: Beneath, path: str) -> None:
             "v3-bf16-p64-<16 hex digits>, and no ledger)"
         )
     if LEDGER in names:
-        _check_ledger_at(folder, path)
+        check_ledger_at(folder, path)
 
 
 def _ours(folder: Beneath, name: str) -> bool:
@@ -81,18 +81,6 @@ def _ours(folder: Beneath, name: str) -> bool:
     except OSError:
         return False
     return NAMESPACE.fullmatch(name) is not None and stat.S_ISDIR(info.st_mode)
-
-
-def _check_ledger_at(folder: Beneath, path: str) -> None:
-    """ValueError where `.usage` is not this store's ledger (a link, a folder, a user's)."""
-    try:
-        fd = folder.open([LEDGER], os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise ValueError(f"{path}: {LEDGER} is not this store's ledger ({e.strerror})") from e
-    try:
-        check_ledger(fd, path)
-    finally:
-        os.close(fd)
 
 
 def store_stats(path: str) -> dict:

@@ -4,7 +4,9 @@
 An object is "intact" only where every byte was checked; one that cannot be (a keyed object
 without its key, another format version, an unreadable file) is "not checked", with why, and
 never removed. Only an object that proves to be the store's (`owned`) and is proven damaged
-is "corrupt", and only that is removed (`--remove`).
+is "corrupt", and only that is removed (`--remove`). With a key, an object it does not
+authenticate (unkeyed, or another key's) is corrupt too, a miss for every keyed reader, once
+another object checks with the key (proof that it is the store's, not a mistyped one).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import crc32c
 
@@ -42,44 +44,74 @@ PIECE_BYTES = 1 << 20
 @dataclass(frozen=True)
 class Verdict:
     """What verify found of one object: '' for intact, else why (`checked`: proven damaged;
-    not `checked`: it could not tell)."""
+    not `checked`: it could not tell; `unkeyed`: the key given does not authenticate it)."""
 
     why: str = ""
     checked: bool = True
+    unkeyed: bool = False
+    """Made without the key given, or with another: a keyed store reads it as a miss, so it
+    is corrupt there, once the key proves to be the store's (an object checks with it)."""
+
+
+@dataclass
+class Found:
+    """What a verify found so far: each object listed with why, and the files it read."""
+
+    corrupt: list[tuple[dict, Stored | None]] = field(default_factory=list)
+    unchecked: list[dict] = field(default_factory=list)
+    unkeyed: list[tuple[dict, Stored | None]] = field(default_factory=list)
+    count: int = 0
 
 
 def verify_store(path: str, checks: Checks, *, remove: bool, timeout_s: float) -> dict:
     """Check every object of the folder; corrupt ones listed with why (and unlinked where
     `remove`, the ledger counted again after under the writers' lock)."""
     folder = open_folder(path)
-    passed = Passed()
-    corrupt, unchecked, removed, count = [], [], 0, 0
+    passed, found, removed = Passed(), Found(), 0
     try:
         for stored in walk(folder, passed):
-            count += 1
+            found.count += 1
             verdict, opened = _verdict(folder, stored, checks)
-            if not verdict.why:
-                continue
             listed = {"name": stored.name, "reason": verdict.why}
-            if not verdict.checked:
-                unchecked.append(listed)
-                continue
-            corrupt.append(listed)
-            if remove and opened is not None and unlink_unchanged(folder, opened) == "removed":
-                removed += 1
+            if verdict.unkeyed:
+                found.unkeyed.append((listed, opened))
+            elif verdict.why and verdict.checked:
+                found.corrupt.append((listed, opened))
+            elif verdict.why:
+                found.unchecked.append(listed)
+        _judge_unkeyed(found)
+        if remove:  # each checked again to be the very file it read
+            gone = [unlink_unchanged(folder, o) for _, o in found.corrupt if o is not None]
+            removed = gone.count("removed")
     finally:
         folder.close()
     if removed and os.path.lexists(os.path.join(path, LEDGER)):
         evict_store(path, 1 << 62, timeout_s)  # nothing evicted: the ledger counted again
+    corrupt = [listed for listed, _ in found.corrupt]
     return {
         "path": path,
-        "objects": count,
-        "intact": count - len(corrupt) - len(unchecked),
+        "objects": found.count,
+        "intact": found.count - len(corrupt) - len(found.unchecked),
         "corrupt": corrupt,
         "removed": removed,
-        "not_checked": unchecked,
+        "not_checked": found.unchecked,
         "left_alone": passed.notes,
     }
+
+
+def _judge_unkeyed(found: Found) -> None:
+    """Objects the key does not authenticate are corrupt where another object checked intact
+    with it (the key is the store's: its readers miss them, its write-backs replace them);
+    where none did, the key may be the wrong one, and they are not checked (never removed)."""
+    proven = found.count - len(found.corrupt) - len(found.unchecked) - len(found.unkeyed) > 0
+    for listed, opened in found.unkeyed:
+        if proven:
+            found.corrupt.append((listed, opened))
+        else:
+            reason = f"{listed['reason']}, and no object here checks with it: not checked"
+            found.unchecked.append({**listed, "reason": reason})
+    found.corrupt.sort(key=lambda c: c[0]["name"])  # in the walk's order, by name
+    found.unchecked.sort(key=lambda c: c["name"])
 
 
 def _verdict(folder: Beneath, stored: Stored, checks: Checks) -> tuple[Verdict, Stored | None]:
@@ -119,11 +151,15 @@ def _check(fd: int, name: str, size: int, checks: Checks) -> Verdict:
     if version != FORMAT_VERSION:
         why = f"format version {version} (this build checks {FORMAT_VERSION}): not checked"
         return Verdict(why, checked=False)
+    if kind == 0 and checks.key is not None:
+        return Verdict(
+            "unkeyed: the key given (storage.auth_key_file) does not authenticate it", unkeyed=True
+        )
     use = Checks(None) if kind == 0 else checks if kind == 1 else None
     if use is None or use.kind != kind:
         return Verdict("keyed: not checked (give storage.auth_key_file=KEY)", checked=False)
     if head[name_bytes(name) :] != use.key_id:
-        return Verdict("keyed with another key: not checked", checked=False)
+        return Verdict("keyed with another key", unkeyed=True)
     if units > MAX_UNITS:
         return Verdict(f"{units} units, more than any object has: not checked", checked=False)
     head_bytes = name_bytes(name) + KEY_ID + units * (use.width + UNIT_BYTES.size)

@@ -5,9 +5,11 @@ engine's side: its KV events and metrics), then the modules it goes through in o
 
 1. Write-back (`Engine.write_back`). `jobs` checks the keys and host slots (an `ObjectsJob`);
    `tier` (`L3Tier.write_back`) runs the `strategy.l3.write_back` stages (`WriteObjects`) on
-   its own thread after the backups before it; under rotating, `shares` sends the writer the
-   other owners' layers first; `pages` says where each unit's bytes lie (pool rows, or a
-   staging buffer), and `L3Tier.write` puts the page's one object in the store.
+   its own thread after the backups before it; `intact` says which pages' objects are stored
+   intact already (the others are written, over whatever holds their names); under rotating,
+   `shares` sends the writer the other owners' layers first; `pages` says where each unit's
+   bytes lie (pool rows, or a staging buffer), and `L3Tier.write` puts the page's one object
+   in the store.
 2. Lookup (`Engine.lookup`). `L3Tier.lookup`: the MIN over the replica group of each reader's
    leading run of objects present. `store_view` asks the same of the store from a process with
    no engine (a serving engine's scheduler).

@@ -23,6 +23,7 @@ from pipeline.core.l3 import (
     prefix_keys,
     share_of,
 )
+from pipeline.core.l3_keys import key_list
 from pipeline.core.model import ModelGeometry
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import Topology
@@ -63,8 +64,9 @@ class StoreView:
 
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` whose objects every replica group finds: what
-        `Engine.lookup` answers on every rank (0 below `storage.min_hit_pages`, as there)."""
-        check_keys(keys, len(keys))
+        `Engine.lookup` answers on every rank (0 below `storage.min_hit_pages`, as there);
+        ValueError where `keys` is not a list of page keys."""
+        check_keys(keys := key_list(keys), len(keys))
         found = len(keys)
         for obj in self.objects:
             present = self.store.exists([obj.name(self.space, k) for k in keys[:found]])

@@ -25,6 +25,7 @@ from pipeline.core.l3 import (
     header,
     unit_digests,
 )
+from pipeline.core.l3_keys import key_list
 from pipeline.core.model import Unit
 from pipeline.core.ownership import OwnerMap
 from pipeline.core.storage import StorageConfig
@@ -249,7 +250,7 @@ class L3Tier:
         """Pages at the front of `keys` whose objects this replica group can read: the MIN
         over the group of each reader's leading run of present objects. Each key counts as
         named once for write admission."""
-        check_keys(keys, len(keys))
+        check_keys(keys := key_list(keys), len(keys))
         self.admission.named(keys)
         present = self.store.exists([self.name(k) for k in keys]) if self.roles.reads else []
         mine = present.index(False) if False in present else len(keys)

@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from pipeline.core.l3 import Checks, check_keys, largest_object, namespace
 from pipeline.core.l3_keys import block_keys
+from pipeline.engine.l3.intact import stored_intact
 from pipeline.engine.l3.stores import open_store
 from pipeline.engine.l3.stores.keys import read_key_file
 from pipeline.integrations.sglang.host_pages import HostPages
@@ -34,6 +35,7 @@ from pipeline.integrations.sglang.requests import (
     Throughput,
     host_pages,
     model_name,
+    page_hashes,
     share,
     unsupported,
 )
@@ -103,7 +105,7 @@ class PipelineStorage(HiCacheStorage):
     def _keys(self, keys: list[str]) -> list[str]:
         if not isinstance(keys, list | tuple):
             raise ValueError(f"keys: a list of SGLang's page hashes, got {type(keys).__name__}")
-        found = block_keys(list(keys), self._io().space)
+        found = block_keys(page_hashes(keys), self._io().space)
         check_keys(found, len(found))
         return found
 
@@ -114,12 +116,14 @@ class PipelineStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """Store each key's host page as its object, straight from the pool where the
-        layout allows; True where it is stored (or already was)."""
+        layout allows; True where it is stored (or already was, intact: anything else at its
+        name, damaged or not made with this key, is written over)."""
         io, requests = self._io(), self._requests(keys, host_indices)
         start = time.perf_counter()
-        # asking first skips what is stored, and tells a bounded file store which objects
-        # this write-back holds (its eviction keeps them)
-        there = io.store.exists([io.name(key) for key, _ in requests])
+        # asking first skips what is stored intact, and tells a bounded file store which
+        # objects this write-back holds (its eviction keeps them)
+        names = [io.name(key) for key, _ in requests]
+        there = stored_intact(io.store, names, io.intact, self.threads)
         writes = {
             i: self.threads.submit(self._write, key, page)
             for i, ((key, page), stored) in enumerate(zip(requests, there, strict=True))

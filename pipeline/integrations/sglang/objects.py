@@ -15,23 +15,25 @@ import numpy as np
 import torch
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
+from pipeline.engine.l3.intact import read_intact
 from pipeline.engine.l3.stores import ObjectStore
 from pipeline.integrations.sglang.host_pages import HostPages
 
 
 class Scratch:
-    """One I/O thread's buffers: an object's header, and (staged layouts) its payload."""
+    """One I/O thread's buffers: an object laid out whole, its header then its payload (what a
+    staged layout's page moves through, and what a write-back reads an object there into to
+    check it)."""
 
-    def __init__(self, head_bytes: int, payload_bytes: int, pages: HostPages) -> None:
-        self.bytes = np.empty(head_bytes + payload_bytes, dtype=np.uint8)
+    def __init__(self, head_bytes: int, pages: HostPages) -> None:
+        sizes = [u.nbytes for u in pages.units]
+        self.bytes = np.empty(head_bytes + sum(sizes), dtype=np.uint8)
         memory = self.bytes.data.cast("B")
         self.head = memory[:head_bytes]
-        payload = torch.from_numpy(self.bytes[head_bytes:])
-        self.payload = payload.view(pages.buffer.dtype) if payload_bytes else payload
-        sizes = [u.nbytes for u in pages.units] if payload_bytes else []
+        self.payload = torch.from_numpy(self.bytes[head_bytes:]).view(pages.buffer.dtype)
         ends = np.cumsum([head_bytes, *sizes]).tolist()
         self.units = [memory[a:b] for a, b in itertools.pairwise(ends)]
-        """Each unit's bytes in the staged payload, in object order."""
+        """Each unit's bytes in the payload, in object order."""
 
 
 class PageIO:
@@ -54,8 +56,7 @@ class PageIO:
         head_bytes = self.object.header_size(space, self.name("0" * 32), checks)
         self.size = head_bytes + self.object.page_bytes
         """Bytes of every object: a read of any other size is a miss."""
-        payload_bytes = 0 if pages.direct else self.object.page_bytes
-        self._all = [Scratch(head_bytes, payload_bytes, pages) for _ in range(num_threads)]
+        self._all = [Scratch(head_bytes, pages) for _ in range(num_threads)]
         self._free: queue.SimpleQueue[Scratch] = queue.SimpleQueue()
         for scratch in self._all:
             self._free.put(scratch)
@@ -84,6 +85,18 @@ class PageIO:
         with self._lock:
             self.counts[what] += 1
 
+    def intact(self, name: str) -> bool:
+        """Whether `name` holds an intact object of this pool's pages (read whole into a
+        scratch buffer and checked as `read` checks it): what a write-back leaves alone."""
+        with self._scratch() as scratch:
+            whole = (scratch.head, scratch.units)
+            return read_intact(
+                self.store, self.object, self.space, self.checks, name, whole, self._digests
+            )
+
+    def _digests(self, units: list[memoryview]) -> list[int]:
+        return [self.digest(u) for u in units]
+
     def write(self, key: str, page: int) -> None:
         """Store host page `page` as the object of `key` (the store raises where it fails)."""
         name = self.name(key)
@@ -94,7 +107,7 @@ class PageIO:
                 stacked = self.pages.stacked(page)
                 scratch.payload.view(stacked.shape).copy_(stacked)
                 units = scratch.units
-            digests = [self.digest(u) for u in units]
+            digests = self._digests(units)
             head = header(self.space, name, digests, [u.nbytes for u in units], self.checks)
             self.store.put(name, [head, *units])
 

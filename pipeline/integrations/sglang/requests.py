@@ -10,12 +10,42 @@ from typing import Any
 
 import torch
 
+PAGE_HASH = re.compile(r"[0-9a-f]{64}")
+"""SGLang's page hash (0.5.23's `get_hash_str`): a SHA-256 over the page's tokens and the
+hash before it, in lowercase hex."""
+
+
+def page_hashes(keys: Any) -> list[str]:
+    """SGLang's page hashes, checked: ValueError naming the first key that is not one (a key
+    of another form would be stored, and found, under a key SGLang never makes)."""
+    if not isinstance(keys, list | tuple):
+        raise ValueError(f"keys: a list of SGLang's page hashes, got {type(keys).__name__}")
+    for i, key in enumerate(keys):
+        if not isinstance(key, str):
+            raise ValueError(
+                f"hashes[{i}]: a {type(key).__name__} is not a block hash (SGLang's page "
+                "hashes are hex strings)"
+            )
+        if not PAGE_HASH.fullmatch(key):
+            shown = key if len(key) <= 80 else f"{key[:80]}..."
+            raise ValueError(
+                f"hashes[{i}]={shown!r}: not an SGLang page hash (64 lowercase hex digits, a "
+                "SHA-256 as its get_hash_str makes); pass SGLang's keys as they come"
+            )
+    return list(keys)
+
 
 def host_pages(host_indices: Any, num_keys: int, page_size: int, num_pages: int) -> list[int]:
     """The host page of each key: `host_indices` are token slots, `page_size` a key, each
     key's slots one whole page of the pool; ValueError naming what is wrong otherwise."""
     if not isinstance(host_indices, torch.Tensor) or host_indices.dim() != 1:
         raise ValueError("host_indices: a 1-D tensor of host token slots, page_size per key")
+    if host_indices.layout is not torch.strided or host_indices.device.type != "cpu":
+        # a sparse tensor has no view of its slots, a meta one no values at all
+        raise ValueError(
+            "host_indices must be a dense CPU int64 tensor of token slots (got "
+            f"{host_indices.layout} on {host_indices.device}), as SGLang's host pool allocates"
+        )
     if host_indices.dtype.is_floating_point or host_indices.dtype == torch.bool:
         raise ValueError(f"host_indices: integer token slots, got {host_indices.dtype}")
     if host_indices.numel() != num_keys * page_size:

@@ -4,6 +4,7 @@ moves: SGLang's own keys for its dynamic factory, and this project's store setti
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -24,23 +25,36 @@ SGLANG_KEYS = (
 )
 """The keys SGLang's dynamic factory and cache controllers read (most of them it removes
 before the backend sees the config): left to SGLang."""
-STORE_KEYS = (
-    "kind",
-    "path",
-    "master",
-    "metadata_server",
-    "segment_bytes",
-    "io_threads",
-    "auth_key_file",
-    "direct_io",
-    "capacity_bytes",
-    "evict_to",
-    "model_revision",
-    "tenant",
-    "tenant_quota_bytes",
-)
+STORE_TYPES = {
+    "kind": "text",
+    "path": "text",
+    "master": "text",
+    "metadata_server": "text",
+    "segment_bytes": "whole",
+    "io_threads": "whole",
+    "auth_key_file": "text",
+    "direct_io": "bool",
+    "capacity_bytes": "size",
+    "evict_to": "number",
+    "model_revision": "text",
+    "tenant": "text",
+    "tenant_quota_bytes": "whole",
+}
 """The `storage.*` settings (`pipeline.core.storage.StorageConfig`) that mean something to a
-store SGLang drives: the rest are the project engine's (loads, prefetch, admission)."""
+store SGLang drives (the rest are the project engine's: loads, prefetch, admission), each
+with the JSON type it takes (`type_problem` says what each name means)."""
+STORE_KEYS = tuple(STORE_TYPES)
+OPTIONAL = ("path", "metadata_server", "auth_key_file", "capacity_bytes")
+"""Store keys that may be null: their default (a missing path or master is then said)."""
+EXAMPLES = {
+    "kind": "file",
+    "path": "/srv/l3",
+    "master": "10.0.0.5:50051",
+    "metadata_server": "P2PHANDSHAKE",
+    "auth_key_file": "/etc/hicache/l3.key",
+    "model_revision": "ckpt-7f3a",
+    "tenant": "acme",
+}
 MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -60,7 +74,14 @@ def settings(extra: dict[str, Any] | None) -> Settings:
     """The backend's settings from SGLang's extra config; ValueError naming the key and the
     fix for anything missing or unknown (the store's own checks raise ConfigError)."""
     extra = dict(extra or {})
-    if not extra.get("interface_v1"):
+    v1 = extra.get("interface_v1")
+    # SGLang reads it as bool(value): "0" would turn its v1 path on, so only 0/1 are taken
+    if v1 is not None and (not isinstance(v1, int) or v1 not in (0, 1)):
+        raise ValueError(
+            f"extra config: interface_v1={v1!r}: 0 or 1 (a JSON number or boolean, not a "
+            'string); set "interface_v1": 1'
+        )
+    if not v1:
         raise ValueError(
             'extra config: set "interface_v1": 1, so SGLang moves pages through '
             "batch_get_v1/batch_set_v1 (zero-copy); this backend has no other path"
@@ -94,6 +115,9 @@ def storage_config(store: dict[str, Any]) -> StorageConfig:
     kinds = [StorageKind.file.value, StorageKind.mooncake.value]
     if store.get("kind") not in kinds:
         raise ValueError(f"extra config: storage.kind={store.get('kind')!r}: one of {kinds}")
+    for key, value in store.items():
+        if key != "kind" and (problem := type_problem(key, value)) is not None:
+            raise ValueError(f"extra config: storage.{key}={shown(value)}: {problem}")
     fields = {f.name for f in dataclasses.fields(StorageConfig)}
     assert set(STORE_KEYS) <= fields, "every store key is a storage.* setting"
     config = StorageConfig(**{**store, "kind": StorageKind(store["kind"])})
@@ -105,6 +129,31 @@ def storage_config(store: dict[str, Any]) -> StorageConfig:
             "storage.metadata_server (its URL, or P2PHANDSHAKE); SGLang starts no master"
         )
     return config
+
+
+def type_problem(key: str, value: object) -> str | None:
+    """What a store setting of `value`'s JSON type must be instead (None: the right type). A
+    JSON string is never read as a boolean or a number: "false" would be true."""
+    kind = STORE_TYPES[key]
+    if value is None and key in OPTIONAL:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "bool" and not isinstance(value, bool):
+        return "true or false (a JSON boolean, not a string or a number)"
+    if kind == "whole" and not (number and isinstance(value, int)):
+        return "a whole number (a JSON number, not a string)"
+    if kind == "number" and not number:
+        return "a number (a JSON number, not a string)"
+    if kind == "size" and not (isinstance(value, str) or (number and isinstance(value, int))):
+        return 'a size: a whole number of bytes, or a string such as "2TiB"'
+    if kind == "text" and not isinstance(value, str):
+        return f"a string (e.g. {json.dumps(EXAMPLES[key])})"
+    return None
+
+
+def shown(value: object) -> str:
+    """`value` as the JSON that gave it."""
+    return json.dumps(value, default=repr)
 
 
 def model_name(value: object) -> str | None:

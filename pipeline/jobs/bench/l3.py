@@ -45,7 +45,10 @@ def store_case(base: Job, store: StorageKind, tokens: int, strategy: str) -> lis
     """The overrides of one case that loads back `tokens` from `store` (the L3 and TTFT
     benches'): pools that hold the transfer twice, Mooncake segments that hold its objects."""
     per_rank = tokens * base.model.bytes_per_token * SEGMENT_SLACK / base.topology.tp_size
+    # a storage.path given for the file cases is no other store's: theirs would refuse it
+    folder = [] if store is StorageKind.file else ["storage.path=null"]
     return [
+        *folder,
         f"storage={store.value}",
         f"strategy={strategy}",
         f"workload.num_tokens={tokens}",

@@ -87,6 +87,10 @@ class ObjectStore(Protocol):
         calling `check` after each; False unless a blob of exactly `size` bytes is there and
         every check passed (what the buffers then hold is undefined)."""
 
+    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        """`read`, not counted as a hit or a miss (a write-back's check of what its name
+        holds, `pipeline.engine.l3.intact`)."""
+
     def parts_reader(self) -> PartsReader:
         """A reader of parts of blobs, read several times each (a streamed load's later
         groups of layers, one run of pages), until its `close`."""
@@ -103,7 +107,7 @@ class ObjectStore(Protocol):
         """The blob under `name`, or None (absent, or unreadable)."""
 
     def exists(self, names: list[str]) -> list[bool]:
-        """Whether each name holds a blob."""
+        """Whether each name holds a blob (of any length or content: only a read checks it)."""
 
     def remove(self, names: list[str]) -> None:
         """Drop these blobs (absent ones are fine)."""

@@ -11,6 +11,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +28,7 @@ WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 class FileStore(Protocol):
     """What the writes need of the file store (`files.FileStore`)."""
 
+    root: Path
     bound: Bound | None
     capacity_bytes: int | None
     target_bytes: int
@@ -73,7 +75,10 @@ def _put(store: FileStore, folder: int, leaf: str, name: str, parts: Sequence[Pa
             now = time.time_ns()  # its first use, to the nanosecond (the file system's
             os.utime(f.fileno(), ns=(now, now))  # own clock ticks in milliseconds)
         with _room(store, size, name):
-            os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+            try:
+                os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+            except IsADirectoryError:
+                raise failed_write(store, name, errno.EISDIR) from None
         store.counters.add(writes=1, written_bytes=size)
     except BaseException:  # the temporary this call made (O_EXCL), under the name it drew
         with contextlib.suppress(OSError):
@@ -109,4 +114,15 @@ def put_objects(store: FileStore, objects: Sequence[tuple[str, Sequence[Part]]])
     done = [size for size, error in zip(sizes, errors, strict=True) if not error]
     store.counters.add(writes=len(done), written_bytes=sum(done))
     if failed := next(((n, e) for (n, _), e in zip(objects, errors, strict=True) if e), None):
-        raise OSError(failed[1], f"{failed[0]}: {os.strerror(failed[1])}")
+        raise failed_write(store, *failed)
+
+
+def failed_write(store: FileStore, name: str, code: int) -> OSError:
+    """The error of a write of `name` that failed with `code`. A write renames its file over
+    whatever holds the name (a damaged object, a FIFO, a link: each replaced, none opened),
+    but a folder cannot be: that one says which, for an operator to remove."""
+    said = f"{name}: {os.strerror(code)}"
+    if code == errno.EISDIR:
+        path = store.root / name
+        said += f": {path} is a folder, not a file (the store replaces no folder: remove it)"
+    return OSError(code, said)

@@ -1,5 +1,6 @@
 """A MAC key for L3 objects (`storage.auth_key_file`): read from a file only its owner may
-read, and refused where it is not a secret (all one byte, or a few)."""
+read, and refused where it is not a secret (text such as a passphrase, all one byte, or a
+few)."""
 
 from __future__ import annotations
 
@@ -43,4 +44,21 @@ def read_key_file(path: str) -> bytes:
             f"storage.auth_key_file={path}: not a secret ({len(set(key))} distinct byte values "
             f"in {len(key)}); use random bytes, e.g. head -c 32 /dev/urandom > {path}"
         )
+    if is_text(key):
+        raise ValueError(
+            f"storage.auth_key_file={path}: text (a passphrase?), not random bytes; a key is "
+            f"{KEY_BYTES[0]} to {KEY_BYTES[1]} random bytes, e.g. head -c 32 /dev/urandom > "
+            f"{path}"
+        )
     return key
+
+
+def is_text(key: bytes) -> bool:
+    """Whether `key` reads as printable text (UTF-8, spaces and a newline included): a
+    passphrase someone typed, or a key written out in hex or base64. 16 random bytes read so
+    about once in millions, 32 once in 10**13."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c.isspace() for c in text)

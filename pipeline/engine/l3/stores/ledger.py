@@ -25,6 +25,10 @@ OLD_LEDGER_MAGIC = b"HCPLUSE1"
 """A ledger before the capacity was kept in it (bytes and objects only): still the store's."""
 MAKING = ".usage-"
 """A ledger being made (16 hex digits follow), linked to `LEDGER` once whole."""
+NOT_OURS = (
+    "remove or move it away (a bounded store makes its own ledger there), or name another folder"
+)
+"""What to do about a `.usage` that is not the store's ledger: it is never written over."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,7 @@ def open_ledger(beneath: Beneath, path: str, capacity: int) -> int:
             _make(beneath, capacity)
             fd = beneath.open([LEDGER], os.O_RDWR | os.O_NONBLOCK)
     except OSError as e:
-        raise ValueError(
-            f"storage.path={path}: {LEDGER} is not this store's ledger ({e.strerror})"
-        ) from e
+        raise ValueError(not_ours(path, str(e.strerror))) from e
     try:
         check_ledger(fd, path)
     except BaseException:
@@ -79,15 +81,45 @@ def open_ledger(beneath: Beneath, path: str, capacity: int) -> int:
     return fd
 
 
+def not_ours(path: str, why: str) -> str:
+    """The error for a `.usage` in the folder at `path` that is not the store's ledger."""
+    said = f"storage.path={path}: {LEDGER} in the folder is not this store's ledger ({why})"
+    return f"{said}: {NOT_OURS}"
+
+
 def check_ledger(fd: int, path: str) -> None:
     """ValueError unless `fd` is a regular file that starts as a ledger does."""
     if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise ValueError(f"storage.path={path}: {LEDGER} in the store's folder is not a file")
+        raise ValueError(not_ours(path, "not a regular file"))
     if read_ledger(fd) is None:
-        raise ValueError(
-            f"storage.path={path}: {LEDGER} in the folder is not this store's ledger (a file "
-            "of someone else's): move it away, or name another folder"
-        )
+        raise ValueError(not_ours(path, "a file of someone else's"))
+
+
+def check_ledger_at(folder: Beneath, path: str) -> None:
+    """ValueError where the folder holds a `.usage` that is not the store's ledger (a link, a
+    folder, a user's file); none at all is fine (a bounded store makes one)."""
+    try:
+        fd = folder.open([LEDGER], os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ValueError(not_ours(path, str(e.strerror))) from e
+    try:
+        check_ledger(fd, path)
+    finally:
+        os.close(fd)
+
+
+def check_folder_ledger(path: str) -> None:
+    """`check_ledger_at` for the folder at `path` (ValueError too where it cannot be opened)."""
+    try:
+        folder = Beneath(path)
+    except OSError as e:
+        raise ValueError(f"storage.path={path}: {e.strerror}") from e
+    try:
+        check_ledger_at(folder, path)
+    finally:
+        folder.close()
 
 
 def _make(beneath: Beneath, capacity: int) -> None:
