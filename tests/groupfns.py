@@ -95,3 +95,34 @@ def refusals(job: pipeline.Job, rank: int, world_size: int, local_rank: int) -> 
         except ValueError as e:
             said.append(str(e))
     return said
+
+
+def beside_another_group(
+    cases: list[tuple[gridfns.Case, pipeline.Job]], rank: int, world_size: int, local_rank: int
+) -> list[str]:
+    """In a world of 3, a TP group [0, 1] whose rank 1 is also in a group [1, 2] made before
+    it (a rank in a TP group and a PP or DP group holds more groups than its TP peer): the
+    engine on [0, 1] runs each case ('' where bit-exact), made again after each close; then
+    'usable' for each of the caller's groups this rank is in."""
+    other, tp = caller_groups([[1, 2], [0, 1]])
+    said = []
+    if rank in (0, 1):
+        said = [engine_round_trip(case, job, tp, None, salt=0) for case, job in cases]
+        said.append(usable(tp, None, 2))
+    if rank in (1, 2):
+        said.append(usable(other, None, 2))
+    return said
+
+
+def one_rank_missing(job: pipeline.Job, rank: int, world_size: int, local_rank: int) -> dict:
+    """Rank 1 does not call create_engine: what rank 0's says, and whether both ranks make
+    an engine together afterwards ('' on rank 1, which never failed)."""
+    said = ""
+    if rank == 0:
+        try:
+            pipeline.create_engine(job).close()
+        except RuntimeError as e:
+            said = str(e)
+    dist.barrier()  # rank 1 waits here until rank 0 has its error
+    pipeline.create_engine(job).close()  # rank 0's failed call was taken back
+    return {"said": said, "again": "made"}

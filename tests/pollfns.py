@@ -38,3 +38,26 @@ def extra_poll(args: tuple[Job, bool], rank: int, world_size: int, local_rank: i
     finally:
         dist.barrier()  # the peer waits here for the odd one's error (the world's group)
         engine.close()
+
+
+def skipped_poll(job: Job, rank: int, world_size: int, local_rank: int) -> dict:
+    """Each rank backs up a page; rank 0 polls (an ack outstanding) and rank 1 skips that
+    poll and loads the page back, whose broadcast rank 0 never joins: what each rank's
+    failing call said."""
+    engine = pipeline.create_engine(job)
+    said = ""
+    try:
+        size = engine.sizing.slots_per_page
+        host = engine.host_slots.alloc(size)
+        engine.backup(host, page_tokens([0], size)).wait()
+        try:
+            if rank == 0:
+                engine.poll()  # rank 1 never makes this poll
+            else:
+                engine.load(host, page_tokens([1], size)).done().wait()
+        except (RuntimeError, TimeoutError) as e:
+            said = str(e)
+        return {"said": said}
+    finally:
+        dist.barrier()  # each waits here for the other's error (the world's group)
+        engine.close()

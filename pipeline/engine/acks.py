@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from pipeline.engine.comms import Group
 from pipeline.engine.cuda.streams import Event
+from pipeline.engine.poll_notes import PollNotes
 
 log = logging.getLogger("hicache-pipeline")
 
@@ -60,10 +61,9 @@ def replicated_idle(ledger: AckLedger) -> tuple[bool, tuple]:
     return not ledger.pending and not ledger.storage_attached, inputs
 
 
-def rank_consensus(label: str, inputs: tuple, group: dist.ProcessGroup) -> None:
+def rank_consensus(label: str, inputs: tuple, group: Group) -> None:
     """All-gather `inputs` and raise if any rank's differ (a decision would diverge)."""
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, inputs, group=group)
+    gathered = group.all_gather_object(inputs)
     if any(g != gathered[0] for g in gathered):
         per_rank = "; ".join(f"rank {r}: {g}" for r, g in enumerate(gathered))
         raise RuntimeError(
@@ -89,11 +89,12 @@ class PollStats:
 
 
 class AckLedger:
-    """The ordered acks of one rank and the consensus poll over `group` (a gloo group)."""
+    """The ordered acks of one rank and the consensus poll over `group` (a gloo group); a
+    poll that waits long is told to the other ranks through `notes` (None: to none)."""
 
     def __init__(
         self,
-        group: dist.ProcessGroup,
+        group: Group,
         *,
         skip_enabled: bool,
         max_skips: int,
@@ -101,6 +102,7 @@ class AckLedger:
         debug_consensus: bool,
         poll_timer_every: int,
         idle: IdleCheck = replicated_idle,
+        notes: PollNotes | None = None,
     ) -> None:
         assert max_skips >= 1, "IdleSyncSkipConfig checks max_skips"
         self.group = group
@@ -110,9 +112,10 @@ class AckLedger:
         self.debug_consensus = debug_consensus
         self.poll_timer_every = poll_timer_every
         self.idle = idle
+        self.notes = notes
         self.pending: deque[Ack] = deque()
         self.stats = PollStats()
-        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.rank, self.size = group.rank, group.size
         self._agreed = 0
         """The last poll every rank joined."""
         self._next_seq = 0
@@ -130,6 +133,8 @@ class AckLedger:
         they differ, or naming this rank's where a peer does not join within the group's
         timeout)."""
         start = time.perf_counter()
+        if self.notes is not None:
+            self.notes.begun = self.stats.polls + 1
         idle, inputs = self.idle(self)
         if self.debug_consensus:
             rank_consensus("the idle-sync skip inputs", (*inputs, self._skips), self.group)
@@ -168,6 +173,8 @@ class AckLedger:
                 )
         popped = [self.pending.popleft() for _ in range(min(row[2] for row in rows))]
         self._agreed = self.stats.polls + 1
+        if self.notes is not None:
+            self.notes.agreed = self._agreed
         return self._done(start, skipped=False, popped=popped)
 
     def _gathered(self, mine: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -175,8 +182,12 @@ class AckLedger:
         that does not join within the group's timeout is named as the poll it was last seen
         at, never as slow."""
         rows = [torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size)]
+        notes = self.notes  # where this rank waits, for a peer that skipped this poll to read
         try:
-            dist.all_gather(rows, torch.tensor(mine, dtype=torch.int64), group=self.group)
+            stuck = None if notes is None else notes.in_poll(mine[0], mine[1])
+            self.group.all_gather(rows, torch.tensor(mine, dtype=torch.int64), stuck)
+            if notes is not None:
+                notes.done()
         except RuntimeError as e:
             peers = ", ".join(str(r) for r in range(self.size) if r != self.rank)
             raise RuntimeError(

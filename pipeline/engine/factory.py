@@ -174,6 +174,7 @@ def ack_ledger(recipe: EngineRecipe, runtime: Runtime) -> AckLedger:
         storage_attached=recipe.storage.attached,
         debug_consensus=recipe.debug_consensus,
         poll_timer_every=config.poll_timer_every,
+        notes=runtime.notes,
     )
 
 

@@ -4,12 +4,14 @@
 before any pool is allocated, so the transfer group exists before host memory is pinned. The
 engine's ranks are the TP ranks of one attention-TP group: the caller's `group`, or the whole
 default group. Its own groups are made by those ranks alone, so engines sharing a world never
-wait on each other.
+wait on each other, and `close` shuts them down and lets go of them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 from pipeline.core.model import ModelGeometry
 from pipeline.core.topology import DeviceKind, Topology
+from pipeline.engine.comms import Group
 from pipeline.engine.cuda.cudart import Cudart, cuda_runtime
 from pipeline.engine.cuda.memcpy import (
     CopyPages,
@@ -31,6 +34,7 @@ from pipeline.engine.cuda.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_
 from pipeline.engine.cuda.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.cuda.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.engine.groups import engine_ranks, make_groups
+from pipeline.engine.poll_notes import PollNotes
 
 
 class Backend(Enum):
@@ -42,20 +46,29 @@ class Backend(Enum):
 
 
 class GroupCollectives:
-    """The collectives of one process group (a replica group's transfer group)."""
+    """The collectives of one process group (a replica group's transfer group), by TP rank.
+    On CPU a wait that a peer's skipped poll keeps from completing says so (`PollNotes`);
+    a CUDA collective is only enqueued here, so its wait is the event's."""
 
-    def __init__(self, group: dist.ProcessGroup | None, global_ranks: tuple[int, ...]) -> None:
+    def __init__(self, group: Group | None, members: tuple[int, ...], notes: PollNotes) -> None:
         self.group = group
         """None where the replica group has one rank: nothing is ever exchanged there."""
-        self.global_ranks = global_ranks
-        """The global rank of each TP rank (torch names a source by its global rank)."""
+        self.members = members
+        """The replica group's TP ranks, in group order."""
+        self.notes = notes
+
+    def _group(self) -> Group:
+        assert self.group is not None, "a replica group of one rank exchanges nothing"
+        return self.group
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """Broadcast from TP rank `src`."""
-        dist.broadcast(tensor, src=self.global_ranks[src], group=self.group)
+        stuck = None if tensor.is_cuda else self.notes.stuck(f"a broadcast from rank {src}")
+        self._group().broadcast(tensor, self.members.index(src), stuck)
 
     def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        dist.all_gather(out, tensor, group=self.group)
+        stuck = None if tensor.is_cuda else self.notes.stuck("a load's verify")
+        self._group().all_gather(out, tensor, stuck)
 
 
 def pick_device(kind: DeviceKind, local_rank: int) -> torch.device:
@@ -85,12 +98,12 @@ class Runtime:
     device: torch.device
     replica_group: tuple[int, ...]
     """TP ranks holding the same bytes as this rank."""
-    transfer_group: dist.ProcessGroup | None
+    transfer_group: Group | None
     """Dedicated group of the replica group for broadcasts (None when it has one rank)."""
-    cpu_group: dist.ProcessGroup
+    cpu_group: Group
     """Gloo group of the engine's ranks for host-side agreement (ack polls, reports): the
     caller's, or one the engine made."""
-    l3_group: dist.ProcessGroup
+    l3_group: Group
     """Gloo group of the engine's ranks for the L3 write-back thread (rotating owners send
     their layers to the object's writer there), so it never interleaves with `cpu_group`'s."""
     load_stream: Stream
@@ -111,9 +124,18 @@ class Runtime:
     """Gathers and scatters pages by their ids (one kernel on cuda: `page_kernel`)."""
     upload: Upload
     """Puts a transfer's page ids on the device (one raw async copy on cuda)."""
-    groups: tuple[dist.ProcessGroup, ...] = ()
-    """Every group `start` made, destroyed by `close` (each holds sockets and threads); never
+    notes: PollNotes
+    """Where this rank's polls wait, and its peers' (`poll_notes`)."""
+    groups: tuple[Group, ...] = ()
+    """Every group `start` made, closed by `close` (each holds sockets and threads); never
     the caller's."""
+
+    def __post_init__(self) -> None:
+        # A group's threads must end before the interpreter finalizes: a gloo thread that
+        # frees a collective's tensors once it has begun takes the GIL there, and the process
+        # aborts. So they end at `close`, or as the runtime is collected, or else at exit
+        # (atexit runs before the interpreter finalizes).
+        self._close_groups = weakref.finalize(self, close_groups, self.groups)
 
     @classmethod
     def start(
@@ -128,14 +150,15 @@ class Runtime:
         timeout_s: float,
     ) -> Runtime:
         """Create the engine's groups over `group`'s ranks (None: the default group's), each
-        made by those ranks alone, in the same order; `cpu_group`: the caller's gloo group
-        over the same ranks, used instead of making one."""
+        made by those ranks alone, once all of them have come (RuntimeError naming those that
+        did not within `timeout_s`); `cpu_group`: the caller's gloo group over the same
+        ranks, used instead of making one."""
         ranks = engine_ranks(topology, group, cpu_group)
         rank = ranks.index(dist.get_rank())
         replica = topology.replica_group(rank, model)
-        replicas = topology.replica_groups(model)
         made = make_groups(
-            *(ranks, replicas, replica),
+            ranks,
+            replica,
             cpu_group=cpu_group,
             device=device,
             backend=backend,
@@ -155,6 +178,7 @@ class Runtime:
             copy_stacks=stacks,
             move_pages=move,
             upload=upload,
+            notes=PollNotes(made.store, made.prefix, rank, len(ranks), timeout_s),
             groups=made.made,
         )
 
@@ -169,7 +193,7 @@ class Runtime:
     @property
     def collectives(self) -> GroupCollectives:
         """The transfer group's collectives."""
-        return GroupCollectives(self.transfer_group, self.global_ranks)
+        return GroupCollectives(self.transfer_group, self.replica_group, self.notes)
 
     @property
     def streams(self) -> tuple[Stream, ...]:
@@ -182,14 +206,20 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Stop the streams, then destroy the groups this runtime made (never the caller's
-        `group`, `cpu_group` or default group): an engine made and closed again and again keeps
-        no sockets open."""
+        """Stop the streams, then shut down the groups this runtime made and let go of them
+        (never the caller's `group`, `cpu_group` or default group): an engine made and closed
+        again and again keeps no sockets open, and no group's threads outlive `close` into
+        the interpreter's exit."""
         for stream in self.streams:
             stream.close()
-        for group in self.groups:
-            dist.destroy_process_group(group)
+        self._close_groups()
         self.groups = ()
+
+
+def close_groups(groups: Sequence[Group]) -> None:
+    """Close `groups` (the runtime's finalizer: it holds no reference to the runtime)."""
+    for group in groups:
+        group.close()
 
 
 def _streams(

@@ -1,7 +1,8 @@
 """Engines on the caller's groups (`pipeline.create_engine(job, group=...)`), on gloo ranks:
 a world of 4 holding two TP2 engines (DP replicas on the same model; pipeline stages of
 different layer counts), every strategy, one L3 file store shared by both engines; a world of
-2 holding two TP1 engines; groups that do not fit refused before any group is made.
+2 holding two TP1 engines; a TP group whose rank is also in another group; a rank that never
+calls create_engine, named; groups that do not fit refused before any group is made.
 
 Each engine seeds its pages and names its L3 keys apart (`gridfns.round_trip`'s salt), so a
 byte that crossed from the other engine fails the bit-exact checks on that rank.
@@ -59,6 +60,26 @@ def test_two_tp1_engines_in_a_world_of_2(tmp_path: Path) -> None:
     one = groupfns.Layout(ranks=[[0], [1]], cases=[cases(1, tmp_path, 5, ("replicated",))] * 2)
     ranks = launch(groupfns.on_caller_groups, [one], 2, backend="gloo", timeout_s=60)
     assert ranks == [[["", "usable"]]] * 2
+
+
+def test_a_tp_group_whose_rank_is_in_another_group_made_before_it(tmp_path: Path) -> None:
+    # rank 1 holds one group more than rank 0 when the engine makes its own: torch's name
+    # for a group made with local synchronization counts them, so they met nowhere
+    found = cases(2, tmp_path, 3, ("rotating", "replicated"))
+    ranks = launch(groupfns.beside_another_group, found, 3, backend="gloo", timeout_s=60)
+    assert ranks == [["", "", "usable"], ["", "", "usable", "usable"], ["usable"]]
+
+
+def test_a_rank_that_never_calls_create_engine_is_named() -> None:
+    job = pipeline.compose(["model=tiny_mla", "topology=tp2", "runtime.timeout_s=3"])
+    ranks = launch(groupfns.one_rank_missing, job, 2, backend="gloo", timeout_s=60)
+    assert ranks is not None
+    first, second = ranks
+    assert "create_engine on ranks [0, 1]: rank(s) 1 did not call it within " in first["said"]
+    assert "runtime.timeout_s=3 s" in first["said"]
+    assert "create_engine is a collective over the group" in first["said"]
+    assert "rank 1 has made 0" in first["said"], first
+    assert (first["again"], second) == ("made", {"said": "", "again": "made"})
 
 
 def test_groups_that_do_not_fit_are_refused() -> None:

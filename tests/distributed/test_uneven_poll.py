@@ -1,5 +1,6 @@
 """`poll()` is a collective: a rank that polls once more than its peer is named, with every
-rank's poll count, within runtime.timeout_s (it was a silent hang, then "only slow" advice)."""
+rank's poll count, within runtime.timeout_s (it was a silent hang, then "only slow" advice);
+a rank that skips a poll its peer makes is told so where it waits instead."""
 
 from __future__ import annotations
 
@@ -37,3 +38,17 @@ def test_an_extra_poll_with_work_outstanding_is_named_within_the_timeout() -> No
     # bounded by the group's timeout (runtime.timeout_s), not the launcher's 60 s: the
     # launch would have failed otherwise; the time it took is for the reader
     print(f"named after {odd['after_s']:.1f} s (runtime.timeout_s={TIMEOUT_S})")
+
+
+def test_a_skipped_poll_is_named_on_the_rank_that_skipped_it() -> None:
+    job = job_config("topology=tp2", "strategy=rotating", f"runtime.timeout_s={TIMEOUT_S}")
+    said = launch(pollfns.skipped_poll, job, 2, backend="gloo", timeout_s=60)
+    assert said is not None
+    polled, skipped = said
+    assert "this rank (rank 0) is at poll #1 with 1 acks outstanding" in polled["said"]
+    assert "rank(s) 1 did not join it" in polled["said"]
+    # the rank that skipped the poll waits in the load's broadcast: it is told of the poll
+    assert "rank 0 waits in poll #1 with 1 acks outstanding" in skipped["said"], skipped
+    assert "which this rank (rank 1) has not made: it has begun 0 polls" in skipped["said"]
+    assert "poll() is a collective" in skipped["said"]
+    assert "only slow" not in skipped["said"]

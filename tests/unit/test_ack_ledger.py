@@ -10,18 +10,20 @@ import pytest
 import torch.distributed as dist
 
 from pipeline.engine.acks import AckLedger, digest_of
+from pipeline.engine.comms import Group
 from pipeline.engine.cuda.streams import CpuEvent
 
 
 @pytest.fixture
-def group(tmp_path: Path) -> Iterator[dist.ProcessGroup]:
+def group(tmp_path: Path) -> Iterator[Group]:
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield dist.group.WORLD
+    assert dist.group.WORLD is not None
+    yield Group.theirs(dist.group.WORLD, timeout_s=8.0)
     dist.destroy_process_group()
 
 
-def ledger(group: dist.ProcessGroup, **knobs) -> AckLedger:
+def ledger(group: Group, **knobs) -> AckLedger:
     options = {
         "skip_enabled": False,
         "max_skips": 3,
@@ -39,7 +41,7 @@ def fired() -> CpuEvent:
     return event
 
 
-def test_only_leading_completed_acks_pop_in_order(group: dist.ProcessGroup) -> None:
+def test_only_leading_completed_acks_pop_in_order(group: Group) -> None:
     acks = ledger(group)
     first, second, third = (
         acks.submit("backup", e) for e in (fired(), CpuEvent(timeout_s=5), fired())
@@ -50,7 +52,7 @@ def test_only_leading_completed_acks_pop_in_order(group: dist.ProcessGroup) -> N
     assert [a.seq for a in acks.poll(lambda: 0)] == [second.seq, third.seq]
 
 
-def test_idle_polls_skip_until_a_sync_is_forced(group: dist.ProcessGroup) -> None:
+def test_idle_polls_skip_until_a_sync_is_forced(group: Group) -> None:
     acks = ledger(group, skip_enabled=True, max_skips=3)
     for _ in range(8):
         acks.poll(lambda: 42)
@@ -59,7 +61,7 @@ def test_idle_polls_skip_until_a_sync_is_forced(group: dist.ProcessGroup) -> Non
     assert list(acks.stats.decisions)[:4] == [(True, 0), (True, 0), (True, 0), (False, 0)]
 
 
-def test_outstanding_acks_or_storage_disable_the_skip(group: dist.ProcessGroup) -> None:
+def test_outstanding_acks_or_storage_disable_the_skip(group: Group) -> None:
     busy = ledger(group, skip_enabled=True)
     busy.submit("load", CpuEvent(timeout_s=5))
     busy.poll(lambda: 0)
@@ -68,7 +70,7 @@ def test_outstanding_acks_or_storage_disable_the_skip(group: dist.ProcessGroup) 
     assert busy.stats.skipped == stored.stats.skipped == 0
 
 
-def test_poll_timer_logs_every_n_polls(group: dist.ProcessGroup, caplog) -> None:
+def test_poll_timer_logs_every_n_polls(group: Group, caplog) -> None:
     acks = ledger(group, poll_timer_every=2)
     with caplog.at_level(logging.INFO, logger="hicache-pipeline"):
         for _ in range(4):

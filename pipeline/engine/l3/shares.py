@@ -1,14 +1,13 @@
 """Rotating write-backs: the owners of a page's other layers send them to the object's writer
 (the replica group's first rank) over the L3 group, so every page is one object whoever wrote
 it. These run on the write-back thread of every rank, in the same order; roles name TP
-ranks, which torch's src= and dst= take as global ones."""
+ranks, which are the L3 group's ranks."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 from pipeline.engine.l3.tier import L3Tier
 
@@ -17,12 +16,12 @@ def tell_missing(tier: L3Tier, missing: list[bool]) -> None:
     """The writer tells the senders which pages of the job it will write."""
     mask = torch.tensor(missing, dtype=torch.uint8)
     for sender in tier.roles.senders:
-        dist.send(mask, dst=tier.global_rank(sender), group=tier.l3_group)
+        tier.l3_group.send(mask, sender)
 
 
 def hear_missing(tier: L3Tier, num_pages: int) -> list[bool]:
     mask = torch.empty(num_pages, dtype=torch.uint8)
-    dist.recv(mask, src=tier.global_rank(tier.roles.writer), group=tier.l3_group)
+    tier.l3_group.recv(mask, tier.roles.writer)
     return mask.bool().tolist()
 
 
@@ -36,7 +35,7 @@ def send_share(tier: L3Tier, host_pages: Sequence[int]) -> None:
         for pooled, _ in tier.runs(owned, page, device=False):
             row[first : first + pooled.nbytes].view(pooled.dtype).view(pooled.shape).copy_(pooled)
             first += pooled.nbytes
-    dist.send(out, dst=tier.global_rank(tier.roles.writer), group=tier.l3_group)
+    tier.l3_group.send(out, tier.roles.writer)
     tier.trace.op("l3_send", bytes=out.nbytes)
 
 
@@ -46,7 +45,7 @@ def receive_shares(tier: L3Tier, num_pages: int) -> list[dict[int, memoryview]]:
     for sender in tier.roles.senders:
         owned = tier.owners.owned(sender, tier.object.units)
         share = torch.empty((num_pages, sum(u.page_bytes for u in owned)), dtype=torch.uint8)
-        dist.recv(share, src=tier.global_rank(sender), group=tier.l3_group)
+        tier.l3_group.recv(share, sender)
         for views, row in zip(found, share, strict=True):
             flat, first = memoryview(row.numpy()).cast("B"), 0
             for unit in owned:

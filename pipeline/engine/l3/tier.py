@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
-import torch.distributed as dist
-
 from pipeline.core.crc_runs import CrcRuns
 from pipeline.core.l3 import (
     Checks,
@@ -128,8 +126,7 @@ class L3Tier:
     def agree_while(self, value: Any, going: bool) -> tuple[list[Any], bool]:
         """`agree`, and whether any rank at all is still `going` (a round of a loop that
         every rank runs as long as the longest)."""
-        gathered: list[Any] = [None] * dist.get_world_size(self.cpu_group)
-        dist.all_gather_object(gathered, (self.group[0], value, going), group=self.cpu_group)
+        gathered = self.cpu_group.all_gather_object((self.group[0], value, going))
         return [v for first, v, _ in gathered if first == self.group[0]], any(
             g for _, _, g in gathered
         )

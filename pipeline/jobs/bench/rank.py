@@ -71,7 +71,7 @@ class Timer:
     def line_up(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-        dist.barrier(group=self.rt.cpu_group)
+        self.rt.cpu_group.barrier()
 
 
 def floors(timer: Timer) -> dict[str, float]:

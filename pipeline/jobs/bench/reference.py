@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 
 from pipeline.engine.cuda.memcpy import pages_view
 from pipeline.engine.engine import Engine
@@ -98,8 +97,7 @@ class Reference:
                 source, dev = owners.sources[unit.ordinal], engine.device_pool.layer(unit)
                 assert source is not None, "an exchanged unit has its source"
                 if self.contiguous:
-                    src = rt.global_rank(source)
-                    dist.broadcast(self._block(dev, "target"), src=src, group=rt.transfer_group)
+                    rt.collectives.broadcast(self._block(dev, "target"), source)
                     continue
                 per = staging.numel() // unit.page_bytes  # staging-sized slices of pages
                 for first in range(0, n, per):
@@ -108,7 +106,7 @@ class Reference:
                     view = raw.view(dev.dtype).view(len(pages), *dev.shape[1:])
                     if source == rt.rank:
                         torch.index_select(dev, 0, pages, out=view)
-                    dist.broadcast(raw, src=rt.global_rank(source), group=rt.transfer_group)
+                    rt.collectives.broadcast(raw, source)
                     if source != rt.rank:
                         dev.index_copy_(0, pages, view)
         _join(streams)
