@@ -56,7 +56,7 @@ def main() -> None:
         host = engine.host_slots.alloc(len(slots))
         engine.backup(host, slots, keys=keys).wait()  # keys: the host tier names its pages
         engine.write_back(keys, host).wait()
-        while engine.acks.pending:
+        while engine.num_pending_acks:
             engine.poll()  # a page is said stored as its ack is released
         # A router: every batch from sequence 0, each [ts, events, dp_rank]; an event is a
         # map tagged by its type, with a medium per tier (CPU_PINNED host, DISK file store).

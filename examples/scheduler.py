@@ -29,34 +29,32 @@ def main(overrides: list[str]) -> None:
         "model=tiny_mla",
         "topology=tp1",
         "topology.device=cpu",
-        "workload.host_ratio=0.04",
+        "workload.host_bytes=12800",  # 10 pages of 5 layers' 4 rows of 64 B: evictions soon
         "workload.num_tokens=32",
     ]
     job = pipeline.compose([*base, *overrides])
-    engine = pipeline.create_engine(job)
-    page = engine.sizing.slots_per_page
+    page, row = job.model.page_size, job.model.kv_row_bytes // 2  # bf16 rows
+    kv = [torch.zeros(8, page, row, dtype=torch.bfloat16) for _ in range(job.model.num_layers)]
+    engine = pipeline.create_engine(job, device_kv={("kv", i): t for i, t in enumerate(kv)})
     rng = random.Random(0)  # the same on every rank: every rank schedules the same requests
     cached: dict[int, torch.Tensor] = {}  # prefix -> its host slots
     expected: dict[int, torch.Tensor] = {}  # prefix -> its KV of layer 0, when prefilled
     counts = {"hits": 0, "misses": 0, "evictions": 0}
-    layer0 = engine.device_pool.layer(job.model.units[0])
     for _ in range(40):
-        prefix, pages = rng.randrange(6), 2  # 6 prefixes of 2 pages each
-        device = list(range(pages))  # the request's device pages (reused by every request)
-        slots = torch.arange(pages * page)  # their token slots
+        prefix, device = rng.randrange(6), [0, 1]  # 6 prefixes of 2 pages; device pages reused
+        slots = torch.arange(len(device) * page)  # their token slots
         if prefix in cached:
             handle = engine.load(cached[prefix], slots)
             engine.begin_forward()
             handle.wait(0)  # the forward may start on layer 0 here
             handle.done().wait()
-            assert torch.equal(layer0[device], expected[prefix]), f"prefix {prefix} differs"
+            assert torch.equal(kv[0][device], expected[prefix]), f"prefix {prefix} differs"
             counts["hits"] += 1
         else:
-            for unit in job.model.units:  # "prefill": this request's KV
-                engine.device_pool.layer(unit)[device] = torch.randn(
-                    engine.device_pool.layer(unit)[device].shape, generator=seeded(prefix)
-                ).to(layer0.dtype)
-            expected[prefix] = layer0[device].clone()
+            draw = torch.Generator().manual_seed(prefix)
+            for t in kv:  # "prefill": this request's KV
+                t[device] = torch.randn(t[device].shape, generator=draw).to(t.dtype)
+            expected[prefix] = kv[0][device].clone()
             if engine.host_slots.num_free < len(slots):  # evict the oldest prefix
                 oldest = next(iter(cached))
                 engine.host_slots.free(cached.pop(oldest))
@@ -70,10 +68,6 @@ def main(overrides: list[str]) -> None:
     if dist.get_rank() == 0:
         print(f"{counts['hits']} hits, {counts['misses']} misses, {counts['evictions']} evictions")
     dist.destroy_process_group()
-
-
-def seeded(prefix: int) -> torch.Generator:
-    return torch.Generator().manual_seed(prefix)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def main(role: str, overrides: list[str]) -> None:
     engine = pipeline.create_engine(pipeline.compose([*base, *overrides]))
     try:
         found = [write(engine, p) if role == "write" else read(engine, p) for p in range(PREFIXES)]
-        while engine.acks.pending:  # every write-back and load acknowledged on every rank
+        while engine.num_pending_acks:  # every write-back and load acknowledged on every rank
             engine.poll()
         if dist.get_rank() == 0:
             print(json.dumps({"role": role, "prefixes": found}), flush=True)

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
-from pipeline.config.sources import SHIPPED
 from pipeline.config.job import Job
+from pipeline.config.sources import SHIPPED
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.jobs.l3_store import master_on_loopback
 

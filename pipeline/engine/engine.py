@@ -1,8 +1,6 @@
 """What a serving engine calls on one rank: `backup`, `load` (per-layer waits), the forward
-gate, `host_slots` (allocate and free host slots), and with an L3 store `write_back`, `lookup`
-and `load_from_l3`. `engine.factory` makes one (process groups, pools, L3 tier); the
-constructor only stores them.
-"""
+gate, `host_slots`, `poll`, and with an L3 store `write_back`, `lookup` and `load_from_l3`.
+`engine.factory` makes one (groups, pools, L3 tier); the constructor only stores them."""
 
 from __future__ import annotations
 
@@ -92,6 +90,11 @@ class Engine:
         self.metrics = EngineMetrics(runtime.rank, read)
         """This rank's Prometheus registry (`stats()`; served with runtime.metrics_port)."""
         self.events = events  # what this rank publishes of its tiers (None: nothing)
+
+    @property
+    def num_pending_acks(self) -> int:
+        """Acks not yet released by `poll()`: alike on every rank, so each may poll while > 0."""
+        return len(self.acks.pending)
 
     @property
     def host_slots(self) -> HostSlots:

@@ -58,12 +58,12 @@ def test_the_example_scheduler_hits_misses_and_evicts_on_one_rank() -> None:
 
 
 def test_the_issue_profile_splits_each_path_into_its_pieces(tmp_path: Path) -> None:
-    """examples/profile_issue.py, which BENCHMARKS.md's issue-time tables come from, on CPU:
+    """benchmarks/profile_issue.py, which BENCHMARKS.md's issue-time tables come from, on CPU:
     every fragmented path and direction, each with its plan split and its pieces."""
     out = tmp_path / "profile.txt"
     args = ["--device", "cpu", "--tokens", "64", "--reps", "2", "--only", "fragmented"]
     done = subprocess.run(
-        [sys.executable, "examples/profile_issue.py", *args, "--out", str(out)],
+        [sys.executable, "benchmarks/profile_issue.py", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

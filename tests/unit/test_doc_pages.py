@@ -15,7 +15,7 @@ from docsfns import FENCE, ROOT, Block, blocks, commands, pages, prose, shown
 
 BUDGETS = {"README.md": 15_000, "BENCHMARKS.md": 40_000}
 """Bytes a page may hold: README is read in minutes, BENCHMARKS holds current results only."""
-PATH = re.compile(r"^(?:pipeline|stages|conf|tests|examples|docs|\.ci)/[\w./-]*$")
+PATH = re.compile(r"^(?:pipeline|stages|conf|tests|examples|benchmarks|docs|\.ci)/[\w./-]*$")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SESSION_LOG = re.compile(r"\b(?:sessions? \d+|this session)\b", re.I)
 FENCE_WORDS = re.compile(r"^```(?:bash|console)\n(.*?)^```\n", re.S | re.M)

@@ -90,7 +90,7 @@ def test_the_texts_name_the_knobs_users_reach_for() -> None:
     assert {"soak.cycles", "bench.sizes", "strategy.idle_sync_skip.enabled"} <= set(knobs)
     assert "soak --help" in knobs["soak.warmup_cycles"]
     assert "bench.floor_bytes" in knobs and "bench.json" not in knobs
-    assert "examples/scheduler.py" in knobs["workload.host_ratio"]
+    assert "examples/scheduler.py" in knobs["workload.host_bytes"]
 
 
 def test_every_knob_named_in_help_readme_and_examples_exists() -> None:

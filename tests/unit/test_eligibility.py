@@ -6,8 +6,8 @@ import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
-from pipeline.config.sources import SHIPPED
 from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
+from pipeline.config.sources import SHIPPED
 from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership
 from pipeline.core.storage import StorageConfig

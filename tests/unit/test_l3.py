@@ -16,8 +16,8 @@ from hydra import initialize_config_module
 
 from pipeline.config.assemble import fetch_problems
 from pipeline.config.compose import Session
-from pipeline.config.sources import SHIPPED
 from pipeline.config.eligibility import RULES
+from pipeline.config.sources import SHIPPED
 from pipeline.core.checks import ConfigError
 from pipeline.core.crc_runs import CrcRuns
 from pipeline.core.l3 import (

@@ -6,13 +6,13 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from pipeline.config.sources import SHIPPED, shipped_root
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

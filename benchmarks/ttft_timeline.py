@@ -2,7 +2,7 @@
 
 Run on a cuda machine from the repository root (one GPU, tp1):
 
-    python3 examples/ttft_timeline.py --tokens 16384 --new 128 --out timeline.json
+    python3 benchmarks/ttft_timeline.py --tokens 16384 --new 128 --out timeline.json
 
 For the bench's host hit (the same `Prefix` and `SyntheticForward`) it times, on the GPU, the
 load alone (when each layer becomes usable), the forward alone (each layer's end) and the

@@ -1,6 +1,6 @@
 """What the CUDA calls of the issue path cost the host, and what one batched copy call costs.
 
-Run on a cuda machine from the repository root: python3 examples/probe_cuda_calls.py
+Run on a cuda machine from the repository root: python3 benchmarks/probe_cuda_calls.py
 (its figures on the H200: docs/benchmarks/history/2026-12-02-to-04-sessions-12-23.md,
 "What one CUDA call costs the host there").
 """

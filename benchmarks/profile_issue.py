@@ -2,7 +2,7 @@
 
 Run on a cuda machine from the repository root (one GPU, tp1):
 
-    python3 examples/profile_issue.py --tokens 16384 --out profile.txt
+    python3 benchmarks/profile_issue.py --tokens 16384 --out profile.txt
 
 For each path (direct / kernel, graphed or not, chunked or not, contiguous or fragmented
 pages) it prints the median issue time of many calls, then the functions that took the most

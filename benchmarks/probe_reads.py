@@ -3,7 +3,7 @@
 N page objects (deepseek_v3's: 64 tokens x 61 layers x 1152 B) in a file store, read warm into
 one buffer by each candidate on T threads (each its share, opened once per load), R ranges per
 object (61: a layer-wise load); one missing or failing is a row saying why. From the root:
-    python examples/probe_reads.py --pages 128 --threads 1 2 --ranges 1 61 --json out.json
+    python benchmarks/probe_reads.py --pages 128 --threads 1 2 --ranges 1 61 --json out.json
 """
 
 from __future__ import annotations
