@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from hydra import compose
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -25,6 +24,7 @@ from pipeline.config.checked import built_groups, job_of, typed_job, unknown_key
 from pipeline.config.costs import AUTO, Ranking, device_links, ranking
 from pipeline.config.eligibility import Verdict
 from pipeline.config.job import Job, pool_problems
+from pipeline.config.recall import composition
 from pipeline.config.schema import GROUP_SCHEMAS, Config
 from pipeline.core.checks import ConfigError, Problem, raise_problems
 from pipeline.core.model import ModelGeometry
@@ -95,7 +95,7 @@ def hydra_problem(e: BaseException) -> Problem:
 def composed(overrides: list[str], *, hydra_node: bool = False) -> DictConfig:
     """`config` with overrides; a composition error becomes a ConfigError."""
     try:
-        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_node)
+        return composition(overrides, hydra_node=hydra_node)
     except ConfigError:
         raise
     except Exception as e:  # Hydra's composition errors: missing options, bad values
