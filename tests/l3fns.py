@@ -3,6 +3,7 @@ one rank's plan changed) in between, reporting what came back."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline.cli import main
 from pipeline.config.job import Job
 from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
@@ -299,3 +301,13 @@ def _admitted(engine: Engine) -> dict[str, Any]:
         "declined": int(stats["hicache_l3_write_declined_pages_total"]),
         "found": [engine.lookup(one_off), engine.lookup(repeated)],
     }
+
+
+def store_cli(capsys: Any, *args: str) -> tuple[int, dict]:
+    """Exit code and JSON document of `hicache-pipeline store ARGS --json`, run in-process."""
+    try:
+        main(["store", *args, "--json"])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    return code, json.loads(capsys.readouterr().out)

@@ -4,7 +4,6 @@ used objects evicted first, and wrong folders refused before a byte is read or r
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -12,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from l3fns import store_cli as cli
 
 import pipeline
-from pipeline.cli.main import main
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores.owned import walk
 
@@ -49,16 +48,6 @@ def stored(folder: Path) -> Iterator:
         yield from walk(store.beneath)
     finally:
         store.close()
-
-
-def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
-    """Exit code and JSON document of `hicache-pipeline store ARGS --json`."""
-    try:
-        main(["store", *args, "--json"])
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, json.loads(capsys.readouterr().out)
 
 
 def flip(path: Path, at: int) -> None:

@@ -7,7 +7,6 @@ written or removed."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import subprocess
@@ -19,25 +18,15 @@ from typing import Any
 import pytest
 import torch
 from conftest import job_config
+from l3fns import store_cli as cli
 
 import pipeline
-from pipeline.cli.main import main
 from pipeline.core.l3 import MAX_OBJECT_BYTES, namespace, object_bytes
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores.beneath import Beneath
 from pipeline.jobs import store_verify
 
 FOUR_HOURS_NS = 4 * 3600 * 10**9
-
-
-def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
-    """Exit code and JSON document of `hicache-pipeline store ARGS --json`."""
-    try:
-        main(["store", *args, "--json"])
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, json.loads(capsys.readouterr().out)
 
 
 def run(*overrides: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,6 @@ removes the objects the key does not authenticate, and nothing that is not the s
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -21,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import MOONCAKE
+from l3fns import store_cli as cli
 from sglangfns import host_pool, import_sglang, slots
 
 import pipeline
-from pipeline.cli.main import main
 from pipeline.core.l3 import Checks, PageObject, digest, header
 from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
@@ -266,16 +265,6 @@ def test_mooncake_and_file_keep_no_damaged_object(
         assert backend.batch_set_v1(HASHES, slots([0, 1, 2], 4)) == [True] * PAGES
         assert backend.counts()["writes"] == written + 1
         read_back_exact(backend, pool)
-
-
-def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
-    """Exit code and JSON document of `hicache-pipeline store ARGS --json`."""
-    try:
-        main(["store", *args, "--json"])
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.usefixtures("one_rank")
