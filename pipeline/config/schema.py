@@ -24,8 +24,7 @@ from pipeline.core.model import ModelGeometry
 from pipeline.core.sizing import parse_bytes
 from pipeline.core.storage import StorageConfig
 from pipeline.core.strategy import StrategyConfig
-from pipeline.core.topology import Topology
-from pipeline.engine.runtime import Backend
+from pipeline.core.topology import Backend, Topology
 
 MAX_TOKENS = 1 << 24
 """The most tokens a workload moves or a device pool holds: 16M tokens of deepseek_v3 are

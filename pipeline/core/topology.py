@@ -48,6 +48,14 @@ class DeviceKind(Enum):
     cuda = "cuda"
 
 
+class Backend(Enum):
+    """Process-group backend: auto picks nccl on cuda, gloo on cpu."""
+
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
 @dataclass(kw_only=True)
 class Topology:
     """Parallel degrees, cache backends and device of one deployment."""

@@ -23,7 +23,7 @@ from pipeline.core.model import ModelGeometry
 from pipeline.core.ownership import OwnerMap, Ownership
 from pipeline.core.sizing import PoolBudget, size_rank
 from pipeline.core.storage import StorageConfig
-from pipeline.core.topology import IoBackend, Topology
+from pipeline.core.topology import Backend, IoBackend, Topology
 from pipeline.engine.acks import AckLedger
 from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
@@ -34,7 +34,7 @@ from pipeline.engine.l3.scratch import Scratches
 from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.l3.stores.files import read_key_file
 from pipeline.engine.l3.tier import L3Tier
-from pipeline.engine.runtime import Backend, Runtime, pick_backend, pick_device
+from pipeline.engine.runtime import Runtime, pick_backend, pick_device
 from pipeline.engine.strategy import Strategy
 from pipeline.engine.transfer.graphs import TransferGraphs
 from pipeline.engine.transfer.state import Resources

@@ -13,13 +13,12 @@ import ctypes
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
 import torch.distributed as dist
 
 from pipeline.core.model import ModelGeometry
-from pipeline.core.topology import DeviceKind, Topology
+from pipeline.core.topology import Backend, DeviceKind, Topology
 from pipeline.engine.comms import Group
 from pipeline.engine.cuda.cudart import Cudart, cuda_runtime
 from pipeline.engine.cuda.memcpy import (
@@ -35,14 +34,6 @@ from pipeline.engine.cuda.page_kernel import MovePages, PageKernel, move_pages_c
 from pipeline.engine.cuda.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.engine.groups import engine_ranks, make_groups
 from pipeline.engine.poll_notes import PollNotes
-
-
-class Backend(Enum):
-    """Process-group backend: auto picks nccl on cuda, gloo on cpu."""
-
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
 
 
 class GroupCollectives:
