@@ -121,3 +121,27 @@ def host_pool(layout: str, mla: bool, **sizes: Any) -> HostPool:
 def slots(pages: list[int], page_size: int) -> torch.Tensor:
     """The host token slots of `pages`, as SGLang's controller passes `host_indices`."""
     return torch.cat([torch.arange(p * page_size, (p + 1) * page_size) for p in pages])
+
+
+def built(config: dict[str, Any], pool: HostPool, *, mla: bool = True, **fields: Any) -> Any:
+    """The backend as SGLang's cache controller makes it: SGLang's own factory from the extra
+    config, then the host pool registered (`fields` replace HiCacheStorageConfig's)."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    values = dict(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=False,
+        is_page_first_layout=pool.layout == "page_first",
+        model_name="org/model",
+    )
+    storage_config = HiCacheStorageConfig(**{**values, **fields}, extra_config=config)
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend

@@ -15,12 +15,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import MOONCAKE
-from sglangfns import HostPool, MHATokenToKVPoolHost, host_pool, import_sglang, slots
+from sglangfns import HostPool, MHATokenToKVPoolHost, built, host_pool, import_sglang, slots
 
 import_sglang()
 
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 import pipeline  # noqa: E402
 from pipeline.integrations.sglang import PipelineStorage  # noqa: E402
@@ -61,26 +59,6 @@ def extra(storage: dict[str, Any], **more: Any) -> dict[str, Any]:
         "storage": storage,
         **more,
     }
-
-
-def built(config: dict[str, Any], pool: HostPool, *, mla: bool = True, **fields: Any) -> Any:
-    """The backend as SGLang's cache controller makes it: the factory, then the host pool."""
-    values = dict(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=mla,
-        enable_storage_metrics=False,
-        is_page_first_layout=pool.layout == "page_first",
-        model_name="org/model",
-    )
-    storage_config = HiCacheStorageConfig(**{**values, **fields}, extra_config=config)
-    backend = StorageBackendFactory.create_backend("dynamic", storage_config, pool)
-    backend.register_mem_pool_host(pool)
-    return backend
 
 
 def recorded(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[list[memoryview]]:

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sglangfns
 from sglangfns import host_pool, import_sglang, slots
 
 import_sglang()
 
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
 
 from pipeline.integrations.sglang.settings import settings  # noqa: E402
@@ -43,22 +42,7 @@ def built(config: dict[str, Any]) -> Any:
     """The backend as SGLang's cache controller makes it, on an MLA host pool of 4 pages."""
     pool = host_pool("layer_first", True, page_num=4, page_size=4, layer_num=2)
     names = {"module_path": "pipeline.integrations.sglang", "class_name": "PipelineStorage"}
-    storage_config = HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=True,
-        enable_storage_metrics=False,
-        is_page_first_layout=False,
-        model_name="org/model",
-        extra_config={"backend_name": "hicache-pipeline", **names, **config},
-    )
-    backend = StorageBackendFactory.create_backend("dynamic", storage_config, pool)
-    backend.register_mem_pool_host(pool)
-    return backend
+    return sglangfns.built({"backend_name": "hicache-pipeline", **names, **config}, pool)
 
 
 @pytest.mark.parametrize(
