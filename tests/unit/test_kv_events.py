@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import torch
 import torch.distributed as dist
+import zmq
 
 import pipeline
 from pipeline.core.events import EventsConfig, EventsKind
@@ -80,3 +81,60 @@ def test_an_evicted_objects_name_gives_back_its_page_key_whatever_its_share() ->
     key = "0123456789abcdef" * 2
     names = [PageObject(share, ()).name("v2-space", key) for share in ("", "-s1of2")]
     assert object_keys("v2-space", [*names, "other/01/" + key]) == [key, key]
+
+
+def replayed_payloads(replay: str) -> list[bytes]:
+    """Every batch a publisher kept, from sequence 0, as the bytes it sent."""
+    asker = zmq.Context.instance().socket(zmq.DEALER)
+    asker.connect(replay)
+    try:
+        asker.send_multipart([b"", (0).to_bytes(8, "big")])
+        found = []
+        while True:
+            assert asker.poll(int(eventfns.WAIT_S * 1000)), f"{replay} did not answer"
+            _, seq, payload = asker.recv_multipart()
+            if int.from_bytes(seq, "big", signed=True) == -1:
+                return found
+            found.append(payload)
+    finally:
+        asker.close(linger=0)
+
+
+@pytest.mark.parametrize(
+    "module", ["vllm.distributed.kv_events", "sglang.srt.disaggregation.kv_events"]
+)
+def test_every_batch_decodes_with_the_engines_own_types(module: str) -> None:
+    """vLLM's `KVEventBatch` requires every BlockStored field (`lora_name` too) and each
+    event's `medium`; SGLang's reads the same map. Both decode a whole replayed stream."""
+    engine_types = pytest.importorskip(module)
+    first = eventfns.free_ports(2)
+    config = EventsConfig(
+        kind=EventsKind.zmq,
+        endpoint=f"tcp://127.0.0.1:{first}",
+        replay_endpoint=f"tcp://127.0.0.1:{first + 1}",
+    )
+    events = KvEvents(Publisher(config, 0, 1), page_size=2, l3_medium="DISK")
+    a, b = "a" * 32, "b" * 32
+    try:
+        events.keyed([a, b], [1, 2, 3, 4])
+        events.host_stored([0, 1], [a, b])
+        events.l3_stored([a, b])
+        events.host_freed([0])
+        events.l3_removed([b])
+        payloads = replayed_payloads(config.replay_endpoint or "")
+    finally:
+        events.close()
+    decode = msgspec.msgpack.Decoder(engine_types.KVEventBatch).decode
+    batches = [decode(p) for p in payloads]
+    shown = [[brief(e) for e in batch.events] for batch in batches]
+    h = block_hash
+    assert shown == [
+        [("AllBlocksCleared", None, [])],
+        [("BlockStored", "CPU_PINNED", [h(a), h(b)])],
+        [("BlockStored", "DISK", [h(a), h(b)])],
+        [("BlockRemoved", "CPU_PINNED", [h(a)])],
+        [("BlockRemoved", "DISK", [h(b)])],
+    ]
+    stored = batches[1].events[0]
+    assert (stored.token_ids, stored.block_size, stored.lora_name) == ([1, 2, 3, 4], 2, None)
+    assert [msgspec.to_builtins(batch)[2] for batch in batches] == [1] * 5  # the dp rank

@@ -24,21 +24,24 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
 
 class BlockStored(KVCacheEvent):
     """Pages a tier (`medium`) now holds: their block hashes, their token ids where known
-    (every page's, in order; else none), tokens a page."""
+    (every page's, in order; else none), tokens a page. Fields without a default are always
+    sent, null or not: vLLM's decoder requires each of them (`lora_name` included), and
+    SGLang's reads them all."""
 
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
-    medium: str | None = None
+    medium: str | None
+    lora_name: str | None
 
 
 class BlockRemoved(KVCacheEvent):
     """Pages a tier (`medium`) no longer holds."""
 
     block_hashes: list[int]
-    medium: str | None = None
+    medium: str | None
 
 
 class AllBlocksCleared(KVCacheEvent):

@@ -146,7 +146,7 @@ class KvEvents:
         known = [self._tokens.get(k) for k in keys]
         tokens = [t for page in known for t in page or ()] if all(known) else []
         hashes = [block_hash(k) for k in keys]
-        return BlockStored(hashes, None, tokens, self.page_size, None, medium)
+        return BlockStored(hashes, None, tokens, self.page_size, None, medium, None)
 
     @staticmethod
     def _removed(keys: Sequence[str], medium: str) -> BlockRemoved:
