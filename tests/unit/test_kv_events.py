@@ -24,13 +24,18 @@ def brief(event: object) -> tuple:
     return fields["type"], fields.get("medium"), fields.get("block_hashes", [])
 
 
-def test_a_reused_host_page_says_its_old_page_removed_and_a_freed_one_goes() -> None:
+def loopback_events() -> EventsConfig:
+    """events=zmq on two free loopback ports."""
     first = eventfns.free_ports(2)
-    config = EventsConfig(
+    return EventsConfig(
         kind=EventsKind.zmq,
         endpoint=f"tcp://127.0.0.1:{first}",
         replay_endpoint=f"tcp://127.0.0.1:{first + 1}",
     )
+
+
+def test_a_reused_host_page_says_its_old_page_removed_and_a_freed_one_goes() -> None:
+    config = loopback_events()
     events = KvEvents(Publisher(config, 0, 3), page_size=4, l3_medium="DISK")
     a, b, c = "a" * 32, "b" * 32, "c" * 32
     subscriber = eventfns.Subscriber([])
@@ -107,12 +112,7 @@ def test_every_batch_decodes_with_the_engines_own_types(module: str) -> None:
     """vLLM's `KVEventBatch` requires every BlockStored field (`lora_name` too) and each
     event's `medium`; SGLang's reads the same map. Both decode a whole replayed stream."""
     engine_types = pytest.importorskip(module)
-    first = eventfns.free_ports(2)
-    config = EventsConfig(
-        kind=EventsKind.zmq,
-        endpoint=f"tcp://127.0.0.1:{first}",
-        replay_endpoint=f"tcp://127.0.0.1:{first + 1}",
-    )
+    config = loopback_events()
     events = KvEvents(Publisher(config, 0, 1), page_size=2, l3_medium="DISK")
     a, b = "a" * 32, "b" * 32
     try:
