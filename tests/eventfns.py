@@ -143,21 +143,8 @@ class Subscriber:
 
     def replay(self, stream: Stream, start: int) -> dict[int, EventBatch]:
         """Every batch the publisher kept from `start` on, asked of its replay socket."""
-        req = self.context.socket(zmq.DEALER)
-        req.connect(stream.replay)
-        try:
-            req.send_multipart((b"", start.to_bytes(8, "big")))
-            found = {}
-            while True:
-                if not req.poll(int(WAIT_S * 1000)):
-                    raise TimeoutError(f"{stream.replay} did not answer")
-                _, seq, payload = req.recv_multipart()
-                number = int.from_bytes(seq, "big", signed=True)
-                if number == -1:
-                    return found
-                found[number] = self.decode(payload)
-        finally:
-            req.close(linger=0)
+        kept = replayed(self.context, stream.replay, start)
+        return {seq: self.decode(payload) for seq, payload in kept.items()}
 
     def stop(self) -> None:
         self._stop.set()
@@ -165,6 +152,25 @@ class Subscriber:
         for sub in self.sockets:
             sub.close(linger=0)
         self.context.term()
+
+
+def replayed(context: zmq.Context, replay: str, start: int) -> dict[int, bytes]:
+    """Every batch a publisher kept from `start` on, as the bytes it sent, by sequence."""
+    req = context.socket(zmq.DEALER)
+    req.connect(replay)
+    try:
+        req.send_multipart((b"", start.to_bytes(8, "big")))
+        found = {}
+        while True:
+            if not req.poll(int(WAIT_S * 1000)):
+                raise TimeoutError(f"{replay} did not answer")
+            _, seq, payload = req.recv_multipart()
+            number = int.from_bytes(seq, "big", signed=True)
+            if number == -1:
+                return found
+            found[number] = payload
+    finally:
+        req.close(linger=0)
 
 
 def residency(batches: dict[int, EventBatch]) -> dict[str, set[int]]:

@@ -88,23 +88,6 @@ def test_an_evicted_objects_name_gives_back_its_page_key_whatever_its_share() ->
     assert object_keys("v2-space", [*names, "other/01/" + key]) == [key, key]
 
 
-def replayed_payloads(replay: str) -> list[bytes]:
-    """Every batch a publisher kept, from sequence 0, as the bytes it sent."""
-    asker = zmq.Context.instance().socket(zmq.DEALER)
-    asker.connect(replay)
-    try:
-        asker.send_multipart([b"", (0).to_bytes(8, "big")])
-        found = []
-        while True:
-            assert asker.poll(int(eventfns.WAIT_S * 1000)), f"{replay} did not answer"
-            _, seq, payload = asker.recv_multipart()
-            if int.from_bytes(seq, "big", signed=True) == -1:
-                return found
-            found.append(payload)
-    finally:
-        asker.close(linger=0)
-
-
 @pytest.mark.parametrize(
     "module", ["vllm.distributed.kv_events", "sglang.srt.disaggregation.kv_events"]
 )
@@ -121,11 +104,11 @@ def test_every_batch_decodes_with_the_engines_own_types(module: str) -> None:
         events.l3_stored([a, b])
         events.host_freed([0])
         events.l3_removed([b])
-        payloads = replayed_payloads(config.replay_endpoint or "")
+        kept = eventfns.replayed(zmq.Context.instance(), config.replay_endpoint or "", 0)
     finally:
         events.close()
     decode = msgspec.msgpack.Decoder(engine_types.KVEventBatch).decode
-    batches = [decode(p) for p in payloads]
+    batches = [decode(kept[seq]) for seq in sorted(kept)]
     shown = [[brief(e) for e in batch.events] for batch in batches]
     h = block_hash
     assert shown == [
