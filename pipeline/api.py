@@ -31,7 +31,7 @@ import torch.distributed as dist
 from pipeline.config.app import CommandLine, checked_session, configs
 from pipeline.config.job import Job
 from pipeline.core.l3 import namespace
-from pipeline.core.l3_keys import BlockHash, block_keys
+from pipeline.core.l3_keys import BlockHash, PageKey, block_keys
 from pipeline.core.storage import StorageKind
 from pipeline.engine.adopt import Adopted
 from pipeline.engine.engine import Engine
@@ -86,15 +86,26 @@ def create_engine(
     return open_engine(job.recipe(), local, group=group, cpu_group=cpu_group, device_kv=device_kv)
 
 
-def page_keys(job: Job, hashes: Sequence[BlockHash]) -> list[str]:
+def page_keys(
+    job: Job,
+    hashes: Sequence[BlockHash],
+    *,
+    parent: BlockHash | None = None,
+    token_ids: Sequence[int] | None = None,
+) -> list[PageKey]:
     """The page keys of a serving engine's own block hashes, one per page in order, for
     `Engine.write_back`, `lookup`, `load_from_l3`, `prefetch` and `open_store`'s view:
     SGLang's hex strings, vLLM's ints or bytes (pass an older vLLM's `BlockHashType.hash_value`).
     Each hash must already name its whole prefix (both engines chain them); the same hash
     gives the same key in every process, of this job's namespace (`storage.model_revision`,
-    `storage.tenant`). ValueError naming the first hash that is not a non-empty str or bytes,
-    or an int."""
-    return block_keys(hashes, namespace(job.model, job.storage.model_revision, job.storage.tenant))
+    `storage.tenant`). Each key remembers its hash, the one before it (`parent`: the hash
+    before the first page, if any) and its page of `token_ids` (every page's, in order, if
+    given), and the KV events name its page by them (docs/events.md). ValueError naming the
+    first hash that is not a non-empty str or bytes, or an int, or token ids not a page
+    each."""
+    space = namespace(job.model, job.storage.model_revision, job.storage.tenant)
+    page_tokens = job.model.page_size * job.topology.dcp_size
+    return block_keys(hashes, space, parent=parent, token_ids=token_ids, page_tokens=page_tokens)
 
 
 def open_store(job: Job) -> StoreView:

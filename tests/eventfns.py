@@ -4,6 +4,7 @@ asks the replay socket for what it missed and rebuilds each tier's residency fro
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -12,14 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch.distributed as dist
 import zmq
 
+import pipeline
 from pipeline.config.job import Job
+from pipeline.core.events import EventsConfig
 from pipeline.core.slots import page_tokens
+from pipeline.core.storage import StorageKind
 from pipeline.engine.engine import Engine
-from pipeline.engine.events import EventBatch, block_hash
+from pipeline.engine.events import EventBatch, KvEvents, Publisher, block_hash
+from pipeline.engine.events.names import MEDIA, PageNames
 from pipeline.engine.factory import open_engine
 from pipeline.jobs.contents import fill_random
+from pipeline.jobs.launch import launch
 
 PAGES = 4
 WAIT_S = 60.0
@@ -193,15 +200,8 @@ def quiet(job: Job, rank: int, world_size: int, local_rank: int) -> dict:
     of the events machinery it holds (nothing)."""
     engine = open_engine(job.recipe(), local_rank)
     try:
-        size = engine.sizing.slots_per_page
-        keys = engine.l3_keys(list(range(PAGES * size)))
-        pages = engine.host_allocator.alloc(PAGES)
-        slots = page_tokens(pages, size)
-        engine.backup(slots, page_tokens(list(range(PAGES)), size), keys=keys).wait()
-        engine.write_back(keys, slots).wait()
-        while engine.acks.pending:
-            engine.poll()
-        engine.host_allocator.free(pages)
+        keys = engine.l3_keys(list(range(PAGES * engine.sizing.slots_per_page)))
+        engine.host_allocator.free(stored(engine, keys))
         assert engine.l3 is not None
         return {
             "events": engine.events,
@@ -211,3 +211,76 @@ def quiet(job: Job, rank: int, world_size: int, local_rank: int) -> dict:
         }
     finally:
         engine.close()
+
+
+def tier_events(
+    config: EventsConfig,
+    *,
+    dp_rank: int,
+    block_size: int,
+    store: StorageKind = StorageKind.file,
+) -> KvEvents:
+    """One publisher's tier events on `config`'s ports (publisher 0), named in its media."""
+    media = MEDIA[config.media]
+    names = PageNames(block_size)
+    return KvEvents(Publisher(config, 0, dp_rank), names, media[None], media[store])
+
+
+ENGINE_RANKS = [[0, 1], [2, 3]]
+"""Two TP2 engines in one world of 4, each on a group the caller made."""
+
+
+def engine_hashes(engine: int, media: str) -> tuple[list[Any], Any, list[int]]:
+    """(block hashes, the hash before them, token ids) engine `engine` names its pages by:
+    vLLM's ints, or SGLang's SHA-256 hex strings."""
+    tokens = list(range(engine * 1000, engine * 1000 + PAGES * 4))
+    if media == "vllm":
+        return [engine * 100 + i + (1 << 62) for i in range(PAGES)], -engine - 1, tokens
+    digests = [hashlib.sha256(f"{engine}-{i}".encode()).hexdigest() for i in range(PAGES + 1)]
+    return digests[1:], digests[0], tokens
+
+
+def two_engines(args: tuple[Job, str], rank: int, world_size: int, local_rank: int) -> int:
+    """Each engine backs up and writes back its prefix under keys of its own block hashes
+    (`page_keys` with the parent and token ids), then waits for the test's replays."""
+    job, folder = args
+    groups = [dist.new_group(members, backend="gloo") for members in ENGINE_RANKS]
+    engine_index = rank // 2
+    engine = pipeline.create_engine(job, group=groups[engine_index])
+    try:
+        hashes, parent, tokens = engine_hashes(engine_index, job.events.media.value)
+        keys = pipeline.page_keys(job, hashes, parent=parent, token_ids=tokens)
+        fill_random(engine, list(range(PAGES)), 5 + engine_index)
+        stored(engine, keys)
+        Path(folder, f"done-{rank}").touch()
+        wait_for(Path(folder, "replayed"))
+        return engine.events.publisher.dp_rank if engine.events is not None else -1
+    finally:
+        engine.close()
+
+
+def stored(engine: Engine, keys: list[str]) -> list[int]:
+    """Back up device pages 0.. to new host pages under `keys`, write them back, and release
+    every ack: the host pages."""
+    size = engine.sizing.slots_per_page
+    pages = engine.host_allocator.alloc(len(keys))
+    slots = page_tokens(pages, size)
+    engine.backup(slots, page_tokens(list(range(len(keys))), size), keys=keys).wait()
+    engine.write_back(keys, slots).wait()
+    while engine.acks.pending:
+        engine.poll()
+    return pages
+
+
+def launched_beside(
+    fn: Any, payload: Any, world_size: int, beside: Any, subscriber: Subscriber
+) -> list[Any] | None:
+    """`launch` the ranks on gloo while `beside` runs on a thread (the test's replays), then
+    stop `subscriber`."""
+    helper = threading.Thread(target=beside)
+    helper.start()
+    try:
+        return launch(fn, payload, world_size, backend="gloo", timeout_s=180)
+    finally:
+        helper.join()
+        subscriber.stop()

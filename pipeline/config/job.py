@@ -16,9 +16,10 @@ from pipeline.config.schema import (
     WorkloadConfig,
 )
 from pipeline.core.checks import Problem
-from pipeline.core.events import EventsConfig
+from pipeline.core.events import EventsConfig, port_problems
 from pipeline.core.l3 import object_bytes
 from pipeline.core.model import ModelGeometry
+from pipeline.core.ownership import Ownership
 from pipeline.core.sizing import (
     DEFAULT_HOST_RATIO,
     PoolBudget,
@@ -28,6 +29,7 @@ from pipeline.core.sizing import (
 )
 from pipeline.core.storage import StorageConfig
 from pipeline.core.topology import Topology
+from pipeline.engine.events import engine_publishers
 from pipeline.engine.factory import EngineRecipe
 from pipeline.engine.strategy import Strategy
 
@@ -81,7 +83,7 @@ def job_problems(job: Job) -> list[Problem]:
     """The rules that join groups, which a rank would otherwise find only after it started:
     workload and bench sizes in whole pages that fit the pools, and staging for a page."""
     aligned = alignment_problems(job.model, job.topology, job.workload, job.bench)
-    return aligned or pool_problems(job)
+    return (aligned or pool_problems(job)) + event_port_problems(job)
 
 
 def alignment_problems(
@@ -126,3 +128,14 @@ def pool_problems(job: Job) -> list[Problem]:
     if problem := job.storage.quota_problem(one_object, pages, tokens):
         found.append(Problem("storage.tenant_quota_bytes", problem))
     return found
+
+
+def event_port_problems(job: Job) -> list[Problem]:
+    """The ports the event publishers of engines 0 to `events.dp_rank` (null: 0) bind,
+    against each other and the ranks' metrics ports."""
+    replicated = job.strategy.config.ownership is Ownership.replicated
+    publishers = engine_publishers(job.topology, job.model, per_rank=replicated)
+    engine = job.events.dp_rank or 0
+    port, ranks = job.runtime.metrics_port, job.topology.tp_size
+    metrics = None if port is None else range(port, port + ranks)
+    return port_problems(job.events, publishers, range(engine + 1), metrics)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pipeline.config.schema import MAX_TOKENS
 from pipeline.config.schema_check import shown
 from pipeline.core.checks import LARGEST_NUMBER, Problem
+from pipeline.core.events import PORT_MAX
 from pipeline.core.model import MAX_LAYERS
 from pipeline.core.topology import MAX_RANKS, Topology
 
@@ -37,7 +38,6 @@ MAX_PAGE_TOKENS = 4096
 MAX_BUFFER_BYTES = 4 << 30
 """A buffer every rank allocates whole (staging on the device, a floor's copy on host and
 device, a Mooncake segment): 4 GiB; 1 TiB failed to allocate once its ranks had started."""
-PORT_MAX = 65535
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,9 @@ RANGES: dict[str, Range] = {
     "storage.prefetch_timeout_s": Range(0.001, WEEK_S, "seconds: at most a week"),
     "storage.min_hit_pages": Range(1, MAX_TOKENS, "pages"),
     "events.buffer_steps": Range(1, MAX_ROUNDS, "batches"),
+    "events.dp_rank": Range(0, MAX_RANKS - 1, "an engine's data-parallel rank"),
+    "events.replay_window": Range(1, 10_000, "batches one replay client may leave unread"),
+    "events.replay_clients": Range(1, 10_000, "connections, a descriptor each"),
     "storage.admit_after_hits": Range(1, MAX_ROUNDS, "lookups"),
     "storage.admit_tracked_pages": Range(1, 100_000_000, "pages: about 20 GB of counts"),
     "storage.tenant_quota_bytes": Range(0, int(LARGEST_NUMBER), "bytes, at most capacity_bytes"),

@@ -4,9 +4,9 @@ gate, `host_slots`, `poll`, and with an L3 store `write_back`, `lookup` and `loa
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -86,7 +86,7 @@ class Engine:
         self._l3_pages = {"hits": 0, "misses": 0}  # what lookups found, for the metrics
         # (read from the engine's parts, not the engine: a cycle would keep a closed engine's
         # streams and their threads alive until a garbage collection)
-        read = functools.partial(readings, self.trace, self.host_allocator, l3, self._l3_pages)
+        read = partial(readings, self.trace, self.host_allocator, l3, self._l3_pages, events)
         self.metrics = EngineMetrics(runtime.rank, read)
         """This rank's Prometheus registry (`stats()`; served with runtime.metrics_port)."""
         self.events = events  # what this rank publishes of its tiers (None: nothing)

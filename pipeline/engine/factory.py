@@ -29,7 +29,7 @@ from pipeline.engine.adopt import Adopted, Key, page_views
 from pipeline.engine.allocate import allocate
 from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
-from pipeline.engine.events import KvEvents, open_events
+from pipeline.engine.events import KvEvents, Place, open_events
 from pipeline.engine.l3.scratch import Scratches
 from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.l3.stores.files import read_key_file
@@ -140,7 +140,7 @@ def engine_on(
     tier = open_tier(recipe.storage, runtime, model, topology, owners, res, store)
     events = None
     try:
-        events = events_of(recipe, runtime.rank)
+        events = events_of(recipe, runtime)
         engine = Engine(
             strategy=recipe.strategy,
             runtime=runtime,
@@ -178,12 +178,17 @@ def ack_ledger(recipe: EngineRecipe, runtime: Runtime) -> AckLedger:
     )
 
 
-def events_of(recipe: EngineRecipe, rank: int) -> KvEvents | None:
+def events_of(recipe: EngineRecipe, runtime: Runtime) -> KvEvents | None:
     """The rank's KV events (`open_events`): one publisher per rank where each rank holds
-    its own copy (replicated), else one per replica group."""
+    its own copy (replicated), else one per replica group; placed by the engine's ranks in
+    the world (its dp rank, the world's metrics ports)."""
     per_rank = recipe.strategy.config.ownership is Ownership.replicated
+    world = dist.get_world_size()
+    port = recipe.metrics_port
+    metrics = None if port is None else range(port, port + world)
+    place = Place(runtime.rank, runtime.global_ranks[0], world, metrics)
     model, topology = recipe.model, recipe.topology
-    return open_events(recipe.events, recipe.storage, topology, model, rank, per_rank=per_rank)
+    return open_events(recipe.events, recipe.storage, topology, model, place, per_rank=per_rank)
 
 
 def on_same_memory(engine: Engine, strategy: Strategy) -> Engine:

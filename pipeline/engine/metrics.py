@@ -2,7 +2,8 @@
 by rank.
 
 The counts are what the engine keeps anyway (the op trace's counts and bytes, the store's
-counters, the host slots), read when a scrape asks, so the issue path pays nothing for them.
+counters, the host slots, the KV-event replay's counts), read when a scrape asks, so the issue
+path pays nothing for them. The HTTP listener is `engine.metrics_listener`.
 The latency histograms are observed when `Engine.poll` releases an ack (submission to release:
 what a scheduler waits) and when a load from L3 returns. Each engine has its own registry, and
 `stats()` reads the same registry a scrape does, so the two agree.
@@ -11,32 +12,22 @@ what a scheduler waits) and when a load from L3 returns. Each engine has its own
 from __future__ import annotations
 
 import errno
-import logging
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.slots import PageAllocator
+from pipeline.engine.events import KvEvents
 from pipeline.engine.l3.tier import L3Tier
+from pipeline.engine.metrics_listener import MAX_CONNECTIONS as MAX_CONNECTIONS
+from pipeline.engine.metrics_listener import listener
 from pipeline.engine.transfer.state import Trace
-
-log = logging.getLogger("hicache-pipeline")
-
-MAX_CONNECTIONS = 8
-"""Clients the listener serves at once, a thread each; more are closed at once (a scraper
-asks one at a time, so 8 leaves room for a few while none can take the rank's threads)."""
-CLIENT_TIMEOUT_S = 5.0
-"""A client that sends nothing (or reads nothing) for this long is closed: a scrape of a few
-KB takes milliseconds."""
 
 LATENCY_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 """Seconds: a small request's backup (~100 us) to a 64K-token load from a cold store."""
@@ -70,6 +61,8 @@ class Readings:
     """The store's own counts (evictions...) and holdings (None: not known here)."""
     host_pages: dict[str, int] = field(default_factory=dict)
     """Host slots in pages: capacity, allocated, holding data."""
+    events: dict[str, int] = field(default_factory=dict)
+    """The KV-event publisher's replay counts (`Publisher.counts`; empty: no events)."""
 
 
 Read = Callable[[Readings], int | None]
@@ -85,6 +78,10 @@ def _store(key: str) -> Read:
 
 def _host(key: str) -> Read:
     return lambda now: now.host_pages.get(key)
+
+
+def _events(key: str) -> Read:
+    return lambda now: now.events.get(key)  # None: this engine publishes no events
 
 
 SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read]] = {
@@ -140,6 +137,16 @@ SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read
     "host_data_pages": (GaugeMetricFamily, "Host pages holding data", _host("data")),
     "store_objects": (GaugeMetricFamily, "Objects a bounded file store holds", _store("objects")),
     "store_bytes": (GaugeMetricFamily, "Bytes a bounded file store holds", _store("bytes")),
+    "events_replay_refused": (
+        CounterMetricFamily,
+        "Replay connections closed beyond events.replay_clients",
+        _events("replay_refused"),
+    ),
+    "events_replay_waiting": (
+        GaugeMetricFamily,
+        "Replay clients whose replay waits for them to read",
+        _events("replay_waiting"),
+    ),
 }
 """Every series but the bytes and the latencies: its type, doc and how it reads the engine's
 numbers; a value the engine does not know is left out of the scrape."""
@@ -233,58 +240,12 @@ class EngineMetrics:
             thread.join(timeout=10)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """One client's request, its socket timing out after `CLIENT_TIMEOUT_S`; no access log."""
-
-    timeout = CLIENT_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _BoundedServer(ThreadingWSGIServer):
-    """prometheus_client's thread-per-client WSGI server, at most `MAX_CONNECTIONS` threads:
-    a client beyond them is closed as soon as it is accepted."""
-
-    request_queue_size = 64  # connections waiting in the kernel cost no thread
-    active: threading.BoundedSemaphore
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.active.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: its slot is free again
-            self.active.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.active.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # a client that timed out or went away: its problem, not a traceback on the rank's stderr
-        log.debug("metrics client %s dropped", client_address, exc_info=True)
-
-
-def listener(address: str, port: int, app: Any) -> WSGIServer:
-    """A bound `_BoundedServer` for `app` on address:port (IPv4 or IPv6, as the address is)."""
-    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
-
-    class Server(_BoundedServer):
-        """This listener's server: its address family, its own count of clients."""
-
-        address_family = family
-        active = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    return make_server(address, port, app, Server, handler_class=_QuietHandler)
-
-
 def readings(
-    trace: Trace, slots: PageAllocator, l3: L3Tier | None, l3_pages: dict[str, int]
+    trace: Trace,
+    slots: PageAllocator,
+    l3: L3Tier | None,
+    l3_pages: dict[str, int],
+    events: KvEvents | None = None,
 ) -> Readings:
     """What a scrape of an engine's metrics reads (see `engine.metrics`)."""
     counts, moved = trace.totals()
@@ -294,4 +255,5 @@ def readings(
         "data": slots.num_with_data(),
     }
     store = {} if l3 is None else l3.store.stats()
-    return Readings(counts, moved, dict(l3_pages), store, host)
+    said = {} if events is None else events.publisher.counts()
+    return Readings(counts, moved, dict(l3_pages), store, host, said)

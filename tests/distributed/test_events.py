@@ -9,7 +9,6 @@ with events=none."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 
 import eventfns
@@ -78,13 +77,7 @@ def test_a_subscriber_rebuilds_every_tier_from_the_events(
             found[i] = (whole, late)
         (flags / "replayed").touch()
 
-    helper = threading.Thread(target=replays)
-    helper.start()
-    try:
-        held = launch(eventfns.scripted, (job, str(flags)), 2, backend="gloo", timeout_s=120)
-    finally:
-        helper.join()
-        subscriber.stop()
+    held = eventfns.launched_beside(eventfns.scripted, (job, str(flags)), 2, replays, subscriber)
     assert held is not None and held[0] == held[1]  # the group's tiers hold the same pages
     assert (held[0]["evicted"] > 0) == (kind == "file")  # the bounded folder evicted
     for i in range(publishers):

@@ -579,6 +579,28 @@ def test_an_indexer_key_of_a_model_without_one_is_named(override, key, world, ca
         ),
         (["storage=file", "storage.prefetch_timeout_s=1e12"], "storage.prefetch_timeout_s=1000000"),
         (["topology=tp2", "runtime.metrics_port=65535"], "rank 1 would serve on 65536"),
+        (
+            [
+                "events=zmq",
+                "topology=tp2",
+                "strategy=replicated",
+                "events.endpoint='tcp://[::1]:65535'",
+            ],
+            "events.endpoint: 2 publisher(s) an engine at data-parallel rank(s) 0 bind ports "
+            "65535-65536, beyond 65535",
+        ),
+        (
+            ["events=zmq", "events.replay_endpoint=tcp://127.0.0.1:99999"],
+            "bind ports 99999-100000, beyond 65535",
+        ),
+        (
+            ["events=zmq", "topology=tp2", "strategy=replicated", "runtime.metrics_port=5558"],
+            "events.endpoint: ports 5557-5558 overlap runtime.metrics_port's 5558-5559",
+        ),
+        (
+            ["events=zmq", "topology=tp2", "events.dp_rank=5", "strategy=replicated"],
+            "events.replay_endpoint: ports 5567-5578 overlap events.endpoint's 5557-5568",
+        ),
         (["bench.floor_bytes=1099511627776"], "bench.floor_bytes=1099511627776: must lie in"),
         (["workload.seed=1000000000000000"], "workload.seed=1000000000000000: must lie in"),
     ],

@@ -16,7 +16,7 @@ import pipeline
 from pipeline.core.events import EventsConfig, EventsKind
 from pipeline.core.l3 import PageObject
 from pipeline.core.l3_keys import object_keys
-from pipeline.engine.events import KvEvents, Publisher, block_hash
+from pipeline.engine.events import block_hash
 
 
 def brief(event: object) -> tuple:
@@ -36,7 +36,7 @@ def loopback_events() -> EventsConfig:
 
 def test_a_reused_host_page_says_its_old_page_removed_and_a_freed_one_goes() -> None:
     config = loopback_events()
-    events = KvEvents(Publisher(config, 0, 3), page_size=4, l3_medium="DISK")
+    events = eventfns.tier_events(config, dp_rank=3, block_size=4)
     a, b, c = "a" * 32, "b" * 32, "c" * 32
     subscriber = eventfns.Subscriber([])
     try:
@@ -55,13 +55,13 @@ def test_a_reused_host_page_says_its_old_page_removed_and_a_freed_one_goes() -> 
     h = block_hash
     assert shown == [
         [("AllBlocksCleared", None, [])],
-        [("BlockStored", "CPU_PINNED", [h(a), h(b)])],
+        [("BlockStored", "CPU_PINNED", [h(a)]), ("BlockStored", "CPU_PINNED", [h(b)])],
         [("BlockRemoved", "CPU_PINNED", [h(b)]), ("BlockStored", "CPU_PINNED", [h(c)])],
         [("BlockRemoved", "CPU_PINNED", [h(a)])],
         [("BlockRemoved", "DISK", [h(c)])],
     ]
-    stored = said[1].events[0]
-    assert stored.token_ids == [] and stored.block_size == 4  # b's token ids are unknown
+    known, unknown = said[1].events  # a's names are known, b's are not: two runs
+    assert (known.token_ids, known.block_size, unknown.token_ids) == ([1, 2, 3, 4], 4, [])
     assert {batch.dp_rank for batch in said.values()} == {3}
 
 
@@ -96,7 +96,7 @@ def test_every_batch_decodes_with_the_engines_own_types(module: str) -> None:
     event's `medium`; SGLang's reads the same map. Both decode a whole replayed stream."""
     engine_types = pytest.importorskip(module)
     config = loopback_events()
-    events = KvEvents(Publisher(config, 0, 1), page_size=2, l3_medium="DISK")
+    events = eventfns.tier_events(config, dp_rank=1, block_size=2)
     a, b = "a" * 32, "b" * 32
     try:
         events.keyed([a, b], [1, 2, 3, 4])
@@ -121,3 +121,20 @@ def test_every_batch_decodes_with_the_engines_own_types(module: str) -> None:
     stored = batches[1].events[0]
     assert (stored.token_ids, stored.block_size, stored.lora_name) == ([1, 2, 3, 4], 2, None)
     assert [msgspec.to_builtins(batch)[2] for batch in batches] == [1] * 5  # the dp rank
+
+
+def test_the_replay_counts_are_scraped_where_events_are_on(one_rank: None) -> None:
+    config = loopback_events()
+    off = ["model=tiny_mla", "topology=tp1", "topology.device=cpu"]
+    on = [*off, "events=zmq", f"events.endpoint={config.endpoint}"]
+    on.append(f"events.replay_endpoint={config.replay_endpoint}")
+    shown = []
+    for overrides in (off, on):
+        engine = pipeline.create_engine(pipeline.compose(overrides))
+        try:
+            stats = engine.stats()
+        finally:
+            engine.close()
+        shown.append({k: v for k, v in stats.items() if k.startswith("hicache_events_")})
+    replay = {"hicache_events_replay_refused_total": 0, "hicache_events_replay_waiting": 0}
+    assert shown == [{}, replay]

@@ -1,5 +1,6 @@
 """The wire and the publisher: vLLM's and SGLang's KV-event structs (msgspec), and a ZeroMQ PUB
-socket with a replay ROUTER socket on a thread of their own (see `pipeline.engine.events`)."""
+socket with a replay ROUTER socket (`replay.Replays`) on a thread of their own (see
+`pipeline.engine.events`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
+from pipeline.core.checks import ConfigError, Problem
 from pipeline.core.events import EventsConfig, offset
-
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-"""The replay's last frame: no more batches."""
+from pipeline.engine.events.replay import Kept, Replays, open_replays
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -35,6 +35,8 @@ class BlockStored(KVCacheEvent):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    locality: str | None = None
+    """vLLM's: where a `STORAGE` medium lies (`LOCAL`, `REMOTE`); left out when null."""
 
 
 class BlockRemoved(KVCacheEvent):
@@ -42,6 +44,7 @@ class BlockRemoved(KVCacheEvent):
 
     block_hashes: list[int]
     medium: str | None
+    locality: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -66,27 +69,39 @@ def block_hash(key: str) -> int:
 
 class Publisher:
     """A PUB socket and a replay ROUTER socket on a thread of their own, publishing the
-    batches `publish` queues in order, each with the next sequence number."""
+    batches `publish` queues in order, each with the next sequence number.
+
+    A replay client may have at most `replay_window` batches unread: beyond them its replay
+    waits (`replay_waiting`) and goes on once it reads, while the PUB socket and the other
+    clients go on; a replay answers what was published before its request, less what has
+    fallen out of the `buffer_steps` kept meanwhile. At most `replay_clients` connections are
+    held: one beyond them is closed as it is accepted (`replay_refused`)."""
 
     def __init__(self, config: EventsConfig, index: int, dp_rank: int) -> None:
         self.dp_rank, self.topic = dp_rank, config.topic.encode()
         self.endpoint = offset(config.endpoint, index)
         replay = config.replay_endpoint
         self.replay_endpoint = None if replay is None else offset(replay, index)
+        self.replay_window, self.replay_clients = config.replay_window, config.replay_clients
         self._queue: queue.SimpleQueue[EventBatch | None] = queue.SimpleQueue()
-        self._kept: deque[tuple[bytes, bytes]] = deque(maxlen=config.buffer_steps)
+        self._kept: Kept = deque(maxlen=config.buffer_steps)
         self._seq = 0
+        self._replays: Replays | None = None
         self._bound = threading.Event()
-        self._error: BaseException | None = None
+        self._error: tuple[str, zmq.ZMQError] | None = None
+        """The key whose endpoint would not bind, and why."""
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
         self._bound.wait()
         if self._error is not None:
             self._thread.join()
-            raise RuntimeError(
-                f"events: cannot bind {self.endpoint} / {self.replay_endpoint} ({self._error}); "
-                "pick free ports with events.endpoint and events.replay_endpoint"
-            ) from self._error
+            key, error = self._error
+            bound = self.endpoint if key == "events.endpoint" else self.replay_endpoint
+            message = (
+                f"{key}: cannot bind {bound} (publisher {index}'s port, docs/events.md): "
+                f"{error.strerror}; pick a free port"
+            )
+            raise ConfigError([Problem(key, message)]) from error
 
     def publish(self, events: list[KvEvent]) -> None:
         self._queue.put(EventBatch(time.time(), events, self.dp_rank))
@@ -96,38 +111,62 @@ class Publisher:
         self._queue.put(None)
         self._thread.join()
 
+    @property
+    def replay_refused(self) -> int:
+        """Replay connections closed beyond `replay_clients` since it opened."""
+        return 0 if self._replays is None else self._replays.refused
+
+    @property
+    def replay_waiting(self) -> int:
+        """Replay clients whose replay waits now for them to read."""
+        return 0 if self._replays is None else self._replays.waiting
+
+    def counts(self) -> dict[str, int]:
+        """The replay's counts, as the engine's metrics read them."""
+        return {"replay_refused": self.replay_refused, "replay_waiting": self.replay_waiting}
+
     def _run(self) -> None:
         context = zmq.Context()
-        pub, replay = context.socket(zmq.PUB), context.socket(zmq.ROUTER)
+        pub = context.socket(zmq.PUB)
+        key = "events.endpoint"
         try:
             pub.setsockopt(zmq.LINGER, 1000)
             pub.bind(self.endpoint)
             if self.replay_endpoint is not None:
-                replay.bind(self.replay_endpoint)
+                key = "events.replay_endpoint"
+                self._replays = open_replays(
+                    context, self.replay_endpoint, self.replay_window, self.replay_clients
+                )
         except zmq.ZMQError as e:
-            self._error = e
+            self._error = key, e
         self._bound.set()
         try:
             if self._error is None:
-                self._serve(pub, replay)
+                self._serve(pub, self._replays)
         finally:
             pub.close()
-            replay.close(linger=0)
+            if self._replays is not None:
+                self._replays.close()
             context.term()
 
-    def _serve(self, pub: zmq.Socket, replay: zmq.Socket) -> None:
+    def _serve(self, pub: zmq.Socket, replays: Replays | None) -> None:
         """Send each queued batch; answer a replay request once every batch queued before it
-        is sent (a caller that publishes, then asks, gets what it published)."""
+        is sent (a caller that publishes, then asks, gets what it published); between
+        batches, count the replay connections and send on the replays that wait."""
         encode = msgspec.msgpack.Encoder().encode
         while True:
-            if replay.poll(0):
-                going = self._send_queued(pub, encode)
-                self._replay(replay)
-                if not going:
-                    return
-                continue
+            if replays is not None:
+                replays.watch()  # first: shut a connection beyond the cap before its request
+                if replays.asked():
+                    going = self._send_queued(pub, encode)
+                    replays.answer(self._kept, self._seq)
+                    if not going:
+                        return
+                    continue
+                replays.resume(self._kept, self._seq)
+            wait_s = 0.02 if replays is None else replays.wait_s()
             try:
-                batch = self._queue.get(timeout=0.02)
+                batch = self._queue.get(timeout=wait_s)
             except queue.Empty:
                 continue
             if batch is None:
@@ -151,14 +190,3 @@ class Publisher:
         pub.send_multipart((self.topic, *frame))
         self._kept.append(frame)
         self._seq += 1
-
-    def _replay(self, replay: zmq.Socket) -> None:
-        """Answer one request (identity, '', start sequence): every kept batch from it."""
-        frames = replay.recv_multipart()
-        if len(frames) != 3 or len(frames[2]) != 8:
-            return  # not a replay request: nothing to answer
-        client, start = frames[0], int.from_bytes(frames[2], "big")
-        for seq, payload in self._kept:
-            if int.from_bytes(seq, "big") >= start:
-                replay.send_multipart((client, b"", seq, payload))
-        replay.send_multipart((client, b"", END_SEQ, b""))

@@ -4,36 +4,26 @@ release (see `pipeline.engine.events`)."""
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from pipeline.core.events import EventsConfig
+from pipeline.core.checks import raise_problems
+from pipeline.core.events import EventsConfig, engine_of, port_problems
 from pipeline.core.l3 import check_keys
 from pipeline.core.l3_keys import object_keys
 from pipeline.core.model import ModelGeometry
 from pipeline.core.slots import PageAllocator
-from pipeline.core.storage import StorageConfig, StorageKind
+from pipeline.core.storage import StorageConfig
 from pipeline.core.topology import Topology
 from pipeline.engine.acks import Ack
 from pipeline.engine.cuda.streams import Event
-from pipeline.engine.events.publisher import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
-    Publisher,
-    block_hash,
-)
+from pipeline.engine.events.names import MEDIA, Medium, PageNames
+from pipeline.engine.events.publisher import AllBlocksCleared, KvEvent, Publisher
 from pipeline.engine.l3.stores import ObjectStore
 from pipeline.engine.l3.tier import L3Tier
-
-HOST_MEDIUM = "CPU_PINNED"
-L3_MEDIUM = {StorageKind.file: "DISK", StorageKind.mooncake: "EXTERNAL"}
-KEPT_TOKENS = 100_000
-"""Pages whose token ids are kept for their `BlockStored` (the least recent forgotten)."""
 
 
 class Landing(Protocol):
@@ -50,11 +40,13 @@ class KvEvents:
     page each holds (known from a backup or a write-back that named it, or a load from L3),
     L3 objects as their write-backs are acked and their evictions seen."""
 
-    def __init__(self, publisher: Publisher, page_size: int, l3_medium: str | None) -> None:
-        self.publisher, self.page_size, self.l3_medium = publisher, page_size, l3_medium
+    def __init__(
+        self, publisher: Publisher, names: PageNames, host: Medium, l3: Medium | None
+    ) -> None:
+        self.publisher, self.names = publisher, names
+        self.host_medium, self.l3_medium = host, l3
         self.host: dict[int, str] = {}
         """Host page -> the key of the page it holds."""
-        self._tokens: OrderedDict[str, list[int]] = OrderedDict()
         self._landing: list[tuple[Landing, list[int], list[str]]] = []
         self._listening: tuple[ObjectStore, Callable[[list[str]], None]] | None = None
         publisher.publish([AllBlocksCleared()])
@@ -90,12 +82,7 @@ class KvEvents:
 
     def keyed(self, keys: Sequence[str], tokens: Sequence[int]) -> None:
         """`Engine.l3_keys` made `keys` of `tokens`: each page's token ids, for its events."""
-        size = self.page_size
-        for i, key in enumerate(keys):
-            self._tokens[key] = list(tokens[i * size : (i + 1) * size])
-            self._tokens.move_to_end(key)
-        while len(self._tokens) > KEPT_TOKENS:
-            self._tokens.popitem(last=False)
+        self.names.keyed(keys, tokens)
 
     def host_stored(self, pages: Sequence[int], keys: Sequence[str]) -> None:
         """Host `pages` hold `keys`' pages now (a page named again with its key says
@@ -103,9 +90,9 @@ class KvEvents:
         new = [(p, k) for p, k in zip(pages, keys, strict=True) if self.host.get(p) != k]
         gone = [self.host[p] for p, _ in new if p in self.host]
         self.host.update(new)
-        events: list[KvEvent] = [self._removed(gone, HOST_MEDIUM)] if gone else []
+        events: list[KvEvent] = [self.names.removed(gone, self.host_medium)] if gone else []
         if new:
-            events.append(self._stored([k for _, k in new], HOST_MEDIUM))
+            events += self.names.stored([k for _, k in new], self.host_medium)
         if events:
             self.publisher.publish(events)
 
@@ -125,32 +112,22 @@ class KvEvents:
         """Host `pages` were freed: the pages they held are gone from the host tier."""
         gone = [self.host.pop(p) for p in pages if p in self.host]
         if gone:
-            self.publisher.publish([self._removed(gone, HOST_MEDIUM)])
+            self.publisher.publish([self.names.removed(gone, self.host_medium)])
 
     def l3_stored(self, keys: Sequence[str]) -> None:
         if keys and self.l3_medium is not None:
-            self.publisher.publish([self._stored(keys, self.l3_medium)])
+            self.publisher.publish(self.names.stored(keys, self.l3_medium))
 
     def l3_removed(self, keys: Sequence[str]) -> None:
         """The store evicted `keys`' objects (called on the write-back thread)."""
         if keys and self.l3_medium is not None:
-            self.publisher.publish([self._removed(keys, self.l3_medium)])
+            self.publisher.publish([self.names.removed(keys, self.l3_medium)])
 
     def close(self) -> None:
         if self._listening is not None:  # a store the caller opened outlives the engine
             store, listener = self._listening
             store.counters.listeners.remove(listener)
         self.publisher.close()
-
-    def _stored(self, keys: Sequence[str], medium: str) -> BlockStored:
-        known = [self._tokens.get(k) for k in keys]
-        tokens = [t for page in known for t in page or ()] if all(known) else []
-        hashes = [block_hash(k) for k in keys]
-        return BlockStored(hashes, None, tokens, self.page_size, None, medium, None)
-
-    @staticmethod
-    def _removed(keys: Sequence[str], medium: str) -> BlockRemoved:
-        return BlockRemoved([block_hash(k) for k in keys], medium)
 
 
 Keys = Sequence[str] | None
@@ -180,21 +157,54 @@ def open_events(
     storage: StorageConfig,
     topology: Topology,
     model: ModelGeometry,
-    rank: int,
+    place: Place,
     *,
     per_rank: bool,
 ) -> KvEvents | None:
     """This rank's events, or None where it publishes none: events=none, or a rank after the
     first of its replica group when the group holds one copy of its state (`per_rank`
-    False: single_source, rotating). Publisher i binds the endpoints' ports + i: i is the
-    rank with `per_rank`, else the replica group's index; dp_rank is the attention group's.
-    The store's events come from the group's first rank alone: it writes the group's objects
-    and evicts to make room, so it is the one that sees both."""
+    False: single_source, rotating). Publisher j of the engine at data-parallel rank d binds
+    the endpoints' ports + d x P + j (P: the engine's publishers; j: the rank with
+    `per_rank`, else the replica group's index); its batches' dp_rank is d x A + the
+    attention group's (A: the engine's attention groups). Every rank checks the ports of
+    the world's engines first, all on this config (ConfigError alike on each). The store's
+    events come from the group's first rank alone: it writes the group's objects and evicts
+    to make room, so it sees both."""
+    if not config.on:
+        return None
+    publishers = engine_publishers(topology, model, per_rank=per_rank)
+    engine = engine_of(config, place.first_rank, topology.tp_size)
+    engines = range(max(engine + 1, place.world_size // topology.tp_size))  # one config
+    raise_problems(port_problems(config, publishers, engines, place.metrics))
+    rank = place.rank
     replica = topology.replica_group(rank, model)
     writer = rank == replica[0]
-    if not config.on or (not per_rank and not writer):
+    if not per_rank and not writer:
         return None
     index = rank if per_rank else topology.replica_groups(model).index(replica)
-    publisher = Publisher(config, index, rank // topology.attn_tp_size)
-    medium = L3_MEDIUM.get(storage.kind) if writer else None
-    return KvEvents(publisher, model.page_size * topology.dcp_size, medium)
+    groups = topology.tp_size // topology.attn_tp_size
+    publisher = Publisher(
+        config, engine * publishers + index, engine * groups + rank // topology.attn_tp_size
+    )
+    media = MEDIA[config.media]
+    l3 = media.get(storage.kind) if writer and storage.attached else None
+    names = PageNames(model.page_size * topology.dcp_size)
+    return KvEvents(publisher, names, media[None], l3)
+
+
+def engine_publishers(topology: Topology, model: ModelGeometry, *, per_rank: bool) -> int:
+    """Publishers of one engine: one a rank (`per_rank`), else one a replica group."""
+    return topology.tp_size if per_rank else len(topology.replica_groups(model))
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where an engine's rank stands in the world, for its publisher's ports."""
+
+    rank: int
+    """Its TP rank."""
+    first_rank: int
+    """The engine's first global rank."""
+    world_size: int
+    metrics: range | None
+    """The ports the world's ranks serve metrics on (None: none)."""

@@ -105,7 +105,7 @@ class PipelineStorage(HiCacheStorage):
     def _keys(self, keys: list[str]) -> list[str]:
         if not isinstance(keys, list | tuple):
             raise ValueError(f"keys: a list of SGLang's page hashes, got {type(keys).__name__}")
-        found = block_keys(page_hashes(keys), self._io().space)
+        found: list[str] = list(block_keys(page_hashes(keys), self._io().space))
         check_keys(found, len(found))
         return found
 
