@@ -14,7 +14,9 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import itertools
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -44,6 +46,22 @@ def one_rank() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """vLLM's own cache (its model inspection, ~8 s the first time) in this run's temp
+    folder, shared by the run's workers, never the user's ~/.cache/vllm."""
+    folder = tmp_path_factory.getbasetemp().parent / "vllm-cache"
+    before = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(folder)  # vLLM's variable, read as it builds a config
+    try:
+        yield folder
+    finally:
+        if before is None:
+            del os.environ["VLLM_CACHE_ROOT"]
+        else:
+            os.environ["VLLM_CACHE_ROOT"] = before
 
 
 def job_config(*overrides: str) -> Job:

@@ -1,0 +1,65 @@
+"""Which of vLLM's blocks the host tier holds, decided in vLLM's scheduler process: a host
+page per block hash, the least recently used evicted first, a page pinned while a step's
+load or backup uses it (one owner at a time). Workers carry the decisions out in order."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+BlockHash = bytes | int
+
+
+class HostDirectory:
+    """`num_pages` host pages: block hash -> page, in least-recently-used order."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._pages: OrderedDict[BlockHash, int] = OrderedDict()
+        self._free = list(range(num_pages - 1, -1, -1))  # popped from the end: page 0 first
+        self._pinned: set[int] = set()
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._pages
+
+    def leading(self, hashes: Sequence[BlockHash]) -> int:
+        """How many of `hashes`, from the first, the host tier holds."""
+        for count, block_hash in enumerate(hashes):
+            if block_hash not in self._pages:
+                return count
+        return len(hashes)
+
+    def pages_of(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """The pages holding `hashes` (each held), pinned and made most recent."""
+        pages = [self._pages[h] for h in hashes]
+        for h in hashes:
+            self._pages.move_to_end(h)
+        self._pinned.update(pages)
+        return pages
+
+    def place(self, hashes: Sequence[BlockHash]) -> tuple[list[int], list[int]] | None:
+        """A page for each of `hashes` (none held), pinned: (their pages, the pages evicted to
+        make room, to be freed first); None where too few pages are free or unpinned."""
+        evictable = [p for h, p in self._pages.items() if p not in self._pinned]
+        short = len(hashes) - len(self._free)
+        if short > len(evictable):
+            return None
+        evicted = evictable[: max(short, 0)]
+        gone = set(evicted)
+        for h in [h for h, p in self._pages.items() if p in gone]:
+            del self._pages[h]
+        self._free.extend(reversed(evicted))
+        pages = [self._free.pop() for _ in hashes]
+        self._pages.update(zip(hashes, pages, strict=True))
+        self._pinned.update(pages)
+        return pages, evicted
+
+    def drop(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """Forget `hashes` (a load found them missing or corrupt): their pages, to be freed."""
+        pages = [self._pages.pop(h) for h in hashes if h in self._pages]
+        self._pinned.difference_update(pages)
+        self._free.extend(pages)
+        return pages
+
+    def unpin(self, pages: Sequence[int]) -> None:
+        self._pinned.difference_update(pages)

@@ -1,0 +1,102 @@
+"""`PipelineConnector` under vLLM 0.32.0's real `Scheduler` on CPU, loaded by vLLM's own factory
+from `kv_connector_module_path`, on one gloo rank: a prefix computed once is a hit for the next
+request sharing it, from the host tier, and from the file store once the host tier is empty
+(a fresh connector on the same store); every loaded row checked right after its layer's
+`wait_for_layer_load`, before the forward writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+vllmfns = pytest.importorskip("vllmfns")
+
+pytestmark = pytest.mark.usefixtures("one_rank", "vllm_cache")
+
+TOKENS = list(range(100, 164))
+"""Request A's prompt: 64 tokens, 4 blocks of 16."""
+SHARED = 48
+"""Request B's prefix shared with A: 3 blocks."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vllmfns.tiny_model_dir(tmp_path_factory.mktemp("vllm-model"))
+
+
+def engine_of(model_dir: Path, store: Path) -> tuple:
+    """vLLM's scheduler and one worker, each with the connector vLLM built itself."""
+    extra = {"overrides": ["storage=file", f"storage.path={store}", "workload.num_tokens=64"]}
+    config = vllmfns.vllm_config(
+        model_dir,
+        connector="PipelineConnector",
+        module_path="pipeline.integrations.vllm",
+        extra=extra,
+    )
+    scheduler, kv_cache_config = vllmfns.make_scheduler(config)
+    worker, caches = vllmfns.make_worker(config, kv_cache_config)
+    return scheduler, worker, caches
+
+
+class LoadedRows:
+    """The rows of a request's shared blocks as each layer's wait returned (the first time
+    each layer is waited for)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def __call__(self, worker: int, name: str, kv: torch.Tensor) -> None:
+        self.seen.setdefault(name, kv.clone())
+
+    def check(self, block_ids: list[int], tokens: list[int]) -> None:
+        """Each shared token's row in every layer is the one the forward wrote for A."""
+        assert len(self.seen) == 2, self.seen.keys()
+        for layer, kv in enumerate(self.seen.values()):
+            rows = kv.view(kv.shape[0], -1, vllmfns.MLA_ROW)  # [blocks, block_size, row]
+            for position in range(SHARED):
+                block, offset = block_ids[position // 16], position % 16
+                expected = vllmfns.expected_row(tokens[position], position, layer)
+                assert torch.equal(rows[block, offset], expected), (layer, position)
+
+
+def run_b(scheduler, worker, caches) -> tuple:
+    """Request B (A's first 48 tokens and 10 of its own): what vLLM's scheduler says it
+    got from the connector, and the rows each layer's wait returned."""
+    tokens = TOKENS[:SHARED] + list(range(500, 510))
+    request = vllmfns.make_request("B", tokens)
+    loaded = LoadedRows()
+    run = vllmfns.run_to_completion(scheduler, [worker], [caches], [request], on_layer=loaded)
+    return run, loaded, tokens
+
+
+def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "store").mkdir()
+    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store")
+    try:
+        a = vllmfns.make_request("A", TOKENS)
+        vllmfns.run_to_completion(scheduler, [worker], [caches], [a])
+        assert scheduler.reset_prefix_cache()  # vLLM's own cache forgets A: the host tier has it
+        for kv in caches.values():
+            kv.zero_()  # and its device blocks hold nothing of A's
+        run, loaded, tokens = run_b(scheduler, worker, caches)
+    finally:
+        worker.shutdown()
+        scheduler.connector.shutdown()
+    stats = run.prefill["B"]
+    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
+    loaded.check(run.block_ids["B"], tokens)
+
+    # a fresh connector: its host tier is empty, the file store holds A's blocks
+    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store")
+    try:
+        run, loaded, tokens = run_b(scheduler, worker, caches)
+    finally:
+        worker.shutdown()
+        scheduler.connector.shutdown()
+    stats = run.prefill["B"]
+    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
+    loaded.check(run.block_ids["B"], tokens)
