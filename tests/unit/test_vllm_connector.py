@@ -12,6 +12,7 @@ import pytest
 import torch
 
 vllmfns = pytest.importorskip("vllmfns")
+vllmsteps = pytest.importorskip("vllmsteps")
 
 pytestmark = pytest.mark.usefixtures("one_rank", "vllm_cache")
 
@@ -51,14 +52,8 @@ class LoadedRows:
         self.seen.setdefault(name, kv.clone())
 
     def check(self, block_ids: list[int], tokens: list[int]) -> None:
-        """Each shared token's row in every layer is the one the forward wrote for A."""
         assert len(self.seen) == 2, self.seen.keys()
-        for layer, kv in enumerate(self.seen.values()):
-            rows = kv.view(kv.shape[0], -1, vllmfns.MLA_ROW)  # [blocks, block_size, row]
-            for position in range(SHARED):
-                block, offset = block_ids[position // 16], position % 16
-                expected = vllmfns.expected_row(tokens[position], position, layer)
-                assert torch.equal(rows[block, offset], expected), (layer, position)
+        vllmfns.check_rows(self.seen, block_ids, tokens[:SHARED])
 
 
 def run_b(scheduler, worker, caches) -> tuple:
@@ -67,7 +62,8 @@ def run_b(scheduler, worker, caches) -> tuple:
     tokens = TOKENS[:SHARED] + list(range(500, 510))
     request = vllmfns.make_request("B", tokens)
     loaded = LoadedRows()
-    run = vllmfns.run_to_completion(scheduler, [worker], [caches], [request], on_layer=loaded)
+    step = vllmsteps.in_process([worker], [caches], loaded)
+    run = vllmsteps.run_to_completion(scheduler, step, 1, [request])
     return run, loaded, tokens
 
 
@@ -78,7 +74,7 @@ def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
     scheduler, worker, caches = engine_of(model_dir, tmp_path / "store")
     try:
         a = vllmfns.make_request("A", TOKENS)
-        vllmfns.run_to_completion(scheduler, [worker], [caches], [a])
+        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
         assert scheduler.reset_prefix_cache()  # vLLM's own cache forgets A: the host tier has it
         for kv in caches.values():
             kv.zero_()  # and its device blocks hold nothing of A's

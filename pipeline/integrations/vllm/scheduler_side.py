@@ -18,10 +18,12 @@ from pipeline.integrations.vllm.metadata import Moves, StepMeta
 
 
 def host_pages(job: Job, device_tokens: int) -> int:
-    """The host pages each worker's engine has over vLLM's `device_tokens` (as it sizes
-    them when it adopts vLLM's KV tensors)."""
+    """The host pages every worker's engine has over vLLM's `device_tokens` (as each sizes
+    them when it adopts vLLM's KV tensors; a rank that holds fewer layers may hold more)."""
     budget = dataclasses.replace(job.budget(), device_tokens=device_tokens)
-    return size_rank(job.model, job.topology, job.strategy.config, 0, budget).host.num_pages
+    model, topology, config = job.model, job.topology, job.strategy.config
+    ranks = range(topology.tp_size)
+    return min(size_rank(model, topology, config, rank, budget).host.num_pages for rank in ranks)
 
 
 @dataclass
