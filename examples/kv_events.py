@@ -32,7 +32,7 @@ def replayed(replay: str) -> list[tuple[int, list]]:
     asker.send_multipart([b"", (0).to_bytes(8, "big")])  # from sequence 0 on
     found = []
     while True:
-        _, seq, payload = asker.recv_multipart()
+        _, _, seq, payload = asker.recv_multipart()  # '', topic, sequence, batch
         if int.from_bytes(seq, "big", signed=True) == -1:  # the end of the replay
             asker.close()
             return found

@@ -171,7 +171,7 @@ def replayed(context: zmq.Context, replay: str, start: int) -> dict[int, bytes]:
         while True:
             if not req.poll(int(WAIT_S * 1000)):
                 raise TimeoutError(f"{replay} did not answer")
-            _, seq, payload = req.recv_multipart()
+            _, _, seq, payload = req.recv_multipart()  # '', topic, sequence, batch
             number = int.from_bytes(seq, "big", signed=True)
             if number == -1:
                 return found

@@ -134,7 +134,7 @@ def received(clients: list[zmq.Socket], finished: int) -> list[list[int]]:
             raise TimeoutError("a replay never ended")
         for i, client in enumerate(clients):
             if client in ready and got[i][-1:] != [-1]:
-                _, seq, _ = client.recv_multipart()
+                _, _, seq, _ = client.recv_multipart()
                 got[i].append(int.from_bytes(seq, "big", signed=True))
     return got
 

@@ -5,9 +5,9 @@ PUB socket sends (topic, an 8-byte big-endian sequence number, a msgpack batch) 
 batch is the array [ts, events, dp_rank]; each event is a msgpack map tagged by its `type`:
 `BlockStored`, `BlockRemoved` or `AllBlocksCleared`, with a `medium` per tier in the
 consumer's names (`names.MEDIA`: SGLang's or vLLM's). A ROUTER socket answers a start
-sequence number (8 bytes, big-endian) with every kept batch from it, each as (sequence,
-batch), then (-1, empty), a bounded window a client (`replay`). The device tier's events are
-the serving engine's own.
+sequence number (8 bytes, big-endian) with every kept batch from it, each as (topic,
+sequence, batch), then (empty, -1, empty), a bounded window a client (`replay`). The
+device tier's events are the serving engine's own.
 
 A page is named by the block hash the engine gave `page_keys` for it, as the engine's own
 events send it (`names.wire_hash`), else by its key's first 64 bits as a signed int

@@ -134,8 +134,9 @@ class Publisher:
             pub.bind(self.endpoint)
             if self.replay_endpoint is not None:
                 key = "events.replay_endpoint"
+                window, clients = self.replay_window, self.replay_clients
                 self._replays = open_replays(
-                    context, self.replay_endpoint, self.replay_window, self.replay_clients
+                    context, self.replay_endpoint, window, clients, self.topic
                 )
         except zmq.ZMQError as e:
             self._error = key, e

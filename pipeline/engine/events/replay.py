@@ -44,8 +44,12 @@ class Replays:
     wait for their clients to read (`waiting`) and the connections closed beyond the cap
     (`refused`); both plain ints another thread may read."""
 
-    def __init__(self, router: zmq.Socket, monitor: zmq.Socket, max_clients: int) -> None:
+    def __init__(
+        self, router: zmq.Socket, monitor: zmq.Socket, max_clients: int, topic: bytes
+    ) -> None:
         self.router, self.monitor, self.max_clients = router, monitor, max_clients
+        self.topic = topic
+        """Each replayed batch's first frame, as vLLM's and SGLang's replays send it."""
         self.port = int(router.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
         self.connections: set[int] = set()
         """The fds of the connections accepted within the cap and not yet closed."""
@@ -125,9 +129,10 @@ class Replays:
         try:
             while (at := max(cursor.next_seq, first)) < cursor.end_seq:
                 seq, payload = kept[at - first]
-                self.router.send_multipart((cursor.client, b"", seq, payload), zmq.NOBLOCK)
+                frames = (cursor.client, b"", self.topic, seq, payload)  # as the PUB sent it
+                self.router.send_multipart(frames, zmq.NOBLOCK)
                 cursor.next_seq = at + 1
-            self.router.send_multipart((cursor.client, b"", END_SEQ, b""), zmq.NOBLOCK)
+            self.router.send_multipart((cursor.client, b"", b"", END_SEQ, b""), zmq.NOBLOCK)
         except zmq.Again:
             return False
         except zmq.ZMQError as e:
@@ -141,7 +146,9 @@ class Replays:
         self.router.close(linger=0)
 
 
-def open_replays(context: zmq.Context, endpoint: str, window: int, max_clients: int) -> Replays:
+def open_replays(
+    context: zmq.Context, endpoint: str, window: int, max_clients: int, topic: bytes
+) -> Replays:
     """A ROUTER bound to `endpoint` that refuses to queue more than `window` batches for a
     client (ROUTER_MANDATORY: a full one raises Again, a gone one EHOSTUNREACH) and whose
     monitor tells its connections, to cap them at `max_clients`."""
@@ -160,7 +167,7 @@ def open_replays(context: zmq.Context, endpoint: str, window: int, max_clients: 
             monitor.close(linger=0)
         router.close(linger=0)
         raise
-    return Replays(router, monitor, max_clients)
+    return Replays(router, monitor, max_clients, topic)
 
 
 def shut_down(fd: int, port: int) -> bool:
