@@ -21,6 +21,7 @@ from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -78,6 +79,8 @@ def vllm_config(
     num_blocks: int = 64,
     max_num_batched_tokens: int = 256,
     tensor_parallel_size: int = 1,
+    load_failure_policy: str = "fail",
+    events_port: int | None = None,
 ) -> VllmConfig:
     """A VllmConfig naming the connector and its module (kv_both), prefix caching on, sync
     scheduling. The first runs vLLM's ~8 s model inspection (cached in $VLLM_CACHE_ROOT)."""
@@ -99,9 +102,21 @@ def vllm_config(
             kv_connector_module_path=module_path,
             kv_role="kv_both",
             kv_connector_extra_config=extra,
+            kv_load_failure_policy=load_failure_policy,
         ),
         device_config=DeviceConfig("cpu"),
         parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+        kv_events_config=None if events_port is None else events_at(events_port),
+    )
+
+
+def events_at(port: int) -> KVEventsConfig:
+    """vLLM's own KV-event publisher on loopback: PUB on `port`, replay on `port` + 1."""
+    return KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=f"tcp://127.0.0.1:{port}",
+        replay_endpoint=f"tcp://127.0.0.1:{port + 1}",
     )
 
 

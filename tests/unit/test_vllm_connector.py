@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import eventfns
+import msgspec
 import pytest
 import torch
+import zmq
+
+import pipeline
 
 vllmfns = pytest.importorskip("vllmfns")
 vllmsteps = pytest.importorskip("vllmsteps")
@@ -27,7 +32,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return vllmfns.tiny_model_dir(tmp_path_factory.mktemp("vllm-model"))
 
 
-def engine_of(model_dir: Path, store: Path) -> tuple:
+def engine_of(
+    model_dir: Path, store: Path, policy: str = "fail", events_port: int | None = None
+) -> tuple:
     """vLLM's scheduler and one worker, each with the connector vLLM built itself."""
     extra = {"overrides": ["storage=file", f"storage.path={store}", "workload.num_tokens=64"]}
     config = vllmfns.vllm_config(
@@ -35,6 +42,8 @@ def engine_of(model_dir: Path, store: Path) -> tuple:
         connector="PipelineConnector",
         module_path="pipeline.integrations.vllm",
         extra=extra,
+        load_failure_policy=policy,
+        events_port=events_port,
     )
     scheduler, kv_cache_config = vllmfns.make_scheduler(config)
     worker, caches = vllmfns.make_worker(config, kv_cache_config)
@@ -96,3 +105,76 @@ def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
     stats = run.prefill["B"]
     assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
     loaded.check(run.block_ids["B"], tokens)
+
+
+def test_a_flipped_byte_in_a_stored_block_is_a_load_error_never_kv(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """The block whose object lost a bit (and those after it) is reported to vLLM, which
+    recomputes them (kv_load_failure_policy=recompute); its bytes never reach the KV."""
+    store = tmp_path / "store"
+    store.mkdir()
+    scheduler, worker, caches = engine_of(model_dir, store)
+    try:
+        a = vllmfns.make_request("A", TOKENS)
+        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
+        job = scheduler.connector.scheduler_side.job
+    finally:
+        worker.shutdown()
+        scheduler.connector.shutdown()
+    key = pipeline.page_keys(job, [a.block_hashes[1]])[0]
+    (found,) = [p for p in store.rglob(f"{key}*") if p.is_file()]
+    data = bytearray(found.read_bytes())
+    data[-1] ^= 0x01
+    found.write_bytes(bytes(data))
+
+    scheduler, worker, caches = engine_of(model_dir, store, policy="recompute")
+    try:
+        run, loaded, tokens = run_b(scheduler, worker, caches)
+    finally:
+        worker.shutdown()
+        scheduler.connector.shutdown()
+    assert run.prefill["B"].num_external_cached_tokens == SHARED  # as the lookup found them
+    blocks = run.block_ids["B"]
+    vllmfns.check_rows(loaded.seen, blocks, tokens[:16])  # the intact block, loaded
+    for kv in loaded.seen.values():  # the bad block and the next: never loaded
+        assert not kv[blocks[1]].any() and not kv[blocks[2]].any()
+    final = {name: kv for name, kv in caches.items()}
+    vllmfns.check_rows(final, blocks, tokens)  # recomputed: every row right in the end
+
+
+def test_vllm_publishes_the_host_and_store_events_under_its_own_block_hashes(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """`take_events` feeds vLLM's own publisher: its subscriber's decoder (vLLM's
+    `KVEventBatch`) reads the host tier (`CPU`) and the file store (`STORAGE`, `LOCAL`)
+    beside vLLM's own device tier (`GPU`), every block under the hash vLLM's own events give
+    it, with its parent and its token ids."""
+    kv_events = pytest.importorskip("vllm.distributed.kv_events")
+    store = tmp_path / "store"
+    store.mkdir()
+    port = eventfns.free_ports(2)
+    scheduler, worker, caches = engine_of(model_dir, store, events_port=port)
+    try:
+        a = vllmfns.make_request("A", TOKENS)
+        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
+        kept = eventfns.replayed(zmq.Context.instance(), f"tcp://127.0.0.1:{port + 1}", 0)
+    finally:
+        worker.shutdown()
+        scheduler.shutdown()
+    decode = msgspec.msgpack.Decoder(kv_events.KVEventBatch).decode
+    stored = [
+        e
+        for seq in sorted(kept)
+        for e in decode(kept[seq]).events
+        if isinstance(e, kv_events.BlockStored)
+    ]
+    by_medium: dict[tuple, list] = {}
+    for e in stored:
+        by_medium.setdefault((e.medium, e.locality), []).append(e)
+    device = [h for e in by_medium[("GPU", None)] for h in e.block_hashes]
+    for tier in (("CPU", None), ("STORAGE", "LOCAL")):
+        said = by_medium[tier]
+        assert [h for e in said for h in e.block_hashes] == device  # vLLM's own hashes
+        assert [e.parent_block_hash for e in said] == [None, *device[:-1]]
+        assert [t for e in said for t in e.token_ids] == TOKENS

@@ -22,7 +22,10 @@ from pipeline.integrations.vllm.settings import connector_job
 from pipeline.integrations.vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -63,8 +66,13 @@ class PipelineConnector(KVConnectorBase_V1):
         return self._scheduler().step(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        scheduler = self._scheduler()
         if connector_output.invalid_block_ids:
-            self._scheduler().failed(set(connector_output.invalid_block_ids))
+            scheduler.failed(set(connector_output.invalid_block_ids))
+        scheduler.events.returned()  # the workers ended the step's moves before returning
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self._scheduler().events.take()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

@@ -6,8 +6,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-BlockHash = bytes | int
+from vllm.v1.core.kv_cache_utils import BlockHash  # vLLM's: bytes
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Pages given to blocks, and the pages (with the blocks they held) evicted for them:
+    freed by the workers before anything else."""
+
+    pages: list[int]
+    evicted: list[int]
+    evicted_hashes: list[BlockHash]
 
 
 class HostDirectory:
@@ -37,29 +48,30 @@ class HostDirectory:
         self._pinned.update(pages)
         return pages
 
-    def place(self, hashes: Sequence[BlockHash]) -> tuple[list[int], list[int]] | None:
-        """A page for each of `hashes` (none held), pinned: (their pages, the pages evicted to
-        make room, to be freed first); None where too few pages are free or unpinned."""
-        evictable = [p for h, p in self._pages.items() if p not in self._pinned]
+    def place(self, hashes: Sequence[BlockHash]) -> Placed | None:
+        """A page for each of `hashes` (none held), pinned, evicting the least recent
+        unpinned pages to make room; None where too few pages are free or unpinned."""
+        evictable = [(h, p) for h, p in self._pages.items() if p not in self._pinned]
         short = len(hashes) - len(self._free)
         if short > len(evictable):
             return None
         evicted = evictable[: max(short, 0)]
-        gone = set(evicted)
-        for h in [h for h, p in self._pages.items() if p in gone]:
+        for h, page in evicted:
             del self._pages[h]
-        self._free.extend(reversed(evicted))
+            self._free.append(page)
         pages = [self._free.pop() for _ in hashes]
         self._pages.update(zip(hashes, pages, strict=True))
         self._pinned.update(pages)
-        return pages, evicted
+        return Placed(pages, [p for _, p in evicted], [h for h, _ in evicted])
 
-    def drop(self, hashes: Sequence[BlockHash]) -> list[int]:
-        """Forget `hashes` (a load found them missing or corrupt): their pages, to be freed."""
-        pages = [self._pages.pop(h) for h in hashes if h in self._pages]
+    def drop(self, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """Forget `hashes` (a load found them missing or corrupt; the workers freed their
+        pages): those it held."""
+        held = [h for h in hashes if h in self._pages]
+        pages = [self._pages.pop(h) for h in held]
         self._pinned.difference_update(pages)
         self._free.extend(pages)
-        return pages
+        return held
 
     def unpin(self, pages: Sequence[int]) -> None:
         self._pinned.difference_update(pages)

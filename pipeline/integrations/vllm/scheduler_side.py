@@ -13,7 +13,8 @@ import pipeline
 from pipeline.config.job import Job
 from pipeline.core.sizing import size_rank
 from pipeline.engine.l3.store_view import StoreView
-from pipeline.integrations.vllm.directory import BlockHash, HostDirectory
+from pipeline.integrations.vllm.directory import BlockHash, HostDirectory, Placed
+from pipeline.integrations.vllm.events import TierEvents
 from pipeline.integrations.vllm.metadata import Moves, StepMeta
 
 
@@ -44,9 +45,8 @@ class Loading:
     host: list[BlockHash]
     host_pages: list[int]
     store: list[BlockHash]
-    store_pages: list[int] = field(default_factory=list)
-    evicted: list[int] = field(default_factory=list)
-    """Pages placing the store's blocks evicted: freed first."""
+    placed: Placed = field(default_factory=lambda: Placed([], [], []))
+    """The store's blocks' pages, and those placing them evicted (freed first)."""
     missing: bool = False
     """No room for the store's blocks: the workers report them as load errors."""
 
@@ -77,6 +77,7 @@ class SchedulerSide:
         self._pinning: list[int] = []
         """Pages pinned for this step's loads, as vLLM allocated their blocks."""
         self._fetched: list[Moves] = []
+        self.events = TierEvents(job)
 
     def matched(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens past `num_computed_tokens` the host tier and then the store hold, in whole
@@ -103,12 +104,12 @@ class SchedulerSide:
         host = match.host[:blocks]
         store = match.store[: blocks - len(host)]
         load = Loading(match.start, host, self.directory.pages_of(host), store)
-        placed = self.directory.place(store) if store else ([], [])
+        placed = self.directory.place(store)
         if placed is None:  # too few pages: reported as load errors, vLLM recomputes them
             load.missing = True
         else:
-            load.store_pages, load.evicted = placed
-        self._pinning += load.host_pages + load.store_pages
+            load.placed = placed
+        self._pinning += load.host_pages + load.placed.pages
         tracked.loading = load
 
     def step(self, output: SchedulerOutput) -> StepMeta:
@@ -138,7 +139,7 @@ class SchedulerSide:
         """Blocks the workers could not load from the store (they freed the pages): forgotten;
         vLLM recomputes them."""
         pairs = [pair for m in self._fetched for pair in zip(m.blocks, m.hashes, strict=True)]
-        self.directory.drop([h for block, h in pairs if block in invalid_blocks])
+        self.events.evicted(self.directory.drop([h for b, h in pairs if b in invalid_blocks]))
 
     def _follow(self, output: SchedulerOutput) -> None:
         """Each scheduled request's block ids, as vLLM assigned them."""
@@ -164,10 +165,12 @@ class SchedulerSide:
         if load.missing:
             meta.missing += ids[middle:end]
         elif load.store:
-            moves = Moves(ids[middle:end], load.store_pages, load.store)
-            meta.frees += load.evicted
+            moves = Moves(ids[middle:end], load.placed.pages, load.store)
+            meta.frees += load.placed.evicted
             meta.store_loads.append(moves)
             self._fetched.append(moves)
+            self.events.evicted(load.placed.evicted_hashes)
+            self.events.host_loaded(tracked.request, range(middle, end))
         tracked.saved = max(tracked.saved, end)
 
     def _back_up(self, meta: StepMeta, tracked: Tracked, computed: int) -> None:
@@ -181,8 +184,9 @@ class SchedulerSide:
         placed = self.directory.place([hashes[i] for i in todo])
         if placed is None:
             return  # every page is in use this step: these blocks stay on the device only
-        pages, evicted = placed
-        meta.frees += evicted
+        meta.frees += placed.evicted
         blocks = [tracked.block_ids[i] for i in todo]
-        meta.backups.append(Moves(blocks, pages, [hashes[i] for i in todo]))
-        self._held += pages  # unpinned as the next step is built: the backup is done
+        meta.backups.append(Moves(blocks, placed.pages, [hashes[i] for i in todo]))
+        self._held += placed.pages  # unpinned as the next step is built: the backup is done
+        self.events.evicted(placed.evicted_hashes)
+        self.events.backed_up(tracked.request, todo)
