@@ -33,10 +33,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_of(
-    model_dir: Path, store: Path, policy: str = "fail", events_port: int | None = None
+    model_dir: Path,
+    store: Path,
+    policy: str = "fail",
+    events_port: int | None = None,
+    more: tuple[str, ...] = (),
 ) -> tuple:
     """vLLM's scheduler and one worker, each with the connector vLLM built itself."""
-    extra = {"overrides": ["storage=file", f"storage.path={store}", "workload.num_tokens=64"]}
+    overrides = ["storage=file", f"storage.path={store}", "workload.num_tokens=64", *more]
+    extra = {"overrides": overrides}
     config = vllmfns.vllm_config(
         model_dir,
         connector="PipelineConnector",
@@ -178,3 +183,31 @@ def test_vllm_publishes_the_host_and_store_events_under_its_own_block_hashes(
         assert [h for e in said for h in e.block_hashes] == device  # vLLM's own hashes
         assert [e.parent_block_hash for e in said] == [None, *device[:-1]]
         assert [t for e in said for t in e.token_ids] == TOKENS
+
+
+def test_a_full_host_tier_evicts_its_oldest_blocks_and_the_store_still_has_them(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A host tier of 4 blocks: request C's blocks evict A's (their write-backs may still
+    run: a page is freed only after its write-back), and B's prefix then comes from the
+    store through the same connector."""
+    store = tmp_path / "store"
+    store.mkdir()
+    page_bytes = 2 * 16 * 1152  # 2 layers x a block of 16 rows of 576 bf16
+    more = (f"workload.host_bytes={4 * page_bytes}", "workload.num_tokens=64")
+    scheduler, worker, caches = engine_of(model_dir, store, more=more)
+    step = vllmsteps.in_process([worker], [caches])
+    try:
+        assert scheduler.connector.scheduler_side.directory.num_pages == 4
+        for name, tokens in (("A", TOKENS), ("C", list(range(700, 764)))):
+            vllmsteps.run_to_completion(scheduler, step, 1, [vllmfns.make_request(name, tokens)])
+        assert scheduler.reset_prefix_cache()
+        for kv in caches.values():
+            kv.zero_()
+        run, loaded, tokens = run_b(scheduler, worker, caches)
+    finally:
+        worker.shutdown()
+        scheduler.connector.shutdown()
+    stats = run.prefill["B"]
+    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
+    loaded.check(run.block_ids["B"], tokens)

@@ -5,6 +5,7 @@ once the forward wrote the step's blocks."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import torch
@@ -14,6 +15,7 @@ from vllm.distributed import parallel_state
 import pipeline
 from pipeline.config.job import Job
 from pipeline.core.slots import page_tokens
+from pipeline.engine.cuda.streams import Event
 from pipeline.engine.engine import Engine
 from pipeline.engine.l3.handles import Loading
 from pipeline.integrations.vllm.metadata import Moves, StepMeta
@@ -46,6 +48,8 @@ class WorkerSide:
         self.layers: dict[str, int] = {}
         self._loads: list[Loading] = []
         self._errors: set[int] = set()
+        self._writing: dict[int, Event] = {}
+        """Host page -> the write-back reading it (a page is freed only after it)."""
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         group = parallel_state.get_tp_group().device_group if tp_initialized() else None
@@ -58,6 +62,10 @@ class WorkerSide:
         """Free what the scheduler evicted, then issue the step's loads."""
         engine = self._engine()
         if meta.frees:
+            for page in meta.frees:
+                written = self._writing.pop(page, None)
+                if written is not None:
+                    settle(written)  # the store has its copy (or failed to take it)
             engine.host_allocator.free(meta.frees)
         self._errors.update(meta.missing)
         for moves in meta.host_loads:
@@ -71,21 +79,26 @@ class WorkerSide:
             load.wait(layer)
 
     def save(self, meta: StepMeta) -> None:
-        """Back up the step's full blocks (after the forward wrote them), write them back to
-        the store, and wait for every move of the step to be acked."""
+        """Back up the step's full blocks (after the forward wrote them) and wait for those
+        copies and the step's loads; write the blocks back to the store on the engine's
+        write-back thread (not waited for: a page it reads is freed only after it)."""
         engine = self._engine()
+        copies = []
         for moves in meta.backups:
             engine.host_allocator.claim(moves.pages)
             keys = pipeline.page_keys(self.job, moves.hashes)
             host, device = self._slots(moves)
-            engine.backup(host, device, keys=keys)
+            copies.append(engine.backup(host, device, keys=keys))
             if engine.l3 is not None:
-                engine.write_back(keys, host)
+                written = engine.write_back(keys, host)
+                self._writing.update(dict.fromkeys(moves.pages, written))
+        for copy in copies:
+            copy.wait()  # vLLM may reuse the blocks once the step returns
         for load in self._loads:
             load.done().wait()
-        while engine.num_pending_acks:
-            engine.poll()
         self._loads = []
+        engine.poll()  # release what every rank has done (a collective: every rank steps)
+        self._writing = {page: w for page, w in self._writing.items() if not w.query()}
 
     def load_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
@@ -116,6 +129,12 @@ class WorkerSide:
         if self.engine is None:
             raise RuntimeError("PipelineConnector: register_kv_caches first")
         return self.engine
+
+
+def settle(event: Event) -> None:
+    """Wait for `event`; a failed write-back only leaves the store without the page."""
+    with contextlib.suppress(Exception):  # counted by the engine's hicache_l3_* metrics
+        event.wait()
 
 
 def tp_initialized() -> bool:
