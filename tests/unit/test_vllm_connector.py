@@ -15,6 +15,8 @@ import torch
 import zmq
 
 import pipeline
+from pipeline.core.checks import ConfigError
+from pipeline.core.storage import StorageConfig
 
 vllmfns = pytest.importorskip("vllmfns")
 vllmsteps = pytest.importorskip("vllmsteps")
@@ -34,13 +36,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def engine_of(
     model_dir: Path,
-    store: Path,
+    store: Path | StorageConfig,
     policy: str = "fail",
     events_port: int | None = None,
     more: tuple[str, ...] = (),
 ) -> tuple:
-    """vLLM's scheduler and one worker, each with the connector vLLM built itself."""
-    overrides = ["storage=file", f"storage.path={store}", "workload.num_tokens=64", *more]
+    """vLLM's scheduler and one worker, each with the connector vLLM built itself, on a file
+    store's folder or a running Mooncake master."""
+    overrides = [*store_overrides(store), "workload.num_tokens=64", *more]
     extra = {"overrides": overrides}
     config = vllmfns.vllm_config(
         model_dir,
@@ -53,6 +56,17 @@ def engine_of(
     scheduler, kv_cache_config = vllmfns.make_scheduler(config)
     worker, caches = vllmfns.make_worker(config, kv_cache_config)
     return scheduler, worker, caches
+
+
+def store_overrides(store: Path | StorageConfig) -> list[str]:
+    if isinstance(store, Path):
+        return ["storage=file", f"storage.path={store}"]
+    return [
+        "storage=mooncake",
+        f"storage.master={store.master}",
+        f"storage.metadata_server={store.metadata_server}",
+        f"storage.segment_bytes={store.segment_bytes}",
+    ]
 
 
 class LoadedRows:
@@ -185,14 +199,18 @@ def test_vllm_publishes_the_host_and_store_events_under_its_own_block_hashes(
         assert [t for e in said for t in e.token_ids] == TOKENS
 
 
+@pytest.mark.parametrize("kind", ["file", pytest.param("mooncake", marks=pytest.mark.mooncake)])
 def test_a_full_host_tier_evicts_its_oldest_blocks_and_the_store_still_has_them(
-    model_dir: Path, tmp_path: Path
+    kind: str, model_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A host tier of 4 blocks: request C's blocks evict A's (their write-backs may still
     run: a page is freed only after its write-back), and B's prefix then comes from the
-    store through the same connector."""
-    store = tmp_path / "store"
-    store.mkdir()
+    store (the file store, or Mooncake) through the same connector."""
+    store: Path | StorageConfig = tmp_path / "store"
+    if kind == "mooncake":
+        store = request.getfixturevalue("mooncake")
+    else:
+        store.mkdir()
     page_bytes = 2 * 16 * 1152  # 2 layers x a block of 16 rows of 576 bf16
     more = (f"workload.host_bytes={4 * page_bytes}", "workload.num_tokens=64")
     scheduler, worker, caches = engine_of(model_dir, store, more=more)
@@ -211,3 +229,41 @@ def test_a_full_host_tier_evicts_its_oldest_blocks_and_the_store_still_has_them(
     stats = run.prefill["B"]
     assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
     loaded.check(run.block_ids["B"], tokens)
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "said"),
+    [
+        (
+            {"overrides": ["model.num_layers=3"]},
+            ValueError,
+            "the overrides set model.num_layers=3 (vLLM: 2); leave them out",
+        ),
+        (
+            {"overrides": ["model.page_size=64", "topology.tp_size=2"]},
+            ValueError,
+            "model.page_size=64 (vLLM: 16), topology.tp_size=2 (vLLM: 1)",
+        ),
+        ({"overrides": "storage=file"}, ValueError, '"overrides" is a list of strings'),
+        ({"override": []}, ValueError, "unknown keys ['override']; PipelineConnector reads"),
+        (
+            {"overrides": ["storage.io_threads=0", "strategy.chunk_pages=-1"]},
+            ConfigError,
+            "storage.io_threads",
+        ),
+    ],
+)
+def test_a_config_that_does_not_fit_is_refused_before_vllm_allocates(
+    extra: dict, error: type, said: str, model_dir: Path
+) -> None:
+    config = vllmfns.vllm_config(
+        model_dir,
+        connector="PipelineConnector",
+        module_path="pipeline.integrations.vllm",
+        extra=extra,
+    )
+    with pytest.raises(error) as refused:
+        vllmfns.make_scheduler(config)
+    assert said in str(refused.value)
+    if error is ConfigError:  # every problem at once
+        assert "strategy.chunk_pages" in str(refused.value)
