@@ -81,6 +81,7 @@ def vllm_config(
     tensor_parallel_size: int = 1,
     load_failure_policy: str = "fail",
     events_port: int | None = None,
+    device: str = "cpu",
 ) -> VllmConfig:
     """A VllmConfig naming the connector and its module (kv_both), prefix caching on, sync
     scheduling. The first runs vLLM's ~8 s model inspection (cached in $VLLM_CACHE_ROOT)."""
@@ -104,7 +105,7 @@ def vllm_config(
             kv_connector_extra_config=extra,
             kv_load_failure_policy=load_failure_policy,
         ),
-        device_config=DeviceConfig("cpu"),
+        device_config=DeviceConfig(device),
         parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         kv_events_config=None if events_port is None else events_at(events_port),
     )
@@ -150,9 +151,11 @@ def make_scheduler(config: VllmConfig) -> tuple[Scheduler, KVCacheConfig]:
 def make_worker(
     config: VllmConfig, kv_cache_config: KVCacheConfig
 ) -> tuple[KVConnectorBase_V1, dict[str, torch.Tensor]]:
-    """A worker-role connector from vLLM's factory, and its zeroed CPU KV cache, allocated and
-    registered as vLLM does: layer name -> bf16 `[num_blocks, 1, block_size, 576]` view."""
-    caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout[LAYOUT])
+    """A worker-role connector from vLLM's factory, and its zeroed KV cache on the config's
+    device, allocated and registered as vLLM does: layer name -> bf16 `[num_blocks, 1,
+    block_size, 576]` view."""
+    device = torch.device(config.device_config.device_type)
+    caches = allocate_kv_cache(kv_cache_config, device, KVCacheLayout[LAYOUT])
     connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
     assert isinstance(connector, KVConnectorBase_V1)
     connector.register_kv_caches(caches)
@@ -187,7 +190,7 @@ def check_rows(seen: dict[str, torch.Tensor], block_ids: list[int], tokens: list
     layer's wait returned it) is the one the stand-in forward wrote for it."""
     assert len(seen) > 0
     for layer, kv in enumerate(seen.values()):
-        rows = kv.view(kv.shape[0], -1, MLA_ROW)  # [blocks, block_size, row]
+        rows = kv.cpu().view(kv.shape[0], -1, MLA_ROW)  # [blocks, block_size, row]
         block_size = rows.shape[1]
         for position, token in enumerate(tokens):
             block, offset = block_ids[position // block_size], position % block_size

@@ -149,7 +149,8 @@ def worker_step(
             connector.wait_for_layer_load(name)
             if on_layer is not None:
                 on_layer(index, name, kv)
-            kv.view(-1, MLA_ROW)[metadata.slot_mapping] = step.rows[layer]
+            rows, slots = step.rows[layer].to(kv.device), metadata.slot_mapping.to(kv.device)
+            kv.view(-1, MLA_ROW)[slots] = rows
             connector.save_kv_layer(name, kv, metadata)
         if not output.has_sync_kv_loads:  # 0.32 starts async loads once the forward is launched
             connector.start_load_kv(context)

@@ -40,6 +40,7 @@ def engine_of(
     policy: str = "fail",
     events_port: int | None = None,
     more: tuple[str, ...] = (),
+    device: str = "cpu",
 ) -> tuple:
     """vLLM's scheduler and one worker, each with the connector vLLM built itself, on a file
     store's folder or a running Mooncake master."""
@@ -52,6 +53,7 @@ def engine_of(
         extra=extra,
         load_failure_policy=policy,
         events_port=events_port,
+        device=device,
     )
     scheduler, kv_cache_config = vllmfns.make_scheduler(config)
     worker, caches = vllmfns.make_worker(config, kv_cache_config)
@@ -77,7 +79,7 @@ class LoadedRows:
         self.seen: dict[str, torch.Tensor] = {}
 
     def __call__(self, worker: int, name: str, kv: torch.Tensor) -> None:
-        self.seen.setdefault(name, kv.clone())
+        self.seen.setdefault(name, kv.to("cpu", copy=True))  # as the layer's wait left it
 
     def check(self, block_ids: list[int], tokens: list[int]) -> None:
         assert len(self.seen) == 2, self.seen.keys()
@@ -95,11 +97,17 @@ def run_b(scheduler, worker, caches) -> tuple:
     return run, loaded, tokens
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
 def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
-    model_dir: Path, tmp_path: Path
+    device: str, model_dir: Path, tmp_path: Path
 ) -> None:
+    """On cuda (the device machine): vLLM's KV cache on the GPU, each layer's rows read on
+    the current stream right after its wait, as attention would read them."""
     (tmp_path / "store").mkdir()
-    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store")
+    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store", device=device)
     try:
         a = vllmfns.make_request("A", TOKENS)
         vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
@@ -115,7 +123,7 @@ def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
     loaded.check(run.block_ids["B"], tokens)
 
     # a fresh connector: its host tier is empty, the file store holds A's blocks
-    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store")
+    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store", device=device)
     try:
         run, loaded, tokens = run_b(scheduler, worker, caches)
     finally:
