@@ -6,7 +6,10 @@ request sharing it, from the host tier, and from the file store once the host ti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import eventfns
 import msgspec
@@ -34,16 +37,17 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return vllmfns.tiny_model_dir(tmp_path_factory.mktemp("vllm-model"))
 
 
-def engine_of(
+@contextmanager
+def connected(
     model_dir: Path,
     store: Path | StorageConfig,
     policy: str = "fail",
     events_port: int | None = None,
     more: tuple[str, ...] = (),
     device: str = "cpu",
-) -> tuple:
+) -> Iterator[tuple]:
     """vLLM's scheduler and one worker, each with the connector vLLM built itself, on a file
-    store's folder or a running Mooncake master."""
+    store's folder or a running Mooncake master; both shut down after."""
     overrides = [*store_overrides(store), "workload.num_tokens=64", *more]
     extra = {"overrides": overrides}
     config = vllmfns.vllm_config(
@@ -57,7 +61,11 @@ def engine_of(
     )
     scheduler, kv_cache_config = vllmfns.make_scheduler(config)
     worker, caches = vllmfns.make_worker(config, kv_cache_config)
-    return scheduler, worker, caches
+    try:
+        yield scheduler, worker, caches
+    finally:
+        worker.shutdown()
+        scheduler.shutdown()
 
 
 def store_overrides(store: Path | StorageConfig) -> list[str]:
@@ -86,6 +94,25 @@ class LoadedRows:
         vllmfns.check_rows(self.seen, block_ids, tokens[:SHARED])
 
 
+def run_a(scheduler, worker, caches, forget: bool = True) -> Any:
+    """Request A computed; then (`forget`) vLLM's own cache and device blocks forget it."""
+    a = vllmfns.make_request("A", TOKENS)
+    vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
+    if forget:
+        assert scheduler.reset_prefix_cache()
+        for kv in caches.values():
+            kv.zero_()
+    return a
+
+
+def loaded_b(run: Any, loaded: LoadedRows, tokens: list[int]) -> None:
+    """vLLM's scheduler took B's shared blocks from the connector, and each layer's wait
+    returned them right."""
+    stats = run.prefill["B"]
+    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
+    loaded.check(run.block_ids["B"], tokens)
+
+
 def run_b(scheduler, worker, caches) -> tuple:
     """Request B (A's first 48 tokens and 10 of its own): what vLLM's scheduler says it
     got from the connector, and the rows each layer's wait returned."""
@@ -106,32 +133,13 @@ def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
 ) -> None:
     """On cuda (the device machine): vLLM's KV cache on the GPU, each layer's rows read on
     the current stream right after its wait, as attention would read them."""
-    (tmp_path / "store").mkdir()
-    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store", device=device)
-    try:
-        a = vllmfns.make_request("A", TOKENS)
-        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
-        assert scheduler.reset_prefix_cache()  # vLLM's own cache forgets A: the host tier has it
-        for kv in caches.values():
-            kv.zero_()  # and its device blocks hold nothing of A's
-        run, loaded, tokens = run_b(scheduler, worker, caches)
-    finally:
-        worker.shutdown()
-        scheduler.connector.shutdown()
-    stats = run.prefill["B"]
-    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
-    loaded.check(run.block_ids["B"], tokens)
-
-    # a fresh connector: its host tier is empty, the file store holds A's blocks
-    scheduler, worker, caches = engine_of(model_dir, tmp_path / "store", device=device)
-    try:
-        run, loaded, tokens = run_b(scheduler, worker, caches)
-    finally:
-        worker.shutdown()
-        scheduler.connector.shutdown()
-    stats = run.prefill["B"]
-    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
-    loaded.check(run.block_ids["B"], tokens)
+    store = tmp_path / "store"
+    store.mkdir()
+    with connected(model_dir, store, device=device) as engine:
+        run_a(*engine)  # vLLM's own cache forgets A: the host tier has it
+        loaded_b(*run_b(*engine))
+    with connected(model_dir, store, device=device) as engine:  # a fresh, empty host tier
+        loaded_b(*run_b(*engine))  # the file store holds A's blocks
 
 
 def test_a_flipped_byte_in_a_stored_block_is_a_load_error_never_kv(
@@ -141,33 +149,23 @@ def test_a_flipped_byte_in_a_stored_block_is_a_load_error_never_kv(
     recomputes them (kv_load_failure_policy=recompute); its bytes never reach the KV."""
     store = tmp_path / "store"
     store.mkdir()
-    scheduler, worker, caches = engine_of(model_dir, store)
-    try:
-        a = vllmfns.make_request("A", TOKENS)
-        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
+    with connected(model_dir, store) as (scheduler, worker, caches):
+        a = run_a(scheduler, worker, caches, forget=False)
         job = scheduler.connector.scheduler_side.job
-    finally:
-        worker.shutdown()
-        scheduler.connector.shutdown()
     key = pipeline.page_keys(job, [a.block_hashes[1]])[0]
     (found,) = [p for p in store.rglob(f"{key}*") if p.is_file()]
     data = bytearray(found.read_bytes())
     data[-1] ^= 0x01
     found.write_bytes(bytes(data))
 
-    scheduler, worker, caches = engine_of(model_dir, store, policy="recompute")
-    try:
+    with connected(model_dir, store, policy="recompute") as (scheduler, worker, caches):
         run, loaded, tokens = run_b(scheduler, worker, caches)
-    finally:
-        worker.shutdown()
-        scheduler.connector.shutdown()
     assert run.prefill["B"].num_external_cached_tokens == SHARED  # as the lookup found them
     blocks = run.block_ids["B"]
     vllmfns.check_rows(loaded.seen, blocks, tokens[:16])  # the intact block, loaded
     for kv in loaded.seen.values():  # the bad block and the next: never loaded
         assert not kv[blocks[1]].any() and not kv[blocks[2]].any()
-    final = {name: kv for name, kv in caches.items()}
-    vllmfns.check_rows(final, blocks, tokens)  # recomputed: every row right in the end
+    vllmfns.check_rows(caches, blocks, tokens)  # recomputed: every row right in the end
 
 
 def test_vllm_publishes_the_host_and_store_events_under_its_own_block_hashes(
@@ -181,14 +179,9 @@ def test_vllm_publishes_the_host_and_store_events_under_its_own_block_hashes(
     store = tmp_path / "store"
     store.mkdir()
     port = eventfns.free_ports(2)
-    scheduler, worker, caches = engine_of(model_dir, store, events_port=port)
-    try:
-        a = vllmfns.make_request("A", TOKENS)
-        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [a])
+    with connected(model_dir, store, events_port=port) as engine:
+        run_a(*engine, forget=False)
         kept = eventfns.replayed(zmq.Context.instance(), f"tcp://127.0.0.1:{port + 1}", 0)
-    finally:
-        worker.shutdown()
-        scheduler.shutdown()
     decode = msgspec.msgpack.Decoder(kv_events.KVEventBatch).decode
     stored = [
         e
@@ -220,23 +213,16 @@ def test_a_full_host_tier_evicts_its_oldest_blocks_and_the_store_still_has_them(
     else:
         store.mkdir()
     page_bytes = 2 * 16 * 1152  # 2 layers x a block of 16 rows of 576 bf16
-    more = (f"workload.host_bytes={4 * page_bytes}", "workload.num_tokens=64")
-    scheduler, worker, caches = engine_of(model_dir, store, more=more)
-    step = vllmsteps.in_process([worker], [caches])
-    try:
+    more = (f"workload.host_bytes={4 * page_bytes}",)
+    with connected(model_dir, store, more=more) as (scheduler, worker, caches):
         assert scheduler.connector.scheduler_side.directory.num_pages == 4
-        for name, tokens in (("A", TOKENS), ("C", list(range(700, 764)))):
-            vllmsteps.run_to_completion(scheduler, step, 1, [vllmfns.make_request(name, tokens)])
+        run_a(scheduler, worker, caches, forget=False)
+        c = vllmfns.make_request("C", list(range(700, 764)))  # evicts A's blocks
+        vllmsteps.run_to_completion(scheduler, vllmsteps.in_process([worker], [caches]), 1, [c])
         assert scheduler.reset_prefix_cache()
         for kv in caches.values():
             kv.zero_()
-        run, loaded, tokens = run_b(scheduler, worker, caches)
-    finally:
-        worker.shutdown()
-        scheduler.connector.shutdown()
-    stats = run.prefill["B"]
-    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, SHARED)
-    loaded.check(run.block_ids["B"], tokens)
+        loaded_b(*run_b(scheduler, worker, caches))
 
 
 @pytest.mark.parametrize(
