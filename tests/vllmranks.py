@@ -6,12 +6,16 @@ connector and KV cache: the host tier empty). Spawned ranks import it by name.""
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import vllmfns
 import vllmsteps
+from vllm.config import set_current_vllm_config
+from vllm.distributed import parallel_state
 
 Spec = tuple[Path, dict[str, Any], int]
 """(model folder, kv_connector_extra_config, TP size): every process builds the same config."""
@@ -45,7 +49,10 @@ def stepped(args: tuple, rank: int, world_size: int, local_rank: int) -> list[di
         if name not in seen:
             seen[name] = kv.view(torch.int16).numpy().copy()
 
+    with_vllm_groups(config_of(spec), rank, world_size)
     worker, caches = fresh_worker(spec)
+    runtime = worker.worker_side.engine.runtime  # on vLLM's TP group and its gloo twin
+    assert not runtime.cpu_group.made and runtime.global_ranks == (0, 1)
     try:
         while (command := inboxes[rank].get()) is not None:
             if command in ("forget", "fresh"):
@@ -65,13 +72,32 @@ def stepped(args: tuple, rank: int, world_size: int, local_rank: int) -> list[di
     return phases
 
 
-def on_ranks(inboxes: list[Any], outbox: Any) -> vllmsteps.StepWorkers:
-    """A step sent to every rank; their outputs in rank order."""
+def with_vllm_groups(config: Any, rank: int, world_size: int) -> None:
+    """vLLM's own world and TP group over this rank's process group (gloo), as its worker
+    makes them: the connector's engine runs on vLLM's TP group and its gloo twin."""
+    with set_current_vllm_config(config):
+        parallel_state.init_distributed_environment(
+            world_size, rank, local_rank=rank, backend="gloo"
+        )
+        parallel_state.initialize_model_parallel(world_size, backend="gloo")
+
+
+def on_ranks(inboxes: list[Any], outbox: Any, running: Callable[[], bool]) -> vllmsteps.StepWorkers:
+    """A step sent to every rank; their outputs in rank order (AssertionError once the
+    ranks stopped running without answering: their failure is `launch`'s to say)."""
+
+    def answer() -> tuple[int, Any]:
+        while True:
+            try:
+                return outbox.get(timeout=1)
+            except queue.Empty:
+                if not running():
+                    raise AssertionError("the ranks stopped without answering") from None
 
     def step(planned: vllmsteps.Step) -> list[Any]:
         for inbox in inboxes:
             inbox.put(planned)
-        said = dict(outbox.get(timeout=300) for _ in inboxes)
+        said = dict(answer() for _ in inboxes)
         return [said[rank] for rank in range(len(inboxes))]
 
     return step

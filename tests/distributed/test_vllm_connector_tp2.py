@@ -54,7 +54,7 @@ def test_every_strategy_loads_a_prefix_at_tp2(strategy: str, tmp_path: Path) -> 
         thread = threading.Thread(target=run_ranks)
         thread.start()
         config = vllmranks.config_of(spec)
-        step = vllmranks.on_ranks(inboxes, outbox)
+        step = vllmranks.on_ranks(inboxes, outbox, thread.is_alive)
         scheduler, _ = vllmfns.make_scheduler(config)
         try:
             said = [scheduled(scheduler, step, vllmfns.make_request("A", A))]

@@ -52,9 +52,13 @@ class WorkerSide:
         """Host page -> the write-back reading it (a page is freed only after it)."""
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        group = parallel_state.get_tp_group().device_group if tp_initialized() else None
+        group = cpu_group = None
+        if tp_initialized():  # vLLM's TP group and its gloo twin: the engine makes none
+            tp = parallel_state.get_tp_group()
+            group, cpu_group = tp.device_group, tp.cpu_group
+        tensors = adopted(self.job, kv_caches)
         self.engine = pipeline.create_engine(
-            self.job, group=group, device_kv=adopted(self.job, kv_caches)
+            self.job, group=group, cpu_group=cpu_group, device_kv=tensors
         )
         self.layers = {name: layer for layer, name in enumerate(kv_caches)}
 
