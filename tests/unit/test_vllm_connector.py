@@ -261,3 +261,24 @@ def test_a_config_that_does_not_fit_is_refused_before_vllm_allocates(
     assert said in str(refused.value)
     if error is ConfigError:  # every problem at once
         assert "strategy.chunk_pages" in str(refused.value)
+
+
+def test_a_host_tier_too_small_for_a_stored_prefix_loads_what_fits(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A host tier of 2 blocks cannot take B's 3 stored blocks: the connector offers vLLM
+    the 2 that fit (never a load bound to fail, which vLLM's default policy would fail the
+    request for), and vLLM computes the rest."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with connected(model_dir, store) as engine:
+        run_a(*engine, forget=False)
+    more = (f"workload.host_bytes={2 * 2 * 16 * 1152}", "workload.num_tokens=32")  # 2 blocks
+    with connected(model_dir, store, more=more) as engine:
+        scheduler, _, caches = engine
+        assert scheduler.connector.scheduler_side.directory.num_pages == 2
+        run, loaded, tokens = run_b(*engine)
+    stats = run.prefill["B"]
+    assert (stats.num_local_cached_tokens, stats.num_external_cached_tokens) == (0, 32)
+    vllmfns.check_rows(loaded.seen, run.block_ids["B"], tokens[:32])  # loaded, then waited
+    vllmfns.check_rows(caches, run.block_ids["B"], tokens)  # and the rest computed

@@ -48,6 +48,10 @@ class HostDirectory:
         self._pinned.update(pages)
         return pages
 
+    def room(self) -> int:
+        """Blocks `place` can take now: free pages and unpinned ones."""
+        return len(self._free) + sum(p not in self._pinned for p in self._pages.values())
+
     def place(self, hashes: Sequence[BlockHash]) -> Placed | None:
         """A page for each of `hashes` (none held), pinned, evicting the least recent
         unpinned pages to make room; None where too few pages are free or unpinned."""

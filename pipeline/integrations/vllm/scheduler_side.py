@@ -81,13 +81,15 @@ class SchedulerSide:
 
     def matched(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens past `num_computed_tokens` the host tier and then the store hold, in whole
-        blocks, leaving the prompt's last token to compute (vLLM samples from it)."""
+        blocks, leaving the prompt's last token to compute (vLLM samples from it); the
+        store's no more than the host pages they can land in now."""
         start = num_computed_tokens // self.block_size
         limit = (request.num_tokens - 1) // self.block_size
         hashes: list[BlockHash] = list(request.block_hashes[start:limit])
         on_host = self.directory.leading(hashes)
         rest = hashes[on_host:]
         in_store = 0
+        rest = rest[: self.directory.room()]  # the store's blocks land in host pages
         if self.view is not None and rest:
             in_store = self.view.lookup(pipeline.page_keys(self.job, rest))
         self._matches[request.request_id] = Match(start, hashes[:on_host], rest[:in_store])
