@@ -41,7 +41,6 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAtten
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm.v1.worker.utils import allocate_kv_cache
 
 MLA_ROW = 576
 """Elements in one MLA KV row: kv_lora_rank 512 + qk_rope_head_dim 64."""
@@ -155,11 +154,25 @@ def make_worker(
     device, allocated and registered as vLLM does: layer name -> bf16 `[num_blocks, 1,
     block_size, 576]` view."""
     device = torch.device(config.device_config.device_type)
-    caches = allocate_kv_cache(kv_cache_config, device, KVCacheLayout[LAYOUT])
+    caches = kv_caches(kv_cache_config, device)
     connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
     assert isinstance(connector, KVConnectorBase_V1)
     connector.register_kv_caches(caches)
     return connector, caches
+
+
+def kv_caches(kv_cache_config: KVCacheConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """vLLM's own allocation on CPU; on a GPU, the same per-layer shape made here: vLLM's
+    allocator imports its flash-attention extension, which the device carries no build of."""
+    if device.type == "cpu":
+        from vllm.v1.worker.utils import allocate_kv_cache
+
+        return allocate_kv_cache(kv_cache_config, device, KVCacheLayout[LAYOUT])
+    (group,) = kv_cache_config.kv_cache_groups
+    shape = (kv_cache_config.num_blocks, 1, group.kv_cache_spec.block_size, MLA_ROW)
+    return {
+        name: torch.zeros(shape, dtype=torch.bfloat16, device=device) for name in group.layer_names
+    }
 
 
 def make_request(
