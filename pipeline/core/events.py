@@ -101,11 +101,6 @@ def offset(endpoint: str, index: int) -> str:
     return f"{head}:{int(port) + index}"
 
 
-def port_of(endpoint: str) -> int:
-    found = ENDPOINT.fullmatch(endpoint)
-    return int(found.group(2)) if found else 0
-
-
 def engine_of(config: EventsConfig, first_rank: int, tp_size: int) -> int:
     """The engine's data-parallel rank: `events.dp_rank`, else its first global rank /
     tp_size (ConfigError where that rank is not a multiple: engines of unequal sizes)."""
@@ -156,7 +151,7 @@ def port_problems(
 
 
 def _span(endpoint: str, publishers: int, engines: range) -> range:
-    port = port_of(endpoint)
+    port = int(endpoint.rpartition(":")[2])  # a checked endpoint, as `offset` reads it
     return range(port + engines.start * publishers, port + engines.stop * publishers)
 
 

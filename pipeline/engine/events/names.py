@@ -49,9 +49,7 @@ def wire_hash(given: BlockHash, key: str) -> int:
         return given if INT64_MIN <= given <= UINT64 else given & UINT64
     if isinstance(given, bytes):
         return int.from_bytes(given, "big") & UINT64
-    if SGLANG_HEX.match(given):
-        return int.from_bytes(bytes.fromhex(given[:16]), "big", signed=True)
-    return block_hash(key)
+    return block_hash(given if SGLANG_HEX.match(given) else key)  # the same first 64 bits
 
 
 @dataclass(frozen=True)
