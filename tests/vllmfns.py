@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install --no-deps -r .ci/vllm.txt")
 
+import vllm
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -38,7 +40,6 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
-from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -55,8 +56,17 @@ TINY_DSV3 = {
     **{"kv_lora_rank": 512, "qk_rope_head_dim": 64},
 }
 """A DeepSeek-V3 config.json less its layer count; only the attention shapes matter."""
+VLLM_0_26 = Version(vllm.__version__) < Version("0.27")
+"""vLLM 0.26 (the one matching the GPU host's torch 2.11) against 0.32 (CI's): no KV cache
+layouts (its MLA caches are `[blocks, block_size, 576]` per layer), every load started before
+the forward, `get_finished` for the transfer results."""
 OnLayer = Callable[[int, str, torch.Tensor], None]
 """(worker index, layer name, its KV view): called where attention would read the layer."""
+
+
+# vLLM seeds its block hashes' chain once per process, as its engine does (0.26 draws the
+# seed at random unless PYTHONHASHSEED is set; 0.32 derives it from sha256)
+init_none_hash(sha256)
 
 
 def tiny_model_dir(root: Path, num_layers: int = 2) -> Path:
@@ -86,7 +96,8 @@ def vllm_config(
     scheduling. The first runs vLLM's ~8 s model inspection (cached in $VLLM_CACHE_ROOT)."""
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16")
     cache = CacheConfig(block_size=block_size, num_gpu_blocks_override=num_blocks)
-    cache.kv_cache_layout = LAYOUT
+    if not VLLM_0_26:
+        cache.kv_cache_layout = LAYOUT
     return VllmConfig(
         model_config=model,
         cache_config=cache,
@@ -132,7 +143,8 @@ def kv_cache_config_of(config: VllmConfig) -> KVCacheConfig:
     group = KVCacheGroupSpec([LAYER_NAME.format(i) for i in range(num_layers)], spec)
     num_bytes = config.cache_config.num_gpu_blocks_override * num_layers * spec.page_size_bytes
     kv_cache_config = get_kv_cache_config_from_groups(config, [group], num_bytes)
-    kv_cache_config.kv_cache_layout = LAYOUT
+    if not VLLM_0_26:
+        kv_cache_config.kv_cache_layout = LAYOUT
     config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
     return kv_cache_config
 
@@ -162,14 +174,25 @@ def make_worker(
 
 
 def kv_caches(kv_cache_config: KVCacheConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    """vLLM's own allocation on CPU; on a GPU, the same per-layer shape made here: vLLM's
-    allocator imports its flash-attention extension, which the device carries no build of."""
-    if device.type == "cpu":
+    """vLLM's own allocation on CPU (0.32); on a GPU, or with 0.26 (no layouts), the per-layer
+    shape vLLM gives made here: 0.32's allocator imports its flash-attention extension, which
+    the device carries no build of. 0.32: `[blocks, 1, block_size, 576]`; 0.26 (its
+    `MLACommonBackend.get_kv_cache_shape`): `[blocks, block_size, 576]`."""
+    (group,) = kv_cache_config.kv_cache_groups
+    block_size = group.kv_cache_spec.block_size
+    if VLLM_0_26:
+        from vllm.model_executor.layers.attention.mla_attention import MLACommonBackend
+
+        shape = MLACommonBackend.get_kv_cache_shape(
+            kv_cache_config.num_blocks, block_size, 1, MLA_ROW
+        )
+    elif device.type == "cpu":
+        from vllm.v1.kv_cache_layout import KVCacheLayout
         from vllm.v1.worker.utils import allocate_kv_cache
 
         return allocate_kv_cache(kv_cache_config, device, KVCacheLayout[LAYOUT])
-    (group,) = kv_cache_config.kv_cache_groups
-    shape = (kv_cache_config.num_blocks, 1, group.kv_cache_spec.block_size, MLA_ROW)
+    else:
+        shape = (kv_cache_config.num_blocks, 1, block_size, MLA_ROW)
     return {
         name: torch.zeros(shape, dtype=torch.bfloat16, device=device) for name in group.layer_names
     }
@@ -179,7 +202,6 @@ def make_request(
     request_id: str, token_ids: list[int], block_size: int = 16, max_tokens: int = 1
 ) -> Request:
     """A vLLM Request with sha256 block hashes that stops after `max_tokens` tokens."""
-    init_none_hash(sha256)
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),

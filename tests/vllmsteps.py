@@ -6,7 +6,7 @@ from collections.abc import Callable
 from copy import copy
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
@@ -18,7 +18,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import PrefillStats
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
-from vllmfns import MLA_ROW, OnLayer, expected_row
+from vllmfns import MLA_ROW, VLLM_0_26, OnLayer, expected_row
 
 
 @dataclass
@@ -127,6 +127,15 @@ def _plan(
     return Step(output, sampled, rows, metadata)
 
 
+def transfer_results(connector: KVConnectorBase_V1, finished: set[str]) -> dict[str, Any]:
+    """The finished transfers' fields of a step's KVConnectorOutput, as the version asks them."""
+    if VLLM_0_26:
+        sending, recving = connector.get_finished(finished)
+        return {"finished_sending": sending, "finished_recving": recving}
+    # finished_sending, finished_recving, failed_recving
+    return vars(connector.get_transfer_results(finished))
+
+
 def worker_step(
     index: int,
     connector: KVConnectorBase_V1,
@@ -143,7 +152,8 @@ def worker_step(
     )
     with override_forward_context(context):
         connector.bind_connector_metadata(output.kv_connector_metadata)
-        if output.has_sync_kv_loads:  # this step's forward reads them
+        sync_loads = VLLM_0_26 or output.has_sync_kv_loads
+        if sync_loads:  # this step's forward reads them
             connector.start_load_kv(context)
         for layer, (name, kv) in enumerate(caches.items() if metadata else ()):
             connector.wait_for_layer_load(name)
@@ -152,12 +162,11 @@ def worker_step(
             rows, slots = step.rows[layer].to(kv.device), metadata.slot_mapping.to(kv.device)
             kv.view(-1, MLA_ROW)[slots] = rows
             connector.save_kv_layer(name, kv, metadata)
-        if not output.has_sync_kv_loads:  # 0.32 starts async loads once the forward is launched
+        if not sync_loads:  # 0.32 starts async loads once the forward is launched
             connector.start_load_kv(context)
         connector.wait_for_save()
-        transfers = connector.get_transfer_results(output.finished_req_ids)
         kv_output = KVConnectorOutput(
-            **vars(transfers),  # finished_sending, finished_recving, failed_recving
+            **transfer_results(connector, output.finished_req_ids),
             invalid_block_ids=connector.get_block_ids_with_load_errors(),
             kv_connector_stats=connector.get_kv_connector_stats(),
             kv_cache_events=connector.get_kv_connector_kv_cache_events(),

@@ -142,14 +142,15 @@ def test_a_prefix_computed_once_is_loaded_from_the_host_tier_then_the_store(
         loaded_b(*run_b(*engine))  # the file store holds A's blocks
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
 def test_a_flipped_byte_in_a_stored_block_is_a_load_error_never_kv(
-    model_dir: Path, tmp_path: Path
+    device: str, model_dir: Path, tmp_path: Path
 ) -> None:
     """The block whose object lost a bit (and those after it) is reported to vLLM, which
     recomputes them (kv_load_failure_policy=recompute); its bytes never reach the KV."""
     store = tmp_path / "store"
     store.mkdir()
-    with connected(model_dir, store) as (scheduler, worker, caches):
+    with connected(model_dir, store, device=device) as (scheduler, worker, caches):
         a = run_a(scheduler, worker, caches, forget=False)
         job = scheduler.connector.scheduler_side.job
     key = pipeline.page_keys(job, [a.block_hashes[1]])[0]
@@ -158,8 +159,9 @@ def test_a_flipped_byte_in_a_stored_block_is_a_load_error_never_kv(
     data[-1] ^= 0x01
     found.write_bytes(bytes(data))
 
-    with connected(model_dir, store, policy="recompute") as (scheduler, worker, caches):
-        run, loaded, tokens = run_b(scheduler, worker, caches)
+    with connected(model_dir, store, policy="recompute", device=device) as engine:
+        run, loaded, tokens = run_b(*engine)
+    caches = engine[2]
     assert run.prefill["B"].num_external_cached_tokens == SHARED  # as the lookup found them
     blocks = run.block_ids["B"]
     vllmfns.check_rows(loaded.seen, blocks, tokens[:16])  # the intact block, loaded

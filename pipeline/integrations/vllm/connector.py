@@ -3,13 +3,16 @@ itself (`"kv_connector": "PipelineConnector", "kv_connector_module_path":
 "pipeline.integrations.vllm"`). Its scheduler role answers from the host tier's directory and
 the store (`SchedulerSide`); its worker role moves blocks on each TP rank (`WorkerSide`).
 This class is the thin shim over vLLM's interface, which moves between releases (tested
-with vLLM 0.32.0)."""
+with vLLM 0.32.0 and 0.26.0, docs/vllm.md)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
+import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -18,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from pipeline.integrations.vllm.metadata import StepMeta
 from pipeline.integrations.vllm.scheduler_side import SchedulerSide
-from pipeline.integrations.vllm.settings import connector_job
+from pipeline.integrations.vllm.settings import connector_job, hashes_seeded_at_random
 from pipeline.integrations.vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
+log = logging.getLogger("hicache-pipeline")
+
 
 class PipelineConnector(KVConnectorBase_V1):
     """The job is composed and checked as vLLM builds the connector, before vLLM allocates
@@ -46,6 +51,13 @@ class PipelineConnector(KVConnectorBase_V1):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         if role is KVConnectorRole.SCHEDULER:
+            if job.storage.attached and hashes_seeded_at_random(os.environ):
+                log.warning(
+                    "vLLM %s seeds its block hashes at random in each process: the store's "
+                    "blocks will hit only in this one; set PYTHONHASHSEED (the same for every "
+                    "engine) to find them after a restart or from another engine",
+                    vllm.__version__,
+                )
             self.scheduler_side = SchedulerSide(job, kv_cache_config.num_blocks)
         else:
             self.worker_side = WorkerSide(job)

@@ -5,9 +5,11 @@ config, then cross-checked: a value the overrides set otherwise is refused namin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+import vllm
 from vllm.config import VllmConfig
 
 import pipeline
@@ -81,6 +83,13 @@ def connector_job(config: VllmConfig) -> Job:
             "them out, the connector takes them from vLLM"
         )
     return job
+
+
+def hashes_seeded_at_random(environ: Mapping[str, str]) -> bool:
+    """Whether vLLM seeds its block hashes' chain at random in each process (before 0.27,
+    unless PYTHONHASHSEED is set): a store's blocks then hit only in the process that wrote
+    them, never after a restart or in another engine."""
+    return vllm.__version_tuple__[:2] < (0, 27) and "PYTHONHASHSEED" not in environ
 
 
 def job_geometry(job: Job) -> dict[str, Any]:
