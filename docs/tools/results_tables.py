@@ -1,6 +1,6 @@
 """Writes BENCHMARKS.md's result tables, and README's, from the result files under
 docs/benchmarks/results/ (one folder per run, each with a result.json; the schema is in
-BENCHMARKS.md, "How to read and reproduce").
+docs/benchmarks/results/README.md).
 
     python docs/tools/results_tables.py            # rewrite every generated block
     python docs/tools/results_tables.py --check    # exit 1, with a diff, if one is stale
@@ -179,6 +179,17 @@ def ttft() -> str:
     return with_runs(table(header, rows), results)
 
 
+def vllm_ttft() -> str:
+    """A real vllm.LLM: the store's hit in a fresh engine against computing the prompt."""
+    result = load("2026-12-06-h100-vllm026-connector")
+    header = ["commit", "prompt", "tokens", "cached tokens", "computed ms", "loaded ms"]
+    header += ["loaded vs computed", "same token"]
+    names = ["prompt", "prompt_tokens", "cached_tokens", "computed_ms", "loaded_ms"]
+    names += ["loaded_vs_computed", "same_token"]
+    rows = [[commit_cell(result), *(r[n] for n in names)] for r in result["rows"]]
+    return with_runs(table(header, rows), [result])
+
+
 def l3_limits() -> str:
     folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold"]
     folders += ["2026-12-05-h100-native-reads-3", "2026-12-05-cpu-one-call-reads"]
@@ -271,6 +282,7 @@ BENCHMARKS_BLOCKS: Blocks = {
     "tp2-matrix": tp2_matrix,
     "issue-time": issue_time,
     "ttft": ttft,
+    "vllm-ttft": vllm_ttft,
     "l3-limits": l3_limits,
     "cost-model": cost_model,
 }
