@@ -19,7 +19,7 @@ import pytest
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
 from pipeline.engine.l3 import load as streamed
-from pipeline.engine.l3.batch import unit_columns
+from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
 from pipeline.engine.l3.stores._fileio import crc32c as native_crc
@@ -270,7 +270,7 @@ def test_each_group_is_handed_over_whole_in_order_and_may_stop_the_reads(tmp_pat
 
 
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
 @pytest.mark.parametrize("stream_layers", [0, 1])
 def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, stream_layers: int
@@ -428,7 +428,7 @@ def test_a_native_read_lands_only_in_the_pools_own_pages(tmp_path: Path) -> None
         assert tier is not None
         pages = tier.page_map(tier.reads(False), device=False)
         heads = np.array([64], np.int64)
-        _, addresses, nbytes = unit_columns(pages, heads, np.array([pages.held - 1]), skip=0)
+        _, addresses, nbytes, *_ = unit_columns(pages, heads, np.array([pages.held - 1]), skip=0)
         for view, address, n in zip(
             pages.views(pages.held - 1), addresses[0], nbytes[0], strict=True
         ):

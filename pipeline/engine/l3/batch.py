@@ -3,10 +3,10 @@ each page's units straight into its host-pool rows, each unit's CRC-32C taken na
 lands, every header read in the same call where the digest tables are not known yet; the
 digests are compared in bulk as each group of pages (a window, a group of layers) is whole.
 
-Taken where the host pool holds each unit's page as bytes (host layouts layer_first and
-page_first_direct), the check is CRC-32C (a keyed check is a digest per unit in Python) and the
-store reads natively (a file store through the page cache); elsewhere a page is a read of its
-own (`L3Tier.read`).
+Taken where the host pool holds each unit's page as bytes, in one run (host layouts
+layer_first and page_first_direct) or as rows a pitch apart (page_first), the check is CRC-32C
+(a keyed check is a digest per unit in Python) and the store reads natively (a file store
+through the page cache); elsewhere a page is a read of its own (`L3Tier.read`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.core.l3_rows import header_rows
 from pipeline.core.model import Unit
 from pipeline.engine.l3.jobs import ObjectsJob
-from pipeline.engine.l3.pages import PageMap
+from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
 
@@ -30,8 +30,13 @@ def batched(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:
         not device
         and tier.reads_units
         and tier.runs_crc is not None
-        and tier.page_map(units, device=False).direct
+        and tier.page_map(units, device=False).native
     )
+
+
+def lands_in_pool(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:
+    """Whether reads of `units` land straight in the pool's rows (else through staging)."""
+    return batched(tier, units, device=device) or tier.page_map(units, device=device).direct
 
 
 def start_batches(
@@ -128,28 +133,35 @@ class PageReads:
         self.names, heads = named(tier, keys)  # a range for the header, then the units'
         width = int(heads.max()) if self.count else 0
         self.head_rows = np.empty((self.count, width), np.uint8)  # kept alive until read
-        offsets, addresses, nbytes = unit_columns(self.pages, heads, into, skip=1)
+        columns = unit_columns(self.pages, heads, into, skip=1)
+        offsets, addresses, nbytes, row, pitch = columns
         offsets[:, 0] = 0
         addresses[:, 0] = (
             self.head_rows.ctypes.data + np.arange(self.count, dtype=np.uint64) * width
         )
         nbytes[:, 0] = heads
-        self.columns = (offsets.ravel(), addresses.ravel(), nbytes.ravel())
+        row[:, 0] = pitch[:, 0] = 0
+        self.columns = tuple(column.ravel() for column in columns)
         self.crcs = np.empty((self.count, self.per), np.uint32)
         self.sizes = (heads + tier.object.page_bytes).tolist()
 
     def reads(self, bounds: Sequence[int], on_group: Callable[[int], bool] | None) -> UnitReads:
         """The reads, in groups of pages [bounds[g], bounds[g + 1])."""
+        offsets, addresses, nbytes, rows, pitches = self.columns
         return UnitReads(
             self.names,
             self.sizes,
             np.repeat(np.arange(self.count), self.per),
-            *self.columns,
+            offsets,
+            addresses,
+            nbytes,
             self.crcs.ravel(),
             starts=True,
             ends=np.asarray(bounds[1:], np.int64) * self.per,
             threads=self.tier.storage.io_threads,
             on_group=on_group,
+            rows=rows,
+            pitches=pitches,
         )
 
     def intact(self, first: int, stop: int) -> int:
@@ -175,22 +187,6 @@ def named(tier: L3Tier, keys: Sequence[str]) -> tuple[list[str], np.ndarray]:
     names = [tier.name(key) for key in keys]
     heads = [tier.object.header_size(tier.space, n, tier.checks) for n in names]
     return names, np.array(heads, np.int64)
-
-
-def unit_columns(
-    pages: PageMap, heads: np.ndarray, into: np.ndarray, *, skip: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets, addresses, lengths) of each page's reads of `pages`' units, a row per page
-    (the objects' headers `heads` bytes long), after `skip` columns left for the caller."""
-    count, per = len(heads), len(pages.units) + skip
-    if count and not 0 <= int(np.min(into)) <= int(np.max(into)) < pages.held:
-        raise IndexError(f"host pages {np.min(into)}-{np.max(into)} not in a pool of {pages.held}")
-    offsets, addresses = np.empty((count, per), np.int64), np.empty((count, per), np.uint64)
-    nbytes = np.empty((count, per), np.int64)
-    offsets[:, skip:] = heads[:, None] + np.asarray(pages.payload, np.int64)
-    addresses[:, skip:] = pages.first + np.asarray(into, np.uint64)[:, None] * pages.stride
-    nbytes[:, skip:] = pages.nbytes
-    return offsets, addresses, nbytes
 
 
 def leading_intact(crcs: np.ndarray, wanted: np.ndarray) -> int:
@@ -228,8 +224,8 @@ class GroupReads:
         return max(0, done - self.start(g)) // len(self.maps[g].units)
 
     def reads(self, on_group: Callable[[int], bool]) -> UnitReads:
-        offsets, addresses, nbytes = (
-            np.concatenate([c[k].ravel() for c in self.columns]) for k in range(3)
+        offsets, addresses, nbytes, rows, pitches = (
+            np.concatenate([c[k].ravel() for c in self.columns]) for k in range(5)
         )
         per_page = [len(pages.units) for pages in self.maps]
         objects = np.concatenate([np.repeat(np.arange(self.count), n) for n in per_page])
@@ -245,6 +241,8 @@ class GroupReads:
             ends=self.ends,
             threads=self.threads,
             on_group=on_group,
+            rows=rows,
+            pitches=pitches,
         )
 
 

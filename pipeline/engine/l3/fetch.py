@@ -12,7 +12,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from pipeline.core.model import Unit
-from pipeline.engine.l3.batch import batched, start_batches
+from pipeline.engine.l3.batch import batched, lands_in_pool, start_batches
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.tier import L3Tier
 
@@ -47,7 +47,7 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
         return stop
     units = read_units(tier, job)
     nbytes = sum(u.page_bytes for u in units)
-    into = "pool" if tier.page_map(units, device=job.fallback).direct else "staging"
+    into = "pool" if lands_in_pool(tier, units, device=job.fallback) else "staging"
     for i in range(first, stop):
         if not wait and not job.reads[i].done():
             return i

@@ -3,8 +3,10 @@ byte ranges a read fills, the buffers a write sends, and the digests that check 
 
 Where every unit's page is contiguous bytes in host memory (host layouts layer_first and
 page_first_direct, a CPU device pool) the store reads straight into the pool rows and writes
-straight from them. Elsewhere (page_first's token-major rows, a CUDA device pool) a page moves
-through a staging buffer laid out as the payload, one torch copy per run of units.
+straight from them. Where a unit's page is rows of host memory a fixed pitch apart
+(page_first's token-major rows: a token's layers side by side) a native read still lands
+each row in place (`PageMap.native`); other moves go through a staging buffer laid out as the
+payload, one torch copy per run of units, as they do for a CUDA device pool.
 """
 
 from __future__ import annotations
@@ -27,12 +29,31 @@ Runs = list[tuple[torch.Tensor, tuple[Unit, ...]]]
 
 @dataclass(frozen=True)
 class Rows:
-    """Where one unit's page lies in a flat byte buffer: page p at `first + p * stride`."""
+    """Where one unit's page lies in a flat byte buffer: page p at `first + p * stride`, as
+    rows of `row` bytes `pitch` apart (one run of `nbytes` where `row` is `nbytes`)."""
 
     buffer: int
     first: int
     stride: int
     nbytes: int
+    row: int
+    pitch: int
+
+    @property
+    def extent(self) -> int:
+        """Bytes from a page's first byte to its last."""
+        return (self.nbytes // self.row - 1) * self.pitch + self.row
+
+
+def page_rows(page: torch.Tensor) -> tuple[int, int] | None:
+    """(row bytes, pitch) of one unit's page in host memory: one run (row = pitch = its
+    bytes), or rows of its last dimension a fixed pitch apart; None otherwise."""
+    if page.is_contiguous():
+        return page.nbytes, page.nbytes
+    if page.dim() == 2 and page.stride(1) == 1 and page.stride(0) >= page.shape[1]:
+        size = page.element_size()
+        return page.shape[1] * size, page.stride(0) * size
+    return None
 
 
 class Placement:
@@ -49,7 +70,8 @@ class Placement:
             view = views.get(unit.ordinal)
             if view is None:
                 continue
-            if view.device.type != "cpu" or view.shape[0] == 0 or not view[0].is_contiguous():
+            rows = page_rows(view[0]) if view.device.type == "cpu" and view.shape[0] else None
+            if rows is None:
                 self.buffers, self.addresses, self.rows = [], [], {}
                 break
             storage = view.untyped_storage()
@@ -63,9 +85,12 @@ class Placement:
                 view.data_ptr() - storage.data_ptr(),
                 view.stride(0) * view.element_size(),
                 unit.page_bytes,
+                *rows,
             )
-        self.direct = bool(self.rows)
-        """Pages move straight between the store and the pool."""
+        self.native = bool(self.rows)
+        """A native read lands each page's bytes straight in the pool, row by row."""
+        self.direct = self.native and all(r.row == r.nbytes for r in self.rows.values())
+        """Every page is one run of bytes in the pool: any read or write moves it straight."""
 
 
 class PageMap:
@@ -90,14 +115,18 @@ class PageMap:
         """Each group's units' sizes, in order."""
         self.totals = [sum(sizes) for sizes in self.sizes]
         """Each group's bytes."""
-        self.direct = placement.direct
-        rows = [placement.rows[u.ordinal] for u in units] if self.direct else []
+        self.direct, self.native = placement.direct, placement.native
+        rows = [placement.rows[u.ordinal] for u in units] if self.native else []
         self._where = [(placement.buffers[r.buffer], r.first, r.stride, r.nbytes) for r in rows]
         self.first = np.array([placement.addresses[r.buffer] + r.first for r in rows], np.uint64)
-        """Where each unit's page 0 lies in memory (direct placements)."""
+        """Where each unit's page 0 lies in memory (native placements)."""
         self.stride = np.array([r.stride for r in rows], np.uint64)
         self.nbytes = np.array([u.page_bytes for u in units], np.int64)
-        self.held = min(((b.nbytes - f - n) // s + 1 for b, f, s, n in self._where), default=0)
+        self.row = np.array([0 if r.row == r.nbytes else r.row for r in rows], np.int64)
+        """Each unit's row bytes where its page is rows apart in the pool (0: one run)."""
+        self.pitch = np.array([r.pitch for r in rows], np.int64)
+        extents = [(placement.buffers[r.buffer].nbytes - r.first, r.extent, r.stride) for r in rows]
+        self.held = min(((b - e) // s + 1 for b, e, s in extents), default=0)
         """Pages every unit's rows hold in the pool: a native read's address bound."""
         self._spans = _spans(self._where, groups) if self.direct else None
 
@@ -111,6 +140,24 @@ class PageMap:
         if self._spans is None:
             return None
         return [buf[f + page * s : f + page * s + n] for buf, f, s, n in self._spans]
+
+
+def unit_columns(
+    pages: PageMap, heads: np.ndarray, into: np.ndarray, *, skip: int
+) -> tuple[np.ndarray, ...]:
+    """(offsets, addresses, lengths, row bytes, pitches) of each page's reads of `pages`'
+    units, a row per page (the objects' headers `heads` bytes long), after `skip` columns
+    left for the caller."""
+    count, per = len(heads), len(pages.units) + skip
+    if count and not 0 <= int(np.min(into)) <= int(np.max(into)) < pages.held:
+        raise IndexError(f"host pages {np.min(into)}-{np.max(into)} not in a pool of {pages.held}")
+    offsets, addresses = np.empty((count, per), np.int64), np.empty((count, per), np.uint64)
+    nbytes, rows, pitches = (np.empty((count, per), np.int64) for _ in range(3))
+    offsets[:, skip:] = heads[:, None] + np.asarray(pages.payload, np.int64)
+    addresses[:, skip:] = pages.first + np.asarray(into, np.uint64)[:, None] * pages.stride
+    nbytes[:, skip:] = pages.nbytes
+    rows[:, skip:], pitches[:, skip:] = pages.row, pages.pitch
+    return offsets, addresses, nbytes, rows, pitches
 
 
 def _spans(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import Future
 
-from pipeline.engine.l3.batch import batched, read_groups
+from pipeline.engine.l3.batch import batched, lands_in_pool, read_groups
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
 from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads
@@ -148,7 +148,7 @@ def part_read(tier: L3Tier, pages: PageMap, key: str, page: int, table: list[int
 def settle_runs(tier: L3Tier, job: ObjectsJob, runs: list[Run]) -> int:
     """Wait for the runs' reads; the end of the job's leading intact pages."""
     nbytes = sum(u.page_bytes for u in job.units)
-    into = "pool" if tier.page_map(job.units, device=False).direct else "staging"
+    into = "pool" if lands_in_pool(tier, job.units, device=False) else "staging"
     for first, stop, run in runs:
         found = first + run.result()
         tier.trace.repeat("l3_read", found - first, bytes=nbytes, into=into)

@@ -276,6 +276,36 @@ static int read_range(int fd, int64_t offset, unsigned char *into, int64_t size,
     return 1;
 }
 
+/* One range whose bytes land as rows of `row` bytes, `pitch` bytes apart (a host pool that
+   keeps a token's layers together, `page_first`): the rows handed to the kernel as one vector
+   per CHUNK, each piece's CRC-32C summed right after, while it is still in the CPU's cache; 0
+   at a short file or a failed read. */
+static int read_rows(int fd, int64_t offset, unsigned char *into, int64_t size, int64_t row,
+                     int64_t pitch, uint32_t *crc) {
+    struct iovec iov[IOV_BATCH];
+    uint32_t sum = 0;
+    int64_t done = 0; /* bytes of the range read and summed */
+    while (done < size) {
+        int n = 0;
+        for (int64_t at = done; n < IOV_BATCH && at < size && at - done < CHUNK; n++) {
+            int64_t in_row = at % row, len = row - in_row < size - at ? row - in_row : size - at;
+            iov[n].iov_base = into + (at / row) * pitch + in_row;
+            iov[n].iov_len = (size_t)len;
+            at += len;
+        }
+        ssize_t got = preadv(fd, iov, n, offset + done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return 0;
+        for (int64_t end = done + got; done < end;) {
+            int64_t in_row = done % row, len = row - in_row < end - done ? row - in_row : end - done;
+            sum = crc32c(sum, into + (done / row) * pitch + in_row, (size_t)len);
+            done += len;
+        }
+    }
+    *crc = sum;
+    return 1;
+}
+
 /* The jail, as the store's Python opens (`beneath.py`, `files.py`): the path resolved below
    the root's descriptor with no link, `..` or absolute path anywhere in the walk, never
    blocking on a planted FIFO, and only a regular file of the object's size (any, for a
@@ -334,6 +364,7 @@ typedef struct {
     int32_t *fds;
     int *open_state;
     const int64_t *sizes, *objects, *offsets, *nbytes;
+    const int64_t *rows, *pitches; /* NULL: every range lands as one run of bytes */
     const uint64_t *addresses;
     uint32_t *crcs;
     Py_ssize_t *item_start, *item_group, *group_left, items;
@@ -362,10 +393,15 @@ static int object_fd(Reads *r, Py_ssize_t o) {
 static int read_item(Reads *r, Py_ssize_t i) {
     Py_ssize_t k = r->item_start[i];
     int fd = object_fd(r, r->objects[k]);
-    for (; fd >= 0 && k < r->item_start[i + 1]; k++)
-        if (!read_range(fd, r->offsets[k], (unsigned char *)r->addresses[k], r->nbytes[k],
-                        &r->crcs[k]))
-            return 0;
+    for (; fd >= 0 && k < r->item_start[i + 1]; k++) {
+        unsigned char *into = (unsigned char *)r->addresses[k];
+        int64_t row = r->rows ? r->rows[k] : 0;
+        int ok = row && row < r->nbytes[k]
+                     ? read_rows(fd, r->offsets[k], into, r->nbytes[k], row, r->pitches[k],
+                                 &r->crcs[k])
+                     : read_range(fd, r->offsets[k], into, r->nbytes[k], &r->crcs[k]);
+        if (!ok) return 0;
+    }
     return fd >= 0;
 }
 
@@ -548,27 +584,33 @@ static int ends_ok(const int64_t *ends, Py_ssize_t groups, Py_ssize_t n) {
 
 static PyObject *read_objects(PyObject *self, PyObject *args) {
     static const char *names[6] = {"sizes", "objects", "offsets", "addresses", "nbytes", "crcs"};
-    PyObject *files, *objs[7], *on_group = Py_None, *paths_held = NULL, *result = NULL;
+    PyObject *files, *objs[9] = {0}, *on_group = Py_None, *paths_held = NULL, *result = NULL;
     const char **paths = NULL;
-    int used, threads, made = 0;
-    Column cols[7], fds_given = {.view = {.obj = NULL}};
+    int used, threads, made = 0, columns = 7;
+    Column cols[9], fds_given = {.view = {.obj = NULL}};
     Reads r = {.root = -1};
-    if (!PyArg_ParseTuple(args, "OOpOOOOOOi|O:read_objects", &files, &objs[0], &used, &objs[1],
-                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &threads, &on_group))
+    if (!PyArg_ParseTuple(args, "OOpOOOOOOi|OOO:read_objects", &files, &objs[0], &used, &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &threads, &on_group,
+                          &objs[7], &objs[8]))
         return NULL;
+    if ((objs[7] && objs[7] != Py_None) != (objs[8] && objs[8] != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "read_objects: rows and pitches go together");
+        return NULL;
+    }
+    if (objs[7] && objs[7] != Py_None) columns = 9;
     if (threads < 1 || (on_group != Py_None && !PyCallable_Check(on_group))) {
         PyErr_SetString(PyExc_ValueError, "read_objects: threads >= 1, on_group a callable");
         return NULL;
     }
-    for (; made < 7; made++)
+    for (; made < columns; made++)
         if (!column(objs[made], &cols[made], made == 5 ? 4 : 8, made == 5,
-                    made < 6 ? names[made] : "ends"))
+                    made < 6 ? names[made] : made == 6 ? "ends" : made == 7 ? "rows" : "pitches"))
             goto out;
     Py_ssize_t count = cols[0].count, n = cols[1].count, groups = cols[6].count;
-    for (int k = 2; k < 6; k++)
-        if (cols[k].count != n) {
-            PyErr_Format(PyExc_ValueError, "%s has %zd items, objects %zd", names[k],
-                         cols[k].count, n);
+    for (int k = 2; k < columns; k++)
+        if (k != 6 && cols[k].count != n) {
+            PyErr_Format(PyExc_ValueError, "%s has %zd items, objects %zd",
+                         k < 6 ? names[k] : k == 7 ? "rows" : "pitches", cols[k].count, n);
             goto out;
         }
     const int64_t *ends = cols[6].view.buf;
@@ -580,6 +622,10 @@ static PyObject *read_objects(PyObject *self, PyObject *args) {
     r.addresses = cols[3].view.buf;
     r.nbytes = cols[4].view.buf;
     r.crcs = cols[5].view.buf;
+    if (columns == 9) {
+        r.rows = cols[7].view.buf;
+        r.pitches = cols[8].view.buf;
+    }
     r.fds = calloc((size_t)count + 1, sizeof(int32_t));
     r.open_state = calloc((size_t)count + 1, sizeof(int));
     r.item_start = calloc((size_t)n + 1, sizeof(Py_ssize_t));
@@ -594,6 +640,10 @@ static PyObject *read_objects(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n; k++)
         if (r.nbytes[k] < 0 || r.offsets[k] < 0) {
             PyErr_Format(PyExc_ValueError, "range %zd: a negative offset or length", k);
+            goto out;
+        } else if (r.rows && (r.rows[k] < 0 || (r.rows[k] && r.pitches[k] < r.rows[k]))) {
+            PyErr_Format(PyExc_ValueError, "range %zd: rows of %lld bytes %lld apart overlap", k,
+                         (long long)r.rows[k], (long long)r.pitches[k]);
             goto out;
         }
     if ((r.items = make_items(&r, n, ends, groups, count)) < 0) goto out;
@@ -897,7 +947,7 @@ out:
 static PyMethodDef methods[] = {
     {"read_objects", read_objects, METH_VARARGS,
      "read_objects(files, sizes, used, objects, offsets, addresses, nbytes, crcs, ends, threads, "
-     "on_group=None) -> (opened, read)\n\n"
+     "on_group=None, rows=None, pitches=None) -> (opened, read)\n\n"
      "Read range k (nbytes[k] at offsets[k] of object objects[k]) to the memory at "
      "addresses[k] and store its CRC-32C in crcs[k], on `threads` threads, without the "
      "interpreter's lock. files: (root_fd, paths), each path opened below root_fd with no link "
@@ -906,8 +956,9 @@ static PyMethodDef methods[] = {
      "(ends[g]: where group g ends), each group's objects ascending; a missing object or a "
      "short read stops the reads at its group; on_group(g) is called, holding the lock, once "
      "group g is whole, and a false answer stops the reads. Returns the objects opened and the "
-     "ranges read whole, each counted from the first. Columns: int64, int64, int64, uint64, "
-     "int64, uint32 (written), int64."},
+     "ranges read whole, each counted from the first. rows, pitches (int64, per range, or both "
+     "None): range k lands as rows of rows[k] bytes, pitches[k] apart (0: one run of bytes). "
+     "Columns: int64, int64, int64, uint64, int64, uint32 (written), int64."},
     {"present", present, METH_VARARGS,
      "present((root_fd, paths), threads) -> list[bool]: whether each path below root_fd is a "
      "regular file, opened as read_objects opens an object (no link followed), on `threads` "

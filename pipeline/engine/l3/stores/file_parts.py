@@ -91,7 +91,15 @@ class FileParts:
         columns = (reads.offsets, reads.addresses, reads.nbytes, reads.crcs, reads.ends)
         sizes = np.asarray(reads.sizes, np.int64)
         opened, done = read_objects(
-            files, sizes, reads.starts, reads.objects, *columns, reads.threads, reads.on_group
+            files,
+            sizes,
+            reads.starts,
+            reads.objects,
+            *columns,
+            reads.threads,
+            reads.on_group,
+            reads.rows,
+            reads.pitches,
         )
         self.store.counters.add(hits=opened, misses=int(opened < len(reads.names)))
         return done

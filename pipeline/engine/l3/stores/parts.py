@@ -83,6 +83,10 @@ class UnitReads:
     on_group: Callable[[int], bool] | None = None
     """Called with group g's index once its ranges are whole (groups in order, from the
     calling thread, holding Python's lock); False stops the reads."""
+    rows: np.ndarray | None = None
+    """int64: where a range lands as rows a pitch apart, each row's bytes (0: one run)."""
+    pitches: np.ndarray | None = None
+    """int64: bytes from one row's start to the next's, where `rows` says rows."""
 
 
 def span_ok(view: memoryview, crc: int, _: int) -> bool:

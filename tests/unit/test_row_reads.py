@@ -1,0 +1,124 @@
+"""A native read into rows a pitch apart (`read_objects(..., rows, pitches)`): how the default
+host layout, `page_first` (a token's layers side by side), takes a page straight from the
+file store, each row in place, the range's CRC-32C summed as its rows land."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+from pipeline.engine.l3.batch import batched
+from pipeline.engine.l3.pages import unit_columns
+from pipeline.engine.l3.stores._fileio import CHUNK, read_objects
+from tests.unit.test_l3_stream import engine_with
+
+HEAD = 13
+"""Bytes of the object before the range (a header's place)."""
+
+
+def read_rows(path: Path, length: int, row: int, pitch: int, into: np.ndarray) -> tuple:
+    """Bytes [HEAD, HEAD + length) of the file at `path` into `into` as rows of `row` bytes
+    `pitch` apart, in one read_objects call: (its answer, the range's CRC)."""
+    fd = os.open(path, os.O_RDONLY)
+    crcs = np.zeros(1, np.uint32)
+    try:
+        found = read_objects(
+            np.array([fd], np.int32),
+            np.array([path.stat().st_size], np.int64),
+            False,
+            np.zeros(1, np.int64),
+            np.array([HEAD], np.int64),
+            np.array([into.ctypes.data], np.uint64),
+            np.array([length], np.int64),
+            crcs,
+            np.array([1], np.int64),
+            1,
+            None,
+            np.array([row], np.int64),
+            np.array([pitch], np.int64),
+        )
+    finally:
+        os.close(fd)
+    return found, int(crcs[0])
+
+
+@pytest.mark.parametrize(
+    ("row", "pitch", "length"),
+    [
+        (1152, 1152 * 61, 1152 * 64),  # deepseek_v3's page of one layer in page_first
+        (7, 9, 7 * 1000),  # more rows than one vector takes (512)
+        (1000, 3000, 2 * CHUNK + 2500),  # several chunks, the last row cut short
+        (64, 64, 640),  # rows end to end: one run
+    ],
+)
+def test_each_row_lands_in_place_and_the_range_keeps_one_crc(
+    tmp_path: Path, row: int, pitch: int, length: int
+) -> None:
+    """Every row's bytes at its place, the gaps between rows untouched, and the CRC the one
+    of the range's bytes as they lie in the object."""
+    blob = np.random.default_rng(row).integers(0, 256, HEAD + length + 5, np.uint8).tobytes()
+    (tmp_path / "o").write_bytes(blob)
+    rows = -(-length // row)
+    into = np.full((rows - 1) * pitch + row + 64, 0xA5, np.uint8)
+    found, crc = read_rows(tmp_path / "o", length, row, pitch, into)
+    assert found == (1, 1)
+    expected = np.full_like(into, 0xA5)
+    for r in range(rows):
+        piece = blob[HEAD + r * row : HEAD + min((r + 1) * row, length)]
+        expected[r * pitch : r * pitch + len(piece)] = np.frombuffer(piece, np.uint8)
+    assert np.array_equal(into, expected)
+    assert crc == crc32c.crc32c(blob[HEAD : HEAD + length])
+
+
+def test_a_short_object_or_overlapping_rows_are_refused(tmp_path: Path) -> None:
+    """An object shorter than the range is a miss; rows that would overlap (pitch below the
+    row) or rows without pitches are refused before any byte moves."""
+    (tmp_path / "o").write_bytes(bytes(HEAD + 100))
+    into = np.zeros(4096, np.uint8)
+    found, _ = read_rows(tmp_path / "o", 200, 10, 20, into)
+    assert found == (1, 0)
+    with pytest.raises(ValueError, match="overlap"):
+        read_rows(tmp_path / "o", 100, 10, 9, into)
+    with pytest.raises(ValueError, match="rows and pitches go together"):
+        read_objects(
+            np.array([-1], np.int32),
+            *(np.zeros(1, np.int64),) * 1,
+            False,
+            *(np.zeros(1, np.int64),) * 2,
+            np.zeros(1, np.uint64),
+            np.zeros(1, np.int64),
+            np.zeros(1, np.uint32),
+            np.array([1], np.int64),
+            1,
+            None,
+            np.zeros(1, np.int64),
+        )
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_default_host_layout_reads_natively_and_only_into_its_own_pages(
+    tmp_path: Path,
+) -> None:
+    """tp1's own page_first (no layout override): a unit's page is rows a pitch apart, read
+    in the batched native call; the last page the pool holds is taken (its last row ends
+    inside the pool), the next refused before any byte moves."""
+    with engine_with(tmp_path) as engine:
+        tier = engine.l3
+        assert tier is not None and engine.topology.mem_layout.value == "page_first"
+        units = tier.reads(False)
+        pages = tier.page_map(units, device=False)
+        assert batched(tier, units, device=False) and pages.native and not pages.direct
+        heads = np.array([64], np.int64)
+        last = np.array([pages.held - 1])
+        _, addresses, nbytes, rows, pitches = unit_columns(pages, heads, last, skip=0)
+        pool = engine.host_pool.storage[0]
+        end = pool.data_ptr() + pool.nbytes
+        span = (nbytes[0] // rows[0] - 1) * pitches[0] + rows[0]
+        assert (addresses[0] + span.astype(np.uint64) <= end).all()
+        assert (rows[0] > 0).all() and (pitches[0] > rows[0]).all()
+        with pytest.raises(IndexError, match="not in a pool of"):
+            unit_columns(pages, heads, np.array([pages.held]), skip=0)
