@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from pipeline.engine.cuda.page_kernel import move_pages_cpu, page_runs
+from pipeline.engine.cuda.page_kernel import move_pages_cpu
 
 
 def reference(dst, dst_pages, src, src_pages, dim):
@@ -32,13 +32,3 @@ def test_moves_exactly_the_named_pages(dim, dst_ids, src_ids) -> None:
     src_at = torch.tensor(src_pages) if src_ids else src_pages[0]
     move_pages_cpu(dst, dst_at, src, src_at, dim, 3)
     assert torch.equal(dst, want)
-
-
-def test_runs_consecutive_on_both_sides_are_one_copy_each() -> None:
-    """Pages 3-5 to 7-9, then 6 to 1 and 7 to 5 (consecutive on one side only), then 0 to 0:
-    four runs, whatever each side's form."""
-    dst = torch.tensor([7, 8, 9, 1, 5, 0])
-    src = torch.tensor([3, 4, 5, 6, 7, 0])
-    assert page_runs(dst, src, 6) == [(7, 3, 3), (1, 6, 1), (5, 7, 1), (0, 0, 1)]
-    assert page_runs(4, src[:3], 3) == [(4, 3, 3)]
-    assert page_runs(dst[:3], 0, 3) == [(7, 0, 3)]

@@ -4,9 +4,7 @@ A kernel step used to be torch's `index_select` then `index_copy_`: two kernels 
 through torch's dispatcher, each costing the host more than a whole launch here (BENCHMARKS.md,
 issue time), per layer group of every transfer. On cuda `PageKernel` gathers and scatters in one
 launch made from integers (`cudaLaunchKernel` through ctypes), compiled by NVRTC once per
-engine (its `Runtime`). On CPU `move_pages_cpu` does the same with one strided torch copy per
-run of pages consecutive on both sides: torch's index ops over a side whose rows are spaced
-apart (a page_first host) move the bytes at half a copy's speed.
+engine (its `Runtime`). On CPU `move_pages_cpu` does the same with torch's index ops.
 
 A view is [pages, rows, words] (`dim` 0) or [units, pages, rows, words] (`dim` 1, units of
 one pool kind stacked in one buffer); the pages of `dst` and `src` hold the same bytes, laid
@@ -16,11 +14,9 @@ out as rows that may be spaced apart on either side (a page_first host interleav
 from __future__ import annotations
 
 import ctypes
-import itertools
 import threading
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from pipeline.engine.cuda.cudart import bound
@@ -37,25 +33,18 @@ MovePages = Callable[[torch.Tensor, PageAt, torch.Tensor, PageAt, int, int], Non
 def move_pages_cpu(
     dst: torch.Tensor, dst_at: PageAt, src: torch.Tensor, src_at: PageAt, dim: int, count: int
 ) -> None:
-    """The same move as torch copies, one per run of pages consecutive on both sides."""
-    for to, first, pages in page_runs(dst_at, src_at, count):
-        dst.narrow(dim, to, pages).copy_(src.narrow(dim, first, pages))
-
-
-def page_runs(dst_at: PageAt, src_at: PageAt, count: int) -> list[tuple[int, int, int]]:
-    """(dst page, src page, pages) of each run that is consecutive on both sides."""
-    ends = [0, count]
-    found = {}
-    for side, at in (("dst", dst_at), ("src", src_at)):
-        if isinstance(at, int):
-            found[side] = np.arange(at, at + count)
+    """The same move with torch's index ops (one where one side is consecutive pages)."""
+    if isinstance(dst_at, int):
+        out = dst.narrow(dim, dst_at, count)
+        if isinstance(src_at, int):
+            out.copy_(src.narrow(dim, src_at, count))
         else:
-            found[side] = at.numpy()
-            ends += (np.flatnonzero(np.diff(found[side]) != 1) + 1).tolist()
-    bounds = sorted(set(ends))
-    return [
-        (int(found["dst"][a]), int(found["src"][a]), b - a) for a, b in itertools.pairwise(bounds)
-    ]
+            torch.index_select(src, dim, src_at, out=out)
+        return
+    source = (
+        src.narrow(dim, src_at, count) if isinstance(src_at, int) else src.index_select(dim, src_at)
+    )
+    dst.index_copy_(dim, dst_at, source)
 
 
 SOURCE = r"""
