@@ -80,7 +80,14 @@ def test_every_result_file_names_its_commit_date_hardware_software_command_and_s
 
 def test_every_row_names_a_run_with_its_date_hardware_and_command() -> None:
     found = blocks(BENCHMARKS.read_text())
-    assert set(found) == {"tp2-matrix", "issue-time", "ttft", "l3-limits", "cost-model"}
+    assert set(found) == {
+        "tp2-matrix",
+        "issue-time",
+        "ttft",
+        "vllm-ttft",
+        "l3-limits",
+        "cost-model",
+    }
     for name, body in found.items():
         rows, runs = tables(body)
         by_commit = {commits(run["commit"])[0]: run for run in runs}
