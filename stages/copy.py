@@ -7,8 +7,10 @@ call per run covers them all: one strided DMA where each unit's run is one block
 (layer_first), else one batch of DMAs (`pipeline.engine.cuda.memcpy_batch`). `kernel` issues one
 `move_pages` per step (one launch on cuda that gathers and scatters, reaching pinned host
 memory through its UVA alias; torch's index ops on CPU), reading or writing the host pages in
-place where they are one run; where the pages are consecutive on both sides (outside CUDA
-graphs) and each a block on the host, it makes the direct backend's DMAs instead. A chunked
+place where they are one run (and the device pages from the first where both sides are: one
+strided torch copy on CPU, where the index ops over a token-major host run at half its
+speed); where the pages are consecutive on both sides (outside CUDA graphs) and each a block
+on the host, it makes the direct backend's DMAs instead. A chunked
 backup's batch the plan marks `gathered` (direct copies to a page_first_direct host) first
 gathers into a device batch buffer on the gather stream (`backup_batch`); a kernel moves a
 chunk's pages of every stacked unit in one launch. Every call here is paid by the host on
@@ -83,14 +85,15 @@ def _kernel(t: Transfer, step: Step, load: bool, *, views: list[KernelViews]) ->
     """One `move_pages` per set of views: a gather and a scatter by page id, in place where
     the host pages are one run (one torch kernel on CPU)."""
     host_ids, device_ids = t.step_ids(step)
-    host_first = t.plan.host_first
+    host_first, device_first = t.plan.host_first, t.plan.device_first
     host_at = host_ids if host_first is None else host_first + step.first
+    device_at = device_ids if device_first is None else device_first + step.first
     move = t.res.move_pages
     for host, device, dim, units in views:
         if load:
-            move(device, device_ids, host, host_at, dim, step.count)
+            move(device, device_at, host, host_at, dim, step.count)
         else:
-            move(host, host_at, device, device_ids, dim, step.count)
+            move(host, host_at, device, device_at, dim, step.count)
         _traced(t, step.first, step.count, units, _page_bytes(step, units))
 
 

@@ -189,9 +189,13 @@ class TransferPlan:
     def host_first(self) -> int | None:
         """The first host page if they are one run (kernels move it in place), not in graphs."""
         hosts = self.host_pages
-        if self.graphed or not (hosts[1:] - hosts[:-1] == 1).all():
-            return None
-        return int(hosts[0])
+        one_run = not self.graphed and (hosts[1:] - hosts[:-1] == 1).all()
+        return int(hosts[0]) if one_run else None
+
+    @functools.cached_property
+    def device_first(self) -> int | None:
+        """The first device page where both sides are one run (on CPU: one strided copy)."""
+        return None if self.graphed or not self.consecutive else int(self.device_pages[0])
 
     @functools.cached_property
     def runs(self) -> tuple[Run, ...]:
@@ -287,12 +291,5 @@ def build_plan(
         else known_steps.get(spec, direction, num_pages)
     )
     return TransferPlan(
-        direction,
-        spec,
-        host_indices,
-        device_indices,
-        rows,
-        layout,
-        graphed=graphed,
-        verify=verify,
+        direction, spec, host_indices, device_indices, rows, layout, graphed=graphed, verify=verify
     )
