@@ -5,6 +5,7 @@ asks the replay socket for what it missed and rebuilds each tier's residency fro
 from __future__ import annotations
 
 import hashlib
+import random
 import socket
 import threading
 import time
@@ -33,13 +34,13 @@ WAIT_S = 60.0
 
 
 def free_ports(count: int) -> int:
-    """A first port of `count` consecutive ports that are free now."""
+    """A first port of `count` consecutive ports that are free now, drawn below the kernel's
+    ephemeral range: a port from there (what binding port 0 gives) may be handed to another
+    process's outgoing connection (a gloo rank's, a ZMQ client's) before the test binds it."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    draw = random.SystemRandom()
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
+        first = draw.randrange(10000, ephemeral - count)
         try:
             for port in range(first, first + count):
                 with socket.socket() as held:
