@@ -15,6 +15,8 @@ import ctypes
 import importlib.util
 import itertools
 import os
+import random
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +150,21 @@ def covering(grid: list[tuple], strength: int) -> list[tuple]:
 def all_pairs(grid: list[tuple]) -> list[tuple]:
     """Every pair of values of any two factors (a covering of strength 2)."""
     return covering(grid, 2)
+
+
+def free_ports(count: int) -> int:
+    """A first port of `count` consecutive ports that are free now, drawn below the kernel's
+    ephemeral range: a port from there (what binding port 0 gives) may be handed to another
+    process's outgoing connection (a gloo rank's, a ZMQ client's) before the test binds it."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    draw = random.SystemRandom()
+    for _ in range(200):
+        first = draw.randrange(10000, ephemeral - count)
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as held:
+                    held.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no free ports")

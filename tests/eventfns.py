@@ -5,8 +5,6 @@ asks the replay socket for what it missed and rebuilds each tier's residency fro
 from __future__ import annotations
 
 import hashlib
-import random
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +14,7 @@ from typing import Any
 import msgspec
 import torch.distributed as dist
 import zmq
+from conftest import free_ports  # noqa: F401  (the event tests' ports)
 
 import pipeline
 from pipeline.config.job import Job
@@ -31,24 +30,6 @@ from pipeline.jobs.launch import launch
 
 PAGES = 4
 WAIT_S = 60.0
-
-
-def free_ports(count: int) -> int:
-    """A first port of `count` consecutive ports that are free now, drawn below the kernel's
-    ephemeral range: a port from there (what binding port 0 gives) may be handed to another
-    process's outgoing connection (a gloo rank's, a ZMQ client's) before the test binds it."""
-    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    draw = random.SystemRandom()
-    for _ in range(200):
-        first = draw.randrange(10000, ephemeral - count)
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as held:
-                    held.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError("no free ports")
 
 
 def wait_for(path: Path) -> None:

@@ -5,7 +5,6 @@ a scrape taken mid-soak shows bytes, L3 hits and latency buckets, each no more t
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -14,29 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.distributed
-
-
-def free_ports(n: int) -> int:
-    """A base port with `n` free ports above it (each rank serves on base + its rank)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n < 65536 and all(_free(base + i) for i in range(n)):
-            return base
-    raise AssertionError("no free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def scrape(port: int) -> dict[str, float] | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 import pipeline
@@ -22,9 +23,7 @@ PAGE_BYTES = 5 * 4 * 64  # tiny_mla: a page of 4 tokens of 5 layers of 64 B rows
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)
 
 
 def scraped(port: int) -> dict[str, float]:
