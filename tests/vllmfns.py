@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from packaging.version import Version
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install --no-deps -r .ci/vllm.txt")
 
@@ -56,7 +55,7 @@ TINY_DSV3 = {
     **{"kv_lora_rank": 512, "qk_rope_head_dim": 64},
 }
 """A DeepSeek-V3 config.json less its layer count; only the attention shapes matter."""
-VLLM_0_26 = Version(vllm.__version__) < Version("0.27")
+VLLM_0_26 = vllm.__version_tuple__[:2] < (0, 27)
 """vLLM 0.26 (the one matching the GPU host's torch 2.11) against 0.32 (CI's): no KV cache
 layouts (its MLA caches are `[blocks, block_size, 576]` per layer), every load started before
 the forward, `get_finished` for the transfer results."""
