@@ -1,44 +1,45 @@
 #!/usr/bin/env bash
-# The default host layout's L3 loads on the GPU host, before and after its native row reads:
-# `bash run.sh new` (tests/gpu, then bench=l3 on this tree), `bash run.sh old` (the same bench
-# on .old/, a `git archive` of the commit before), `bash run.sh quick` (this tree's bench only). Logs and bench JSON under $OUT.
+# The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
+# or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
+# and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
+# Mooncake). Several modes in one call: `... tests l3`. Logs and bench JSON under $OUT.
+# Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
+# packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
 set -x
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .whl/l3/*.whl
+for deb in .whl/l3/*.deb; do dpkg -x "$deb" /tmp/ib; done
+export LD_LIBRARY_PATH=/tmp/ib/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:$PWD
 inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-build() {
-    ln -sfn ../conf "$1/pipeline/conf"
-    gcc -O2 -pthread -shared -fPIC -I"$inc" "$1/pipeline/engine/l3/stores/_fileio.c" \
-        -o "$1/pipeline/engine/l3/stores/_fileio.cpython-312-x86_64-linux-gnu.so"
-}
-bench() {  # tree, label, overrides...
-    local tree=$1 label=$2
+ln -sfn ../conf pipeline/conf
+gcc -O2 -pthread -shared -fPIC -I"$inc" pipeline/engine/l3/stores/_fileio.c \
+    -o pipeline/engine/l3/stores/_fileio.cpython-312-x86_64-linux-gnu.so
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+bench() {  # name, seconds, overrides...
+    local name=$1 limit=$2
     shift 2
-    for t in 4 16; do
-        (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 280 python3 -m pipeline bench bench=l3 \
-            model=deepseek_v3 topology=tp1 topology.device=cuda 'bench.strategies=[replicated]' \
-            'bench.stores=[file]' 'bench.sizes=[16384]' runtime.timeout_s=180 \
-            storage.io_threads=$t bench.out_dir=$OUT/l3_${label}_t$t "$@" \
-            >"$OUT/l3_${label}_t$t.log" 2>&1)
-        tail -25 "$OUT/l3_${label}_t$t.log"
-    done
+    timeout "$limit" python3 -m pipeline bench model=deepseek_v3 topology=tp1 \
+        topology.device=cuda 'bench.strategies=[replicated]' runtime.timeout_s=180 \
+        bench.out_dir="$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+    echo "$name: rc $? after ${SECONDS}s"
+    grep -E '^\|' "$OUT/$name.log" | tail -20
 }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-case "$1" in
-quick)  # this tree's default-config loads only (what a short device budget allows)
-    build .
-    bench . default
-    ;;
-new)
-    build .
-    PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -o addopts="" -q -p no:cacheprovider \
-        tests/gpu -rs 2>&1 | tee "$OUT/tests_gpu.log" | tail -15
-    bench . default
-    ;;
-old)
-    build .old
-    bench .old old_default
-    build .
-    bench . direct topology.mem_layout=page_first_direct topology.io_backend=direct
-    ;;
-esac
+for mode in "$@"; do
+    case "$mode" in
+    tests)
+        timeout 240 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/gpu -rs \
+            --junitxml="$OUT/tests_gpu.xml" >"$OUT/tests_gpu.log" 2>&1
+        tail -12 "$OUT/tests_gpu.log"
+        ;;
+    l3)
+        for t in 4 16; do
+            bench "l3_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t
+        done
+        ;;
+    ttft)
+        bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'
+        bench ttft_64k 280 bench=ttft 'bench.sizes=[65536]' bench.repeats=2
+        ;;
+    esac
+done
