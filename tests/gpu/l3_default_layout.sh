@@ -2,7 +2,8 @@
 # The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
 # or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
-# Mooncake). Several modes in one call: `... tests l3`. Logs and bench JSON under $OUT.
+# Mooncake; `l3_direct`: bench=l3 on page_first_direct, to compare). Several modes in one call:
+# `... tests l3`. Logs and bench JSON under $OUT.
 # Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
 # packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
 set -x
@@ -35,6 +36,12 @@ for mode in "$@"; do
     l3)
         for t in 4 16; do
             bench "l3_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t
+        done
+        ;;
+    l3_direct)  # the same on the page-major host layout, for the layout a job should get
+        for t in 4 16; do
+            bench "l3_direct_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t \
+                'bench.stores=[file]' topology.mem_layout=page_first_direct
         done
         ;;
     ttft)
