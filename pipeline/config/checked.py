@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.config.assemble import assemble, stage_problems
 from pipeline.config.build import Built, built
 from pipeline.config.costs import dedup_note
-from pipeline.config.eligibility import RULES, Verdict, decide, normalize
+from pipeline.config.eligibility import RULES, Verdict, decide
 from pipeline.config.job import Job, alignment_problems, job_problems
+from pipeline.config.layouts import normalize
 from pipeline.config.links import links_problems
 from pipeline.config.ranges import port_problems, range_problems
 from pipeline.config.schema import GROUP_SCHEMAS
@@ -149,7 +150,7 @@ def page_problems(groups: dict[str, Built], stood: set[str]) -> list[Problem]:
 
 def typed_job(groups: dict[str, Built], verdict: Verdict, strict: bool) -> Job:
     """The Job of built groups: the strategy's stages instantiated, the topology normalized."""
-    topology, _ = normalize(groups["topology"].obj)
+    topology, _ = normalize(groups["topology"].obj, groups["storage"].obj)
     return Job(
         model=groups["model"].obj,
         topology=topology,

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from pipeline.config.build import built
 from pipeline.config.drive_schemas import Placement
-from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evaluate, normalize
+from pipeline.config.eligibility import RuleResult, dedup_expected_to_win, evaluate
+from pipeline.config.layouts import normalize
 from pipeline.config.links import links_of
 from pipeline.config.schema import GROUP_SCHEMAS, RuntimeConfig, WorkloadConfig
 from pipeline.config.sources import shipped_options
@@ -113,7 +114,7 @@ def case_of(
 ) -> Case:
     """The model's Case of a run's workload (the topology normalized as the engine runs it;
     graphs as on cuda, where strategy.cuda_graph_cache > 0 replays them)."""
-    normalized, _ = normalize(topology)
+    normalized, _ = normalize(topology, storage)
     window = storage.load_chunk_pages
     return Case(
         model=model,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pipeline.config.layouts import normalize
 from pipeline.core.cost import Case, Estimate
 from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.core.storage import StorageConfig, StorageKind
@@ -157,21 +158,6 @@ RULES: Mapping[str, Check] = MappingProxyType(
 )
 
 
-def normalize(topology: Topology) -> tuple[Topology, tuple[str, ...]]:
-    """Apply the layout/io normalizations a serving engine makes, and say so in notes."""
-    notes = []
-    t = topology
-    if t.mem_layout is MemLayout.page_first_direct and t.io_backend is IoBackend.kernel:
-        t = dataclasses.replace(t, io_backend=IoBackend.direct)
-        notes.append("io_backend kernel -> direct: page_first_direct pages are copied directly")
-    if t.mem_layout is MemLayout.page_first and t.io_backend is IoBackend.direct:
-        t = dataclasses.replace(t, mem_layout=MemLayout.page_first_direct)
-        notes.append(
-            "mem_layout page_first -> page_first_direct: the direct backend copies whole pages"
-        )
-    return t, tuple(notes)
-
-
 def evaluate(
     requires: list[str], topology: Topology, model: ModelGeometry, storage: StorageConfig
 ) -> list[RuleResult]:
@@ -223,7 +209,7 @@ def chain_of(
 ) -> Chain:
     """Every rule of `name`, then of each fallback in turn until one is active (the layout
     normalizations first, said in the notes)."""
-    normalized, notes = normalize(topology)
+    normalized, notes = normalize(topology, storage)
     tried: list[Tried] = []
     current = name
     while True:

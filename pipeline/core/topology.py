@@ -25,11 +25,17 @@ class IoBackend(Enum):
 
 
 class MemLayout(Enum):
-    """How the host pool orders a page's units and rows."""
+    """How the host pool orders a page's units and rows (auto: chosen for the job, see
+    `pipeline.config.eligibility.normalize`)."""
 
+    auto = "auto"
     layer_first = "layer_first"
     page_first = "page_first"
     page_first_direct = "page_first_direct"
+
+
+POOL_LAYOUTS = (MemLayout.layer_first, MemLayout.page_first, MemLayout.page_first_direct)
+"""The layouts a host pool takes (auto is one of them, chosen per job)."""
 
 
 class DisaggregationMode(Enum):
@@ -79,7 +85,9 @@ class Topology:
     io_backend: IoBackend = IoBackend.kernel
     """direct: one copy per contiguous run of pages; kernel: one gather/scatter op per layer."""
     mem_layout: MemLayout = MemLayout.layer_first
-    """Host pool layout: layer_first, page_first (token-major) or page_first_direct (page-major)."""
+    """Host pool layout: layer_first, page_first (token-major), page_first_direct (page-major),
+    or auto: page_first_direct where an L3 store is attached (each object lands whole and a
+    page's layer is one block), page_first without one."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.none
     """Prefill/decode disaggregation role of this server."""
     device: DeviceKind = DeviceKind.auto

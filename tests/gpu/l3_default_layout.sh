@@ -2,7 +2,8 @@
 # The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
 # or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
-# Mooncake; `l3_direct`: bench=l3 on page_first_direct, to compare). Several modes in one call:
+# Mooncake; `l3_page_first`: bench=l3 on the page_first pool mem_layout=auto turns from with a
+# store, to compare). Several modes in one call:
 # `... tests l3`. Logs and bench JSON under $OUT.
 # Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
 # packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
@@ -38,10 +39,10 @@ for mode in "$@"; do
             bench "l3_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t
         done
         ;;
-    l3_direct)  # the same on the page-major host layout, for the layout a job should get
+    l3_page_first)  # the same on the token-major pool auto turns from, to compare
         for t in 4 16; do
-            bench "l3_direct_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t \
-                'bench.stores=[file]' topology.mem_layout=page_first_direct
+            bench "l3_page_first_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t \
+                'bench.stores=[file]' topology.mem_layout=page_first
         done
         ;;
     ttft)

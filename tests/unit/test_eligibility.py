@@ -6,11 +6,12 @@ import pytest
 from hydra import initialize_config_module
 
 from pipeline.config.compose import Session
-from pipeline.config.eligibility import RULES, Verdict, decide, evaluate, normalize
+from pipeline.config.eligibility import RULES, Verdict, decide, evaluate
+from pipeline.config.layouts import normalize
 from pipeline.config.sources import SHIPPED
 from pipeline.core.model import KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership
-from pipeline.core.storage import StorageConfig
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 ROTATING = [
@@ -146,7 +147,7 @@ def test_unknown_rule_raises() -> None:
 def test_normalize_page_first_direct_with_kernel() -> None:
     """page_first_direct + kernel -> direct, with a note."""
     t = Topology(name="t", tp_size=2, mem_layout=MemLayout.page_first_direct)
-    n, notes = normalize(t)
+    n, notes = normalize(t, NO_STORE)
     assert (n.io_backend, n.mem_layout) == (IoBackend.direct, MemLayout.page_first_direct)
     assert notes == ("io_backend kernel -> direct: page_first_direct pages are copied directly",)
     assert t.io_backend is IoBackend.kernel  # the input is not mutated
@@ -155,7 +156,7 @@ def test_normalize_page_first_direct_with_kernel() -> None:
 def test_normalize_page_first_with_direct() -> None:
     """page_first + direct -> page_first_direct, with a note."""
     t = Topology(name="t", tp_size=2, mem_layout=MemLayout.page_first, io_backend=IoBackend.direct)
-    n, notes = normalize(t)
+    n, notes = normalize(t, NO_STORE)
     assert (n.io_backend, n.mem_layout) == (IoBackend.direct, MemLayout.page_first_direct)
     assert len(notes) == 1 and notes[0].startswith("mem_layout page_first -> page_first_direct")
 
@@ -167,7 +168,45 @@ def test_normalize_leaves_other_combinations() -> None:
         (MemLayout.page_first, IoBackend.kernel),
     ]:
         t = Topology(name="t", tp_size=2, mem_layout=layout, io_backend=io)
-        assert normalize(t) == (t, ())
+        assert normalize(t, NO_STORE) == (t, ())
+
+
+@pytest.mark.parametrize("io", list(IoBackend))
+@pytest.mark.parametrize("store", list(StorageKind))
+def test_an_auto_layout_is_chosen_for_the_job_and_said(store: StorageKind, io: IoBackend) -> None:
+    """auto: page_first_direct (and the direct backend) with any L3 store, said in the first
+    note with why; page_first without one (page_first_direct under io_backend=direct), as a
+    preset's token-major pool, unsaid."""
+    t = Topology(name="t", tp_size=2, mem_layout=MemLayout.auto, io_backend=io)
+    n, notes = normalize(t, StorageConfig(kind=store))
+    stored = store is not StorageKind.none
+    layout = (
+        MemLayout.page_first_direct if stored or io is IoBackend.direct else MemLayout.page_first
+    )
+    assert (n.mem_layout, n.io_backend) == (layout, IoBackend.direct if stored else io)
+    said = [n for n in notes if n.startswith("mem_layout auto")]
+    assert said == (
+        [
+            f"mem_layout auto -> page_first_direct: storage={store.value}: an object "
+            "lands whole, a page's layer is one block"
+        ]
+        if stored
+        else []
+    )
+
+
+def test_the_shipped_presets_choose_their_layout_per_job() -> None:
+    """tp1 without a store keeps its token-major pool and kernels; with one, the page-major
+    pool and the direct backend, as `explain` notes."""
+    for store, layout, io in (
+        ("none", MemLayout.page_first, IoBackend.kernel),
+        ("file", MemLayout.page_first_direct, IoBackend.direct),
+    ):
+        session, v = verdict("topology=tp1", f"storage={store}")
+        with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
+            topology = session.job().topology
+        assert (topology.mem_layout, topology.io_backend) == (layout, io)
+    assert v.notes[0].startswith("mem_layout auto -> page_first_direct: storage=file")
 
 
 def test_verdict_applies_normalization() -> None:

@@ -139,7 +139,12 @@ def test_a_dead_end_fallback_shows_the_rules_of_every_strategy_tried(
     )
     failed = {r["name"] for r in verdict["rules"] if not r["passed"]}
     assert failed == {"single_node", "layers_ge_group"}
-    assert verdict["notes"] == ["rotating is inactive: falling back to replicated"]
+    assert verdict["notes"] == [
+        "mem_layout auto -> page_first_direct: storage=file: an object lands whole, a page's "
+        "layer is one block",
+        "io_backend kernel -> direct: page_first_direct pages are copied directly",
+        "rotating is inactive: falling back to replicated",
+    ]
     [fallback] = verdict["fallbacks"]
     assert fallback["strategy"] == "replicated" and fallback["active"] is False
     assert [r["name"] for r in fallback["rules"] if not r["passed"]] == ["readers_reach_store"]

@@ -35,7 +35,7 @@ from pipeline.core.l3 import (
 from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership, owner_map
 from pipeline.core.storage import StorageConfig, StorageKind
-from pipeline.core.topology import MemLayout, Topology
+from pipeline.core.topology import POOL_LAYOUTS, MemLayout, Topology
 from pipeline.engine.l3.pages import PageMap, Placement
 from pipeline.engine.l3.stores import FileStore, MooncakeStore, PartRead, open_store
 from pipeline.engine.l3.stores.beneath import Beneath
@@ -579,7 +579,7 @@ def test_a_run_of_units_is_checked_by_one_crc_that_their_own_crcs_combine_to(
         span[at] ^= 1
 
 
-@pytest.mark.parametrize("layout", list(MemLayout))
+@pytest.mark.parametrize("layout", POOL_LAYOUTS)
 @pytest.mark.parametrize("indexer", [False, True])
 def test_a_page_is_read_as_one_span_only_where_its_units_lie_end_to_end(
     layout: MemLayout, indexer: bool

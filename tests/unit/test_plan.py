@@ -11,7 +11,7 @@ from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership, owner_map
 from pipeline.core.plan import Direction, PlanSpec, Run, StepsCache, TransferPlan, build_plan
 from pipeline.core.slots import page_tokens
-from pipeline.core.topology import IoBackend, MemLayout
+from pipeline.core.topology import POOL_LAYOUTS, IoBackend, MemLayout
 from pipeline.jobs.plan_report import copy_calls
 
 PAGE = 4
@@ -219,7 +219,7 @@ def test_the_plan_marks_the_batches_that_go_through_a_batch_buffer() -> None:
     assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=0, **direct).steps)
     small = plan([0, 1, 2], chunk_pages=2, batch_buffer_bytes=2 * 4 * PAGE_BYTES - 1, **direct)
     assert [s.gathered for s in small.steps] == [False, True]  # 2 pages do not fit, 1 does
-    for layout in MemLayout:
+    for layout in POOL_LAYOUTS:
         assert not any(s.gathered for s in plan([0, 1, 2], chunk_pages=2, layout=layout).steps)
     layer_first = {"io_backend": IoBackend.direct, "chunk_pages": 2}
     assert not any(s.gathered for s in plan([0, 1, 2], **layer_first).steps)

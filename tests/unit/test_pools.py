@@ -11,7 +11,7 @@ from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership, owner_map
 from pipeline.core.sizing import host_capacity
 from pipeline.core.slots import PageAllocator, page_tokens
-from pipeline.core.topology import MemLayout
+from pipeline.core.topology import POOL_LAYOUTS, MemLayout
 from pipeline.engine.cuda.stacks import stack_views
 from pipeline.engine.transfer.pools import DevicePool, HostPool
 
@@ -28,7 +28,7 @@ DSA = ModelGeometry(
     page_size=4,
     indexer=IndexerConfig(row_bytes=16, layers=[0, 2]),
 )
-LAYOUTS = list(MemLayout)
+LAYOUTS = list(POOL_LAYOUTS)
 
 
 def host(model=MODEL, owned=None, pages=6, layout=MemLayout.layer_first) -> HostPool:

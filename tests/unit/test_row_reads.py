@@ -100,13 +100,24 @@ def test_a_short_object_or_overlapping_rows_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("one_rank")
-def test_the_default_host_layout_reads_natively_and_only_into_its_own_pages(
+def test_the_default_layout_with_a_store_lands_whole_objects_in_one_run(tmp_path: Path) -> None:
+    """tp1 with a store and no layout override: mem_layout auto takes page_first_direct, so
+    a page's every unit lands as one run of the pool in the batched native call."""
+    with engine_with(tmp_path) as engine:
+        tier = engine.l3
+        assert tier is not None and engine.topology.mem_layout.value == "page_first_direct"
+        units = tier.reads(False)
+        assert batched(tier, units, device=False) and tier.page_map(units, device=False).direct
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_token_major_host_layout_reads_natively_and_only_into_its_own_pages(
     tmp_path: Path,
 ) -> None:
-    """tp1's own page_first (no layout override): a unit's page is rows a pitch apart, read
-    in the batched native call; the last page the pool holds is taken (its last row ends
-    inside the pool), the next refused before any byte moves."""
-    with engine_with(tmp_path) as engine:
+    """page_first (the preset's pool without a store, named here): a unit's page is rows a
+    pitch apart, read in the batched native call; the last page the pool holds is taken (its
+    last row ends inside the pool), the next refused before any byte moves."""
+    with engine_with(tmp_path, "topology.mem_layout=page_first") as engine:
         tier = engine.l3
         assert tier is not None and engine.topology.mem_layout.value == "page_first"
         units = tier.reads(False)

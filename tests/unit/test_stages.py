@@ -12,7 +12,7 @@ from pipeline.core.model import IndexerConfig, KvDtype, ModelGeometry, ModelKind
 from pipeline.core.ownership import Ownership, owner_map
 from pipeline.core.plan import Direction, PlanSpec, build_plan
 from pipeline.core.slots import page_tokens
-from pipeline.core.topology import IoBackend, MemLayout
+from pipeline.core.topology import POOL_LAYOUTS, IoBackend, MemLayout
 from pipeline.engine.cuda.memcpy import copy_pages_cpu, upload_cpu
 from pipeline.engine.cuda.memcpy_batch import copy_stacks_cpu
 from pipeline.engine.cuda.page_ids import PageIdBuffers
@@ -147,7 +147,7 @@ def same_pages(t: Transfer, unit_ordinals: list[int], host: list[int], device: l
 
 COPY_CASES = list(
     itertools.product(
-        [IoBackend.kernel, IoBackend.direct], list(MemLayout), [0, 2], ["contiguous", "apart"]
+        [IoBackend.kernel, IoBackend.direct], list(POOL_LAYOUTS), [0, 2], ["contiguous", "apart"]
     )
 )
 
@@ -179,7 +179,7 @@ layer on its own, layers 0-1 then layer 2, all three in one group."""
 
 @pytest.mark.parametrize(
     ("io", "layout", "group_bytes", "placement"),
-    list(itertools.product(list(IoBackend), list(MemLayout), list(GROUPS), ["apart", "host_run"])),
+    list(itertools.product(IoBackend, POOL_LAYOUTS, GROUPS, ["apart", "host_run"])),
 )
 def test_copy_loads_host_pages_into_device_pages(io, layout, group_bytes, placement) -> None:
     host, device = ([7, 1, 2], [0, 10, 11]) if placement == "apart" else ([4, 5, 6], [9, 0, 3])

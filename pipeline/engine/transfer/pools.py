@@ -15,7 +15,7 @@ from types import MappingProxyType
 import torch
 
 from pipeline.core.model import KvDtype, ModelGeometry, Unit, by_pool_kind
-from pipeline.core.topology import MemLayout
+from pipeline.core.topology import POOL_LAYOUTS, MemLayout
 from pipeline.engine.cuda.memcpy import pages_view
 from pipeline.engine.cuda.stacks import StackedViews
 
@@ -173,6 +173,11 @@ class HostPool:
         pin_memory: bool,
         pin_limit_bytes: int = PIN_LIMIT_BYTES,
     ) -> HostPool:
+        if layout not in POOL_LAYOUTS:
+            raise ValueError(
+                f"mem_layout={layout.value}: a job chooses it; a pool takes one of "
+                f"{', '.join(m.value for m in POOL_LAYOUTS)}"
+            )
         storage = []
         for units in by_pool_kind(owned):
             pages, rows, elems = unit_shape(model, units[0], num_pages)
