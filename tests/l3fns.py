@@ -303,6 +303,42 @@ def _admitted(engine: Engine) -> dict[str, Any]:
     }
 
 
+def queue_bounded(jobs: list[Job], rank: int, world_size: int, local_rank: int) -> list[dict]:
+    """Per job (storage.write_back_queue_pages=GRID_PAGES): two write-backs with the first's
+    release held back (no poll between), then a third after the polls that release both;
+    the pages each stored, dropped and found (on every rank)."""
+    found = []
+    for job in jobs:
+        engine = open_engine(job.recipe(), local_rank)
+        try:
+            found.append(_queue_bounded(engine))
+        finally:
+            engine.close()
+    return found
+
+
+def _queue_bounded(engine: Engine) -> dict[str, Any]:
+    size, pages = engine.sizing.slots_per_page, list(range(GRID_PAGES))
+    fill_random(engine, pages, 6)
+    host = page_tokens(engine.host_allocator.alloc(GRID_PAGES), size)
+    engine.backup(host, page_tokens(pages, size)).wait()
+    keys = [engine.l3_keys(grid_tokens(i, GRID_PAGES * size)) for i in (11, 12, 13)]
+    waits = [engine.write_back(keys[0], host), engine.write_back(keys[1], host)]
+    for event in waits:
+        event.wait()
+    while engine.acks.pending:  # released on every rank alike
+        engine.poll()
+    engine.write_back(keys[2], host).wait()
+    while engine.acks.pending:
+        engine.poll()
+    stats = engine.stats()
+    return {
+        "admitted": int(stats["hicache_l3_write_admitted_pages_total"]),
+        "dropped": int(stats["hicache_l3_write_dropped_pages_total"]),
+        "found": [engine.lookup(k) for k in keys],
+    }
+
+
 def store_cli(capsys: Any, *args: str) -> tuple[int, dict]:
     """Exit code and JSON document of `hicache-pipeline store ARGS --json`, run in-process."""
     try:

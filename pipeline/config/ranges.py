@@ -106,6 +106,7 @@ RANGES: dict[str, Range] = {
     "events.replay_clients": Range(1, 10_000, "connections, a descriptor each"),
     "storage.admit_after_hits": Range(1, MAX_ROUNDS, "lookups"),
     "storage.admit_tracked_pages": Range(1, 100_000_000, "pages: about 20 GB of counts"),
+    "storage.write_back_queue_pages": Range(0, MAX_TOKENS, "pages"),
     "storage.tenant_quota_bytes": Range(0, int(LARGEST_NUMBER), "bytes, at most capacity_bytes"),
 }
 """Dotted knob -> its range (a list knob: each of its values)."""

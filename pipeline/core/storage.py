@@ -148,6 +148,10 @@ class StorageConfig:
     admit_tracked_pages: int = 100_000
     """write_admission=after_hits: the pages whose counts are kept (about 200 B each); the
     least recently named is forgotten first, and counts from 0 when named again."""
+    write_back_queue_pages: int = 0
+    """Host pages a rank's write-backs may hold unreleased (until a poll releases them): one
+    that finds as many ahead of it is dropped whole, its pages kept in the host tier only
+    (hicache_l3_write_dropped_pages_total counts them). 0: no bound."""
 
     def __post_init__(self) -> None:
         found = at_least(
@@ -160,6 +164,7 @@ class StorageConfig:
             min_hit_pages=1,
             admit_after_hits=1,
             admit_tracked_pages=1,
+            write_back_queue_pages=0,
         )
         found += finite("storage", self, "evict_to") + self._capacity_problems() + self._names()
         timeout = self.prefetch_timeout_s
@@ -185,26 +190,21 @@ class StorageConfig:
             )
             found.append(Problem("storage.path", message))
         if self.master != "auto" and not re.fullmatch(r"[\w.-]+:\d+", self.master):
-            found.append(
-                Problem("storage.master", f"storage.master={self.master!r}: host:port, or auto")
-            )
+            message = f"storage.master={self.master!r}: host:port, or auto"
+            found.append(Problem("storage.master", message))
+        key = "storage.metadata_server"
         if self.metadata_server is not None and not METADATA_URL.fullmatch(self.metadata_server):
-            shown = shown_url(self.metadata_server)
-            found.append(
-                Problem(
-                    "storage.metadata_server",
-                    f"storage.metadata_server={shown!r}: http://host:port/path, without "
-                    "credentials in it (a URL is printed and logged)",
-                )
+            message = (
+                f"{key}={shown_url(self.metadata_server)!r}: http://host:port/path, without "
+                "credentials in it (a URL is printed and logged)"
             )
+            found.append(Problem(key, message))
         if self.master != "auto" and self.metadata_server is None:
-            found.append(
-                Problem(
-                    "storage.metadata_server",
-                    "storage.metadata_server: the metadata server's URL is needed with a given "
-                    "storage.master (e.g. http://host:8080/metadata)",
-                )
+            message = (
+                f"{key}: the metadata server's URL is needed with a given storage.master (e.g. "
+                "http://host:8080/metadata)"
             )
+            found.append(Problem(key, message))
         return found
 
     def _names(self) -> list[Problem]:

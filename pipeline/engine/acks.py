@@ -42,6 +42,8 @@ class Ack:
     event: Event
     payload: Any = None
     """What the caller releases when the ack pops (pages, a request)."""
+    pages: int = 0
+    """Host pages it holds until then (a write-back's: its bound counts them)."""
     submitted_s: float = field(default_factory=time.monotonic)
     """When it was submitted (the latency metrics time it to its release)."""
 
@@ -121,11 +123,16 @@ class AckLedger:
         self._next_seq = 0
         self._skips = 0
 
-    def submit(self, kind: str, event: Event, payload: Any = None) -> Ack:
-        ack = Ack(self._next_seq, kind, event, payload)
+    def submit(self, kind: str, event: Event, payload: Any = None, pages: int = 0) -> Ack:
+        ack = Ack(self._next_seq, kind, event, payload, pages)
         self._next_seq += 1
         self.pending.append(ack)
         return ack
+
+    def held_pages(self, kind: str) -> int:
+        """Host pages the pending acks of `kind` hold: the same on every rank (the ledger is
+        rank-replicated), so a decision made from it is made alike."""
+        return sum(ack.pages for ack in self.pending if ack.kind == kind)
 
     def poll(self, state_digest: Callable[[], int]) -> list[Ack]:
         """Pop the acks every rank has seen complete; the same ones on every rank (a

@@ -31,15 +31,21 @@ def write_back(
     engine: Engine, tier: L3Tier, keys: list[str], host_indices: torch.Tensor, after: Event | None
 ) -> Event:
     """`Engine.write_back` (after the backup `after`): its ack's release says that the host
-    pages hold `keys`' pages and the store the admitted ones."""
+    pages hold `keys`' pages and the store the admitted ones. One that finds its bound of
+    pages queued ahead of it (`storage.write_back_queue_pages`) stores none: the store is
+    behind the writes, and the host tier must not fill with what waits for it."""
     job = objects_job(keys, host_indices, None, engine.spec, engine.host_allocator)
-    admitted = tier.admitted(job)  # storage.write_admission
+    bound = tier.storage.write_back_queue_pages
+    if bound and engine.acks.held_pages("write_back") >= bound:  # rank-replicated: alike
+        admitted = tier.dropped(job)
+    else:
+        admitted = tier.admitted(job)  # storage.write_admission
     done = tier.write_back(engine.strategy.l3.write_back, admitted, after)
     events = engine.events
     said = None
     if events is not None:
         said = events.written_back(job.host_pages.tolist(), keys, admitted.keys)
-    engine.acks.submit("write_back", done, said)
+    engine.acks.submit("write_back", done, said, pages=len(admitted.keys))
     return done
 
 

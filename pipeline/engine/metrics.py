@@ -101,6 +101,11 @@ SERIES: dict[str, tuple[type[CounterMetricFamily | GaugeMetricFamily], str, Read
         "Pages a write-back left out: named fewer than storage.admit_after_hits times",
         _op("l3_declined"),
     ),
+    "l3_write_dropped_pages": (
+        CounterMetricFamily,
+        "Pages a write-back left out: storage.write_back_queue_pages were queued ahead of it",
+        _op("l3_dropped"),
+    ),
     "l3_read_misses": (
         CounterMetricFamily,
         "L3 loads that met a missing or unreadable page",

@@ -1,6 +1,7 @@
 """Write admission on real gloo ranks (`storage.write_admission=after_hits`): under every
 strategy a one-off prefix is never written to the file store and a repeated one is, every rank
-of the group deciding alike from the lookups it took part in."""
+of the group deciding alike from the lookups it took part in; and the write-back queue's bound
+(`storage.write_back_queue_pages`): a write-back past it is dropped on every rank alike."""
 
 from __future__ import annotations
 
@@ -63,3 +64,35 @@ def test_after_two_hits_only_a_repeated_prefix_is_written(tmp_path: Path) -> Non
             "found": [pages, pages],
         }
     )
+
+
+def test_a_write_back_past_the_queue_bound_is_dropped_alike_and_the_next_stored(
+    tmp_path: Path,
+) -> None:
+    """With room for one write-back's pages, a second submitted before the first is released
+    stores nothing (counted as dropped) on both ranks, under every strategy (rotating: the
+    owners send no layers for it); after the polls, a third is stored."""
+    jobs = [
+        job_config(
+            f"strategy={strategy}",
+            "model=tiny_dsa",
+            "topology=tp2",
+            "storage=file",
+            f"storage.path={tmp_path / strategy}",
+            f"storage.write_back_queue_pages={l3fns.GRID_PAGES}",
+        )
+        for strategy in STRATEGIES
+    ]
+    for strategy in STRATEGIES:
+        (tmp_path / strategy).mkdir()
+    ranks = launch(l3fns.queue_bounded, jobs, 2, backend="gloo", timeout_s=120)
+    assert ranks is not None
+    pages = l3fns.GRID_PAGES
+    for i, strategy in enumerate(STRATEGIES):
+        reports = [ranks[r][i] for r in range(2)]
+        assert reports[0] == reports[1], strategy
+        assert reports[0] == {
+            "admitted": 2 * pages,
+            "dropped": pages,
+            "found": [pages, 0, pages],
+        }, strategy

@@ -1,8 +1,12 @@
-"""`Admission`: the counts a write-back's admission reads, their bound, and `always`."""
+"""`Admission`: the counts a write-back's admission reads, their bound, and `always`; the
+write-back queue's bound refused below 0."""
 
 from __future__ import annotations
 
-from pipeline.core.storage import StorageConfig, WriteAdmission
+import pytest
+
+from pipeline.core.checks import ConfigError
+from pipeline.core.storage import StorageConfig, StorageKind, WriteAdmission
 from pipeline.engine.l3.admission import Admission
 
 
@@ -42,3 +46,9 @@ def test_the_least_recently_named_page_is_forgotten_first() -> None:
     admission.named(["b"])  # a is the least recent now: forgotten, it counts from 0 again
     admission.named(["a", "c"])
     assert admission.admitted(["a", "b", "c"]).tolist() == [False, False, True]
+
+
+def test_a_negative_write_back_queue_bound_is_refused_with_its_key() -> None:
+    assert StorageConfig().write_back_queue_pages == 0  # no bound
+    with pytest.raises(ConfigError, match=r"storage\.write_back_queue_pages=-1 must be >= 0"):
+        StorageConfig(kind=StorageKind.file, write_back_queue_pages=-1)

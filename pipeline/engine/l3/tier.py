@@ -243,6 +243,11 @@ class L3Tier:
         keys = [key for key, kept in zip(job.keys, keep, strict=True) if kept]
         return ObjectsJob(keys, job.host_pages[keep])
 
+    def dropped(self, job: ObjectsJob) -> ObjectsJob:
+        """No page of the write-back `job`: each counted as dropped (its bound was reached)."""
+        self.trace.repeat("l3_dropped", len(job.keys))
+        return ObjectsJob([], job.host_pages[:0])
+
     def lookup(self, keys: list[str]) -> int:
         """Pages at the front of `keys` whose objects this replica group can read: the MIN
         over the group of each reader's leading run of present objects. Each key counts as
