@@ -45,6 +45,10 @@ for mode in "$@"; do
                 'bench.stores=[file]' topology.mem_layout=page_first
         done
         ;;
+    ttft_host_direct)  # host-tier hits on the page-major pool (the direct backend), to compare
+        bench ttft_host_direct_16k 200 bench=ttft 'bench.sizes=[16384]' 'bench.stores=[none]' \
+            topology.mem_layout=page_first_direct
+        ;;
     ttft)
         bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'
         bench ttft_64k 280 bench=ttft 'bench.sizes=[65536]' bench.repeats=2

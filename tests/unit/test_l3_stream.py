@@ -88,14 +88,18 @@ def test_the_load_returns_before_the_later_groups_are_read(
         tmp_path, "storage.stream_layers=2", "storage.io_threads=2", one_step_per_layer
     ) as engine:
         keys, expected = stored_prefix(engine)
-        held, held_back, real_read = threading.Event(), [False], runs.read_run
+        held, held_back = threading.Event(), [False]
 
-        def read(*args: Any) -> int:  # every later group's run of pages
-            if held_back[0]:
-                assert held.wait(60), "the test never let the later reads go"
-            return real_read(*args)
+        def holding(real: Any) -> Any:  # every later group's run of pages, native or not
+            def read(*args: Any) -> Any:
+                if held_back[0]:
+                    assert held.wait(60), "the test never let the later reads go"
+                return real(*args)
 
-        monkeypatch.setattr(runs, "read_run", read)
+            return read
+
+        monkeypatch.setattr(runs, "read_run", holding(runs.read_run))
+        monkeypatch.setattr(runs, "read_groups", holding(runs.read_groups))
         with engine.trace.capture() as ops:
             tier = engine.l3
             assert tier is not None
