@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -266,11 +267,18 @@ def admitted(jobs: list[Job], rank: int, world_size: int, local_rank: int) -> li
     looked up once and written back, and a repeated one written back after its first lookup
     and again after its second; what a lookup then finds of each (on every rank) and the
     admission counts."""
+    return on_each(jobs, local_rank, _admitted)
+
+
+def on_each(
+    jobs: list[Job], local_rank: int, run: Callable[[Engine], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`run` on a fresh engine of each job in turn, each closed after it."""
     found = []
     for job in jobs:
         engine = open_engine(job.recipe(), local_rank)
         try:
-            found.append(_admitted(engine))
+            found.append(run(engine))
         finally:
             engine.close()
     return found
@@ -307,14 +315,7 @@ def queue_bounded(jobs: list[Job], rank: int, world_size: int, local_rank: int) 
     """Per job (storage.write_back_queue_pages=GRID_PAGES): two write-backs with the first's
     release held back (no poll between), then a third after the polls that release both;
     the pages each stored, dropped and found (on every rank)."""
-    found = []
-    for job in jobs:
-        engine = open_engine(job.recipe(), local_rank)
-        try:
-            found.append(_queue_bounded(engine))
-        finally:
-            engine.close()
-    return found
+    return on_each(jobs, local_rank, _queue_bounded)
 
 
 def _queue_bounded(engine: Engine) -> dict[str, Any]:
