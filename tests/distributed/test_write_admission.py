@@ -11,6 +11,7 @@ import l3fns
 import pytest
 from conftest import job_config
 
+from pipeline.config.job import Job
 from pipeline.jobs.launch import launch
 
 pytestmark = pytest.mark.distributed
@@ -18,28 +19,24 @@ pytestmark = pytest.mark.distributed
 STRATEGIES = ("replicated", "single_source", "rotating")
 
 
-def test_after_two_hits_only_a_repeated_prefix_is_written(tmp_path: Path) -> None:
-    jobs = [
-        job_config(
-            f"strategy={strategy}",
-            "model=tiny_dsa",
-            "topology=tp2",
-            "storage=file",
-            f"storage.path={tmp_path / strategy}",
-            "storage.write_admission=after_hits",
-            "storage.admit_after_hits=2",
-        )
-        for strategy in STRATEGIES
-    ]
-    control = job_config(  # the default: every page written
-        "strategy=replicated",
+def file_store_job(tmp_path: Path, strategy: str, *overrides: str) -> Job:
+    """A TP2 tiny_dsa job of `strategy` on a file store in a folder of its own."""
+    folder = tmp_path / strategy
+    folder.mkdir(parents=True)
+    return job_config(
+        f"strategy={strategy}",
         "model=tiny_dsa",
         "topology=tp2",
         "storage=file",
-        f"storage.path={tmp_path / 'always'}",
+        f"storage.path={folder}",
+        *overrides,
     )
-    for folder in (*STRATEGIES, "always"):
-        (tmp_path / folder).mkdir()
+
+
+def test_after_two_hits_only_a_repeated_prefix_is_written(tmp_path: Path) -> None:
+    after = ("storage.write_admission=after_hits", "storage.admit_after_hits=2")
+    jobs = [file_store_job(tmp_path, strategy, *after) for strategy in STRATEGIES]
+    control = file_store_job(tmp_path / "always", "replicated")  # the default: every page
     jobs.append(control)
     ranks = launch(l3fns.admitted, jobs, 2, backend="gloo", timeout_s=120)
     assert ranks is not None
@@ -72,19 +69,8 @@ def test_a_write_back_past_the_queue_bound_is_dropped_alike_and_the_next_stored(
     """With room for one write-back's pages, a second submitted before the first is released
     stores nothing (counted as dropped) on both ranks, under every strategy (rotating: the
     owners send no layers for it); after the polls, a third is stored."""
-    jobs = [
-        job_config(
-            f"strategy={strategy}",
-            "model=tiny_dsa",
-            "topology=tp2",
-            "storage=file",
-            f"storage.path={tmp_path / strategy}",
-            f"storage.write_back_queue_pages={l3fns.GRID_PAGES}",
-        )
-        for strategy in STRATEGIES
-    ]
-    for strategy in STRATEGIES:
-        (tmp_path / strategy).mkdir()
+    bound = f"storage.write_back_queue_pages={l3fns.GRID_PAGES}"
+    jobs = [file_store_job(tmp_path, strategy, bound) for strategy in STRATEGIES]
     ranks = launch(l3fns.queue_bounded, jobs, 2, backend="gloo", timeout_s=120)
     assert ranks is not None
     pages = l3fns.GRID_PAGES

@@ -2,9 +2,9 @@
 # The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
 # or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
-# Mooncake; `l3_page_first`: bench=l3 on the page_first pool mem_layout=auto turns from with a
-# store, to compare). Several modes in one call:
-# `... tests l3`. Logs and bench JSON under $OUT.
+# Mooncake). To compare: `l3_page_first` (bench=l3 on the page_first pool mem_layout=auto turns
+# from with a store), `ttft_host_direct` (host hits at 16K on page_first_direct). Several modes
+# in one call: `... tests l3`. Logs and bench JSON under $OUT.
 # Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
 # packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
 set -x

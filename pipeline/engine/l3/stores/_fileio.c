@@ -957,8 +957,10 @@ out:
 /* The sum named `how` ("" : the one reads use), or NULL with an error where this CPU lacks it. */
 static Sum sum_named(const char *how) {
     if (!*how) return crc32c;
-    for (int k = 0; k < SUM_COUNT; k++)
-        if (!strcmp(how, SUM_NAMES[k]) && sum_at(k)) return sum_at(k);
+    for (int k = 0; k < SUM_COUNT; k++) {
+        Sum sum = strcmp(how, SUM_NAMES[k]) ? NULL : sum_at(k);
+        if (sum) return sum;
+    }
     PyErr_Format(PyExc_ValueError, "no CRC-32C sum '%s' on this CPU", how);
     return NULL;
 }
