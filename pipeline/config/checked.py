@@ -150,7 +150,7 @@ def page_problems(groups: dict[str, Built], stood: set[str]) -> list[Problem]:
 
 def typed_job(groups: dict[str, Built], verdict: Verdict, strict: bool) -> Job:
     """The Job of built groups: the strategy's stages instantiated, the topology normalized."""
-    topology, _ = normalize(groups["topology"].obj, groups["storage"].obj)
+    topology, _ = normalize(groups["topology"].obj)
     return Job(
         model=groups["model"].obj,
         topology=topology,

@@ -114,7 +114,7 @@ def case_of(
 ) -> Case:
     """The model's Case of a run's workload (the topology normalized as the engine runs it;
     graphs as on cuda, where strategy.cuda_graph_cache > 0 replays them)."""
-    normalized, _ = normalize(topology, storage)
+    normalized, _ = normalize(topology)
     window = storage.load_chunk_pages
     return Case(
         model=model,

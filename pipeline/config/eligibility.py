@@ -209,7 +209,7 @@ def chain_of(
 ) -> Chain:
     """Every rule of `name`, then of each fallback in turn until one is active (the layout
     normalizations first, said in the notes)."""
-    normalized, notes = normalize(topology, storage)
+    normalized, notes = normalize(topology)
     tried: list[Tried] = []
     current = name
     while True:

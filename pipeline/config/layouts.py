@@ -1,23 +1,20 @@
-"""The host layout and io backend a job runs with: an auto layout chosen for the job, then the
+"""The host layout and io backend a job runs with: an auto layout resolved, then the
 normalizations a serving engine makes, each said in a note (`explain` prints them)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import IoBackend, MemLayout, Topology
 
 
-def normalize(topology: Topology, storage: StorageConfig) -> tuple[Topology, tuple[str, ...]]:
-    """Choose an auto layout for the job, apply the layout/io normalizations a serving engine
-    makes, and say so in notes."""
+def normalize(topology: Topology) -> tuple[Topology, tuple[str, ...]]:
+    """Resolve an auto layout, apply the layout/io normalizations a serving engine makes, and
+    say those in notes."""
     notes = []
     t = topology
-    if t.mem_layout is MemLayout.auto:
-        t, why = auto_layout(t, storage)
-        if why:  # said where it departs from the token-major pool a preset names
-            notes.append(f"mem_layout auto -> {t.mem_layout.value}: {why}")
+    if t.mem_layout is MemLayout.auto:  # unsaid: what auto means (the presets' comments)
+        t = auto_layout(t)
     if t.mem_layout is MemLayout.page_first_direct and t.io_backend is IoBackend.kernel:
         t = dataclasses.replace(t, io_backend=IoBackend.direct)
         notes.append("io_backend kernel -> direct: page_first_direct pages are copied directly")
@@ -29,13 +26,13 @@ def normalize(topology: Topology, storage: StorageConfig) -> tuple[Topology, tup
     return t, tuple(notes)
 
 
-def auto_layout(topology: Topology, storage: StorageConfig) -> tuple[Topology, str]:
-    """mem_layout=auto for this job, and why ("" for the token-major default). With an L3
-    store, page_first_direct: an object (a page's every layer) lands in the pool as one run,
-    and each layer of a page moves to the device as one block, where page_first scatters both
-    into rows a token apart (docs/l3.md has the measurements). Without one, page_first, the
-    pool serving engines pair with io_backend=kernel."""
-    if storage.kind is StorageKind.none:
-        return dataclasses.replace(topology, mem_layout=MemLayout.page_first), ""
-    why = f"storage={storage.kind.value}: an object lands whole, a page's layer is one block"
-    return dataclasses.replace(topology, mem_layout=MemLayout.page_first_direct), why
+def auto_layout(topology: Topology) -> Topology:
+    """mem_layout=auto: page_first_direct and the direct backend that copies it, with or
+    without a store, whatever io backend was named (topology.mem_layout=page_first keeps
+    kernels). Each layer of a page is one block on both sides, so it moves to and from the
+    device as one copy, where page_first scatters it into rows a token apart (faster prefix
+    hits from the host tier on a GPU, and copies on a CPU rank: BENCHMARKS.md), and an L3
+    object (a page's every layer) lands in the pool as one run (docs/l3.md)."""
+    return dataclasses.replace(
+        topology, mem_layout=MemLayout.page_first_direct, io_backend=IoBackend.direct
+    )

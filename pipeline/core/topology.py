@@ -25,8 +25,8 @@ class IoBackend(Enum):
 
 
 class MemLayout(Enum):
-    """How the host pool orders a page's units and rows (auto: chosen for the job, see
-    `pipeline.config.eligibility.normalize`)."""
+    """How the host pool orders a page's units and rows (auto: resolved by
+    `pipeline.config.layouts.normalize`)."""
 
     auto = "auto"
     layer_first = "layer_first"
@@ -35,7 +35,7 @@ class MemLayout(Enum):
 
 
 POOL_LAYOUTS = (MemLayout.layer_first, MemLayout.page_first, MemLayout.page_first_direct)
-"""The layouts a host pool takes (auto is one of them, chosen per job)."""
+"""The layouts a host pool takes (auto resolves to one of them)."""
 
 
 class DisaggregationMode(Enum):
@@ -86,8 +86,8 @@ class Topology:
     """direct: one copy per contiguous run of pages; kernel: one gather/scatter op per layer."""
     mem_layout: MemLayout = MemLayout.layer_first
     """Host pool layout: layer_first, page_first (token-major), page_first_direct (page-major),
-    or auto: page_first_direct where an L3 store is attached (each object lands whole and a
-    page's layer is one block), page_first without one."""
+    or auto: page_first_direct with io_backend direct (a page's layer is one block on both
+    sides, an L3 object one run of the pool), whatever io_backend says."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.none
     """Prefill/decode disaggregation role of this server."""
     device: DeviceKind = DeviceKind.auto

@@ -171,7 +171,9 @@ def test_replicated_trace_equals_the_foundation() -> None:
         "replicated_direct.jsonl": job_config(
             *common, "topology.io_backend=direct", "topology.mem_layout=page_first_direct"
         ),
-        "replicated_kernel.jsonl": job_config(*common, "strategy.chunk_pages=3"),
+        "replicated_kernel.jsonl": job_config(
+            *common, "topology.mem_layout=page_first", "strategy.chunk_pages=3"
+        ),
     }
     ranks = launch(rankfns.run_jobs, list(golden.values()), 2, backend="gloo", timeout_s=120)
     assert ranks is not None

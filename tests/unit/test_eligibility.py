@@ -147,7 +147,7 @@ def test_unknown_rule_raises() -> None:
 def test_normalize_page_first_direct_with_kernel() -> None:
     """page_first_direct + kernel -> direct, with a note."""
     t = Topology(name="t", tp_size=2, mem_layout=MemLayout.page_first_direct)
-    n, notes = normalize(t, NO_STORE)
+    n, notes = normalize(t)
     assert (n.io_backend, n.mem_layout) == (IoBackend.direct, MemLayout.page_first_direct)
     assert notes == ("io_backend kernel -> direct: page_first_direct pages are copied directly",)
     assert t.io_backend is IoBackend.kernel  # the input is not mutated
@@ -156,7 +156,7 @@ def test_normalize_page_first_direct_with_kernel() -> None:
 def test_normalize_page_first_with_direct() -> None:
     """page_first + direct -> page_first_direct, with a note."""
     t = Topology(name="t", tp_size=2, mem_layout=MemLayout.page_first, io_backend=IoBackend.direct)
-    n, notes = normalize(t, NO_STORE)
+    n, notes = normalize(t)
     assert (n.io_backend, n.mem_layout) == (IoBackend.direct, MemLayout.page_first_direct)
     assert len(notes) == 1 and notes[0].startswith("mem_layout page_first -> page_first_direct")
 
@@ -168,50 +168,39 @@ def test_normalize_leaves_other_combinations() -> None:
         (MemLayout.page_first, IoBackend.kernel),
     ]:
         t = Topology(name="t", tp_size=2, mem_layout=layout, io_backend=io)
-        assert normalize(t, NO_STORE) == (t, ())
+        assert normalize(t) == (t, ())
 
 
 @pytest.mark.parametrize("io", list(IoBackend))
-@pytest.mark.parametrize("store", list(StorageKind))
-def test_an_auto_layout_is_chosen_for_the_job_and_said(store: StorageKind, io: IoBackend) -> None:
-    """auto: page_first_direct (and the direct backend) with any L3 store, said in the first
-    note with why; page_first without one (page_first_direct under io_backend=direct), as a
-    preset's token-major pool, unsaid."""
+def test_an_auto_layout_is_chosen_for_the_job_and_said(io: IoBackend) -> None:
+    """auto: page_first_direct and the direct backend whatever the io backend named, unsaid
+    (what auto means)."""
     t = Topology(name="t", tp_size=2, mem_layout=MemLayout.auto, io_backend=io)
-    n, notes = normalize(t, StorageConfig(kind=store))
-    stored = store is not StorageKind.none
-    layout = (
-        MemLayout.page_first_direct if stored or io is IoBackend.direct else MemLayout.page_first
-    )
-    assert (n.mem_layout, n.io_backend) == (layout, IoBackend.direct if stored else io)
-    said = [n for n in notes if n.startswith("mem_layout auto")]
-    assert said == (
-        [
-            f"mem_layout auto -> page_first_direct: storage={store.value}: an object "
-            "lands whole, a page's layer is one block"
-        ]
-        if stored
-        else []
-    )
+    n, notes = normalize(t)
+    assert (n.mem_layout, n.io_backend) == (MemLayout.page_first_direct, IoBackend.direct)
+    assert notes == ()
 
 
-def test_the_shipped_presets_choose_their_layout_per_job() -> None:
-    """tp1 without a store keeps its token-major pool and kernels; with one, the page-major
-    pool and the direct backend, as `explain` notes."""
-    for store, layout, io in (
-        ("none", MemLayout.page_first, IoBackend.kernel),
-        ("file", MemLayout.page_first_direct, IoBackend.direct),
+@pytest.mark.parametrize("store", list(StorageKind))
+def test_the_shipped_presets_choose_their_layout_per_job(store: StorageKind) -> None:
+    """tp1, with or without a store: the page-major pool and the direct backend; a layout
+    named on the command line is kept, with the preset's kernels."""
+    for override, layout, io in (
+        ((), MemLayout.page_first_direct, IoBackend.direct),
+        (("topology.mem_layout=page_first",), MemLayout.page_first, IoBackend.kernel),
     ):
-        session, v = verdict("topology=tp1", f"storage={store}")
+        session, v = verdict("topology=tp1", f"storage={store.value}", *override)
         with initialize_config_module(config_module=SHIPPED, version_base="1.3"):
             topology = session.job().topology
         assert (topology.mem_layout, topology.io_backend) == (layout, io)
-    assert v.notes[0].startswith("mem_layout auto -> page_first_direct: storage=file")
+        assert v.notes == ()
 
 
 def test_verdict_applies_normalization() -> None:
     """page_first + direct is normalized before mem_layout_supported runs; layer_first is not."""
-    _, v = verdict("strategy=rotating", "topology.io_backend=direct")
+    _, v = verdict(
+        "strategy=rotating", "topology.io_backend=direct", "topology.mem_layout=page_first"
+    )
     assert v.active
     assert any("page_first -> page_first_direct" in n for n in v.notes)
     _, v = verdict(

@@ -140,9 +140,6 @@ def test_a_dead_end_fallback_shows_the_rules_of_every_strategy_tried(
     failed = {r["name"] for r in verdict["rules"] if not r["passed"]}
     assert failed == {"single_node", "layers_ge_group"}
     assert verdict["notes"] == [
-        "mem_layout auto -> page_first_direct: storage=file: an object lands whole, a page's "
-        "layer is one block",
-        "io_backend kernel -> direct: page_first_direct pages are copied directly",
         "rotating is inactive: falling back to replicated",
     ]
     [fallback] = verdict["fallbacks"]
@@ -200,7 +197,9 @@ def test_auto_explains_every_strategys_estimate_and_the_winner_in_json_and_text(
     assert set(by_name) == {"replicated", "single_source", "rotating"}
     for e in by_name.values():
         assert e["backup"]["ms"] > 0 and e["load"]["bound"] and e["l3_load"] is None
-        assert sum(e["load"]["terms_ms"].values()) == pytest.approx(e["load"]["ms"], abs=0.01)
+        terms = e["load"]["terms_ms"]  # an overlapped term runs beside the others
+        serial = sum(ms for name, ms in terms.items() if "(overlapped)" not in name)
+        assert serial == pytest.approx(e["load"]["ms"], abs=0.01)
     assert (
         by_name["rotating"]["host_link_bytes_per_rank"] * 2
         < by_name["replicated"]["host_link_bytes_per_rank"] * 1.1

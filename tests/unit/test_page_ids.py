@@ -70,7 +70,12 @@ def test_transfers_with_lent_buffers_move_their_own_pages_bit_exact() -> None:
     """An engine lends on cuda only (on CPU the plan's array serves); here its CPU stand-in
     lends too, so scattered round trips on worker streams reuse buffers, each bit-exact."""
     job = pipeline.compose(
-        ["model=tiny_mla", "topology=tp1", "topology.io_backend=kernel", "workload.num_tokens=64"]
+        [
+            "model=tiny_mla",
+            "topology=tp1",
+            "topology.mem_layout=page_first",  # the kernel backend's pool
+            "workload.num_tokens=64",
+        ]
     )
     engine = pipeline.create_engine(job)
     buffers = PageIdBuffers(torch.device("cpu"), engine.sizing.device_pages)

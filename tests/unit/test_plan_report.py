@@ -47,10 +47,11 @@ def test_plan_reports_the_device_memory_of_the_staging_buffers() -> None:
     copies (31 or 30 of deepseek_v3's 61); the kernel backend gathers no batch, so none."""
     common = ("strategy=rotating", "topology=tp2", "model=deepseek_v3")
     direct = ("topology.io_backend=direct", "topology.mem_layout=page_first_direct")
+    kernel = ("topology.mem_layout=page_first",)
     page = 64 * 1152  # a layer's page: 64 tokens of 576 bf16
     cases = [
-        ((), 0, (0, 0)),
-        ((), 16, (0, 0)),
+        (kernel, 0, (0, 0)),
+        (kernel, 16, (0, 0)),
         (direct, 0, (0, 0)),
         (direct, 16, (16 * 31 * page, 16 * 30 * page)),
     ]
