@@ -4,7 +4,8 @@ lands, every header read in the same call where the digest tables are not known 
 digests are compared in bulk as each group of pages (a window, a group of layers) is whole.
 
 Taken where the host pool holds each unit's page as bytes, in one run (host layouts
-layer_first and page_first_direct) or as rows a pitch apart (page_first), the check is CRC-32C
+layer_first and page_first_direct) or as rows a pitch apart (page_first, where the store's
+reader lands rows: the file store's), the check is CRC-32C
 (a keyed check is a digest per unit in Python) and the store reads natively (a file store
 through the page cache); elsewhere a page is a read of its own (`L3Tier.read`).
 """
@@ -26,12 +27,10 @@ from pipeline.engine.l3.tier import L3Tier
 
 def batched(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:
     """Whether reads of `units` into the host pool (not `device` pages) go in batches."""
-    return (
-        not device
-        and tier.reads_units
-        and tier.runs_crc is not None
-        and tier.page_map(units, device=False).native
-    )
+    if device or not tier.reads_units or tier.runs_crc is None:
+        return False
+    pages = tier.page_map(units, device=False)
+    return pages.direct or (pages.native and tier.reads_rows)
 
 
 def lands_in_pool(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:

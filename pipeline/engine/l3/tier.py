@@ -42,7 +42,7 @@ from pipeline.engine.l3.pages import (
     unit_checks,
 )
 from pipeline.engine.l3.scratch import Scratch, Scratches
-from pipeline.engine.l3.stores import ObjectStore
+from pipeline.engine.l3.stores import ObjectStore, reads_units
 from pipeline.engine.l3.stores._fileio import crcs_of
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.transfer.pools import DevicePool, HostPool
@@ -97,7 +97,7 @@ class L3Tier:
         self.io = io
         """The threads that read and write objects (`storage.io_threads`)."""
         self.scratches, self.owners, self.storage = scratches, owners, storage
-        self.reads_units = store.units_reader() is not None  # pages in one call (`l3.batch`)
+        self.reads_units, self.reads_rows = reads_units(store)  # `l3.batch`
         self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)

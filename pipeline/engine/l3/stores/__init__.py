@@ -32,6 +32,7 @@ __all__ = [
     "UnitsReader",
     "UnitsWriter",
     "open_store",
+    "reads_units",
 ]
 
 
@@ -52,6 +53,9 @@ class PartsReader(Protocol):
 
 class UnitsReader(PartsReader, Protocol):
     """A `PartsReader` that also reads a run of pages' ranges natively (`read_units`)."""
+
+    rows: bool
+    """Whether it lands a range as rows a pitch apart (`UnitReads.rows`)."""
 
     def read_units(self, reads: UnitReads) -> int:
         """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in one call
@@ -97,7 +101,7 @@ class ObjectStore(Protocol):
 
     def units_reader(self) -> UnitsReader | None:
         """A reader of `UnitReads` (a load's pages in one native call), or None where this
-        store reads them only through `parts_reader` (Mooncake; O_DIRECT reads)."""
+        store reads them only through `parts_reader` (O_DIRECT reads)."""
 
     def units_writer(self) -> UnitsWriter | None:
         """A writer of many objects in one native call, or None where this store writes
@@ -166,3 +170,13 @@ def tenant_quota(config: StorageConfig) -> Quota | None:
     if not quota:
         return None
     return Quota(config.tenant, quota, int(config.evict_to * quota))
+
+
+def reads_units(store: ObjectStore) -> tuple[bool, bool]:
+    """Whether `store` reads a load's pages in one call (`units_reader`), and whether it lands
+    a range as rows a pitch apart there."""
+    reader = store.units_reader()
+    if reader is None:
+        return False, False
+    reader.close()
+    return True, reader.rows

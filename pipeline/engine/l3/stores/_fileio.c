@@ -1028,6 +1028,53 @@ out:
     return found;
 }
 
+/* `crcs_at`'s call: each range's sum, taken by threads taking the next range in turn. */
+typedef struct {
+    const uint64_t *addresses;
+    const int64_t *nbytes;
+    uint32_t *sums;
+    Py_ssize_t count, next;
+} RangeSums;
+
+static void *range_summer(void *arg) {
+    RangeSums *s = arg;
+    for (Py_ssize_t i; (i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED)) < s->count;)
+        s->sums[i] = crc32c(0, (const unsigned char *)s->addresses[i], (size_t)s->nbytes[i]);
+    return NULL;
+}
+
+static PyObject *crcs_at(PyObject *self, PyObject *args) {
+    PyObject *a, *n, *c;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOO|i:crcs_at", &a, &n, &c, &threads)) return NULL;
+    Column addresses, nbytes, sums;
+    PyObject *found = NULL;
+    if (!column(a, &addresses, 8, 0, "addresses")) return NULL;
+    if (!column(n, &nbytes, 8, 0, "nbytes")) goto no_nbytes;
+    if (!column(c, &sums, 4, 1, "crcs")) goto no_sums;
+    if (nbytes.count != addresses.count || sums.count != addresses.count) {
+        PyErr_SetString(PyExc_ValueError, "crcs_at: the columns differ in length");
+        goto out;
+    }
+    for (Py_ssize_t k = 0; k < nbytes.count; k++)
+        if (((const int64_t *)nbytes.view.buf)[k] < 0) {
+            PyErr_Format(PyExc_ValueError, "crcs_at: range %zd has a negative length", k);
+            goto out;
+        }
+    RangeSums job = {addresses.view.buf, nbytes.view.buf, sums.view.buf, addresses.count, 0};
+    Py_BEGIN_ALLOW_THREADS
+    on_threads(range_summer, &job, addresses.count, threads);
+    Py_END_ALLOW_THREADS
+    found = Py_NewRef(Py_None);
+out:
+    PyBuffer_Release(&sums.view);
+no_sums:
+    PyBuffer_Release(&nbytes.view);
+no_nbytes:
+    PyBuffer_Release(&addresses.view);
+    return found;
+}
+
 static PyMethodDef methods[] = {
     {"read_objects", read_objects, METH_VARARGS,
      "read_objects(files, sizes, used, objects, offsets, addresses, nbytes, crcs, ends, threads, "
@@ -1057,6 +1104,11 @@ static PyMethodDef methods[] = {
     {"crcs_of", crcs_of, METH_VARARGS,
      "crcs_of(buffers, threads=1) -> list[int]: the CRC-32C of each buffer, summed in one call "
      "outside the interpreter's lock, on up to `threads` threads (a write's units)."},
+    {"crcs_at", crcs_at, METH_VARARGS,
+     "crcs_at(addresses, nbytes, crcs, threads=1) -> None: crcs[k] = the CRC-32C of the "
+     "nbytes[k] bytes at addresses[k] (memory the caller owns), summed in one call outside "
+     "the interpreter's lock on up to `threads` threads (reads that land without a sum: "
+     "Mooncake's). Columns: uint64, int64, uint32 (written)."},
     {"crc32c", py_crc32c, METH_VARARGS,
      "crc32c(data, crc=0, how='') -> int: CRC-32C of data, extending crc, by the sum reads use "
      "or the one named (SUMS)."},

@@ -49,6 +49,8 @@ class FileParts:
     read as it was when opened). Where this process may open no more files, it lets go of
     what it holds and the read opens its object for itself."""
 
+    rows = True
+
     def __init__(self, store: OpenFiles) -> None:
         self.store = store
         self.held: dict[str, tuple[int, os.stat_result]] = {}

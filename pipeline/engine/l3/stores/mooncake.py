@@ -13,6 +13,7 @@ from pipeline.core.storage import shown_url
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.l3.stores.mooncake_parts import MooncakeParts
+from pipeline.engine.l3.stores.mooncake_units import MooncakeUnits
 from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
 
 OBJECT_NOT_FOUND = -704
@@ -61,6 +62,7 @@ class MooncakeStore:
                 f"{shown_url(metadata_server)}): "
                 f"setup returned {status}"
             )
+        self.staging_bytes = staging_bytes
         self._staging: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._registered: list[np.ndarray] = []
         for _ in range(num_staging):
@@ -95,6 +97,21 @@ class MooncakeStore:
             start = np.frombuffer(buf, np.uint8).ctypes.data
             self.client.unregister_buffer(start)
             self._regions.remove((start, start + buf.nbytes))
+
+    def registered(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Whether each range (uint64 address, int64 length) lies in one registered region."""
+        starts = np.array([a for a, _ in self._regions], np.uint64)
+        ends = np.array([b for _, b in self._regions], np.uint64)
+        i = np.searchsorted(starts, addresses, side="right") - 1
+        inside = ends[np.maximum(i, 0)] >= addresses + nbytes.astype(np.uint64)
+        return (i >= 0) & inside
+
+    def staging(self) -> np.ndarray:
+        """One of the registered staging buffers (waits for one), until `unstaged`."""
+        return self._staging.get()
+
+    def unstaged(self, buffer: np.ndarray) -> None:
+        self._staging.put(buffer)
 
     def _address(self, view: memoryview) -> int | None:
         """The address of `view` if it lies in one registered region, else None."""
@@ -140,8 +157,9 @@ class MooncakeStore:
     def parts_reader(self) -> MooncakeParts:
         return MooncakeParts(self)
 
-    def units_reader(self) -> None:
-        """Ranged reads go through the client's batch calls (`parts_reader`)."""
+    def units_reader(self) -> MooncakeUnits:
+        """A load's pages a group at a time, one client call each (`mooncake_units`)."""
+        return MooncakeUnits(self)
 
     def units_writer(self) -> None:
         """Each object is one `upsert_parts` call of the client."""

@@ -62,7 +62,7 @@ class MooncakeParts:
     def read_spans(self, spans: SpanReads) -> int:
         return self.read_parts(spans.part_reads())
 
-    def _get(self, names: list[str], parts: list[tuple[list[int], ...]]) -> list[int]:
+    def _get(self, names: list[str], parts: Sequence[tuple[list[int], ...]]) -> list[int]:
         """Each read's bytes landed through the session (negative: not through it)."""
         fresh = [name for name in names if name not in self.open]
         try:
