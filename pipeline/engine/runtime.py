@@ -29,7 +29,7 @@ from pipeline.engine.cuda.memcpy import (
     cuda_uploader,
     upload_cpu,
 )
-from pipeline.engine.cuda.memcpy_batch import CopyStacks, copy_stacks_cpu, cuda_stack_copier
+from pipeline.engine.cuda.memcpy_batch import CopyStacks, cpu_stack_copier, cuda_stack_copier
 from pipeline.engine.cuda.page_kernel import MovePages, PageKernel, move_pages_cpu
 from pipeline.engine.cuda.streams import CudaStream, InlineStream, Stream, WorkerStream
 from pipeline.engine.groups import engine_ranks, make_groups
@@ -157,7 +157,11 @@ class Runtime:
         )
         cudart = cuda_runtime(device)  # None on CPU
         copy = copy_pages_cpu if cudart is None else cuda_copier(cudart, device.index)
-        stacks = copy_stacks_cpu if cudart is None else cuda_stack_copier(cudart, device.index)
+        stacks = (  # a CPU rank copies on torch's intra-op threads, as its tensor ops run
+            cpu_stack_copier(torch.get_num_threads())
+            if cudart is None
+            else cuda_stack_copier(cudart, device.index)
+        )
         move = move_pages_cpu if cudart is None else PageKernel(cudart, device)
         upload = upload_cpu if cudart is None else cuda_uploader(cudart, device)
         load, write, exchange, gather, forward = _streams(device, rank, timeout_s, cudart)

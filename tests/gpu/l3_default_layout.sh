@@ -2,9 +2,10 @@
 # The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
 # or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
-# Mooncake). To compare: `l3_page_first` (bench=l3 on the page_first pool mem_layout=auto turns
-# from with a store), `ttft_host_direct` (host hits at 16K on page_first_direct). Several modes
-# in one call: `... tests l3`. Logs and bench JSON under $OUT.
+# Mooncake). To compare: `ttft_host_page_first` (host hits at 16K and 64K on the token-major
+# pool with kernels, the presets' before mem_layout auto), `fragmented` (the host tier's
+# fragmented 16K transfers on the direct backend and on kernels). Several modes in one call:
+# `... tests l3`. Logs and bench JSON under $OUT.
 # Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
 # packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
 set -x
@@ -15,8 +16,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=/tmp/site:$PWD
 inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 ln -sfn ../conf pipeline/conf
-gcc -O2 -pthread -shared -fPIC -I"$inc" pipeline/engine/l3/stores/_fileio.c \
-    -o pipeline/engine/l3/stores/_fileio.cpython-312-x86_64-linux-gnu.so
+for ext in pipeline/engine/l3/stores/_fileio pipeline/engine/cuda/_blocks; do
+    gcc -O2 -pthread -shared -fPIC -I"$inc" $ext.c -o $ext.cpython-312-x86_64-linux-gnu.so
+done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bench() {  # name, seconds, overrides...
     local name=$1 limit=$2
@@ -39,15 +41,15 @@ for mode in "$@"; do
             bench "l3_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t
         done
         ;;
-    l3_page_first)  # the same on the token-major pool auto turns from, to compare
-        for t in 4 16; do
-            bench "l3_page_first_t$t" 150 bench=l3 'bench.sizes=[16384]' storage.io_threads=$t \
-                'bench.stores=[file]' topology.mem_layout=page_first
-        done
+    ttft_host_page_first)  # host-tier hits on the token-major pool with kernels, to compare
+        bench ttft_host_page_first_16k 200 bench=ttft 'bench.sizes=[16384]' \
+            'bench.stores=[none]' topology.mem_layout=page_first
+        bench ttft_host_page_first_64k 200 bench=ttft 'bench.sizes=[65536]' \
+            'bench.stores=[none]' topology.mem_layout=page_first bench.repeats=2
         ;;
-    ttft_host_direct)  # host-tier hits on the page-major pool (the direct backend), to compare
-        bench ttft_host_direct_16k 200 bench=ttft 'bench.sizes=[16384]' 'bench.stores=[none]' \
-            topology.mem_layout=page_first_direct
+    fragmented)  # fragmented 16K pages between the tiers: direct backend against kernels
+        bench fragmented_16k 200 'bench.sizes=[16384]' 'bench.placements=[fragmented]' \
+            'bench.fragmented_io=[direct,kernel]' 'bench.chunk_pages=[0]'
         ;;
     ttft)
         bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'

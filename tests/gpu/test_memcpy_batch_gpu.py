@@ -13,7 +13,7 @@ from pipeline.engine.cuda.cudart import cuda_runtime
 from pipeline.engine.cuda.memcpy import stack_pages
 from pipeline.engine.cuda.memcpy_batch import (
     batch_call,
-    copy_stacks_cpu,
+    cpu_stack_copier,
     cuda_stack_copier,
     one_by_one,
 )
@@ -48,12 +48,12 @@ def test_a_run_of_every_unit_lands_where_the_cpu_copier_puts_it(how, load, count
     host_page, device_page = 7, 2  # the run's first page on each side
     if load:
         copy(stack_pages(pool), device_page, stack_pages(host_stack), host_page, count)
-        copy_stacks_cpu(
+        cpu_stack_copier(2)(
             stack_pages(want_pool), device_page, stack_pages(want_host), host_page, count
         )
     else:
         copy(stack_pages(host_stack), host_page, stack_pages(pool), device_page, count)
-        copy_stacks_cpu(
+        cpu_stack_copier(2)(
             stack_pages(want_host), host_page, stack_pages(want_pool), device_page, count
         )
     torch.cuda.synchronize()

@@ -22,8 +22,9 @@ run)
     export PYTHONPATH=/tmp/site:$PWD
     ln -sfn ../conf pipeline/conf
     inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    gcc -O2 -pthread -shared -fPIC -I"$inc" pipeline/engine/l3/stores/_fileio.c \
-        -o pipeline/engine/l3/stores/_fileio.cpython-312-x86_64-linux-gnu.so
+    for ext in pipeline/engine/l3/stores/_fileio pipeline/engine/cuda/_blocks; do
+        gcc -O2 -pthread -shared -fPIC -I"$inc" $ext.c -o $ext.cpython-312-x86_64-linux-gnu.so
+    done
     nvidia-smi --query-gpu=name,driver_version --format=csv >"$OUT/gpu.txt"
     python3 -c 'import torch, vllm; print(torch.__version__, vllm.__version__)' >"$OUT/versions.txt" 2>&1
     python3 -m pytest -o addopts="" -p no:cacheprovider -v -k cuda \

@@ -20,7 +20,7 @@ from pipeline.engine.cuda.memcpy_batch import (
     Batch,
     Batches,
     batch_call,
-    copy_stacks_cpu,
+    cpu_stack_copier,
 )
 
 UNITS, PAGES, WIDTH = 5, 16, 24  # bytes of a page of one unit
@@ -94,7 +94,7 @@ def test_each_table_moves_what_the_cpu_copier_moves() -> None:
         batch = batches.filled(*sides[0], count)
         assert len(batch.table) == min(UNITS, count)
         run(batch)
-        copy_stacks_cpu(*sides[1], count)
+        cpu_stack_copier(2)(*sides[1], count)
         assert torch.equal(host, want_host), (load, count)
         assert torch.equal(device, want_device), (load, count)
 
@@ -154,7 +154,7 @@ def test_the_runtime_gets_the_batch_call_its_version_has_or_the_copies_one_by_on
         host = torch.randint(0, 256, (PAGES, UNITS, WIDTH), dtype=torch.uint8)
         device = torch.randint(0, 256, (UNITS, PAGES, WIDTH), dtype=torch.uint8)
         want = host.clone()
-        copy_stacks_cpu(stack_pages(want.transpose(0, 1)), 2, stack_pages(device), 3, 7)
+        cpu_stack_copier(2)(stack_pages(want.transpose(0, 1)), 2, stack_pages(device), 3, 7)
         batch = Batches().filled(stack_pages(host.transpose(0, 1)), 2, stack_pages(device), 3, 7)
         issue(batch, STREAM)
         assert torch.equal(host, want)

@@ -14,7 +14,7 @@ from pipeline.core.plan import Direction, PlanSpec, build_plan
 from pipeline.core.slots import page_tokens
 from pipeline.core.topology import POOL_LAYOUTS, IoBackend, MemLayout
 from pipeline.engine.cuda.memcpy import copy_pages_cpu, upload_cpu
-from pipeline.engine.cuda.memcpy_batch import copy_stacks_cpu
+from pipeline.engine.cuda.memcpy_batch import cpu_stack_copier
 from pipeline.engine.cuda.page_ids import PageIdBuffers
 from pipeline.engine.cuda.page_kernel import move_pages_cpu
 from pipeline.engine.cuda.streams import InlineStream
@@ -115,7 +115,7 @@ def transfer(
         host_view=host_pool,
         collectives=collectives or FakeCollectives(rank),
         copy_pages=copy_pages_cpu,
-        copy_stacks=copy_stacks_cpu,
+        copy_stacks=cpu_stack_copier(2),
         move_pages=move_pages_cpu,
         upload=upload_cpu,
         page_id_buffers=PageIdBuffers(torch.device("cpu"), POOL_PAGES),
