@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ import crc32c
 import numpy as np
 import pytest
 
+from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3 import writes
-from pipeline.engine.l3.stores import FileStore, file_writes
+from pipeline.engine.l3.stores import FileStore, file_writes, open_store
 from pipeline.engine.l3.stores._fileio import crcs_of, write_objects
 from pipeline.jobs.contents import first_mismatch
+from pipeline.jobs.l3_store import concrete
 from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
 
 
@@ -182,3 +185,50 @@ def test_a_put_whose_temporary_name_is_taken_removes_nothing(
         assert planted.read_bytes() == b"not the store's" and store.get("ns/key") is None
     finally:
         store.close()
+
+
+@pytest.mark.mooncake
+def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert() -> None:
+    """New objects whose pages lie in registered memory go in one client call per staging
+    buffer of headers, each reading back as `put` leaves it; an object the store holds is
+    replaced whole (the client's put would keep it), and one from unregistered memory is
+    put alone; a failed put is raised naming its object after the others are written."""
+    with concrete(StorageConfig(kind=StorageKind.mooncake, segment_bytes=64 << 20)) as storage:
+        store = open_store(storage, 4096)
+        try:
+            pool = np.random.default_rng(5).integers(0, 256, 8 * 1000, np.uint8)
+            store.register([pool.data])
+            page = [memoryview(pool[k * 1000 : (k + 1) * 1000]) for k in range(8)]
+            writer = store.units_writer()
+            assert writer is not None
+            calls = spied_calls(store)
+            objects = [(f"ns/ab/k{k}", [b"head%d" % k * 200, page[k]]) for k in range(6)]
+            store.put("ns/ab/k0", [b"old"])
+            objects.append(("ns/ab/loose", [b"h", memoryview(b"not registered")]))
+            writer.put_many(objects)
+            for name, parts in objects:
+                assert store.get(name) == b"".join(bytes(p) for p in parts), name
+            # headers of 1200 bytes: 3 fit a 4096-byte staging buffer, so k1-k5 take 2 calls
+            assert calls["batch_put_from_multi_buffers"] == 2 and calls["upsert_parts"] == 3
+            big = np.zeros(80 << 20, np.uint8)  # more than the store's 64 MiB segment
+            store.register([big.data])
+            with pytest.raises(RuntimeError, match="Mooncake put of ns/ab/k7 returned"):
+                writer.put_many([("ns/ab/k6", [b"h", page[6]]), ("ns/ab/k7", [b"h", big.data])])
+            assert store.get("ns/ab/k6") == b"h" + bytes(page[6])
+            store.unregister([pool.data, big.data])
+        finally:
+            store.close()
+
+
+def spied_calls(store: Any) -> Counter[str]:
+    """The client calls a Mooncake store makes from now on, by name."""
+    calls: Counter[str] = Counter()
+    client = store.client
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            calls[name] += 1
+            return getattr(client, name)
+
+    store.client = Spy()
+    return calls

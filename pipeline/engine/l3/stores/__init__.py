@@ -105,7 +105,7 @@ class ObjectStore(Protocol):
 
     def units_writer(self) -> UnitsWriter | None:
         """A writer of many objects in one native call, or None where this store writes
-        them one `put` at a time (Mooncake; a bounded file store, which makes room for each)."""
+        them one `put` at a time (a bounded file store, which makes room for each)."""
 
     def get(self, name: str) -> bytes | None:
         """The blob under `name`, or None (absent, or unreadable)."""

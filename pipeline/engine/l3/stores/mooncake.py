@@ -14,6 +14,7 @@ from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.l3.stores.mooncake_parts import MooncakeParts
 from pipeline.engine.l3.stores.mooncake_units import MooncakeUnits
+from pipeline.engine.l3.stores.mooncake_writes import MooncakeWrites
 from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
 
 OBJECT_NOT_FOUND = -704
@@ -161,8 +162,9 @@ class MooncakeStore:
         """A load's pages a group at a time, one client call each (`mooncake_units`)."""
         return MooncakeUnits(self)
 
-    def units_writer(self) -> None:
-        """Each object is one `upsert_parts` call of the client."""
+    def units_writer(self) -> MooncakeWrites:
+        """A write-back's new objects in one client call (`mooncake_writes`)."""
+        return MooncakeWrites(self)
 
     def read_parts(self, reads: Sequence[PartRead]) -> int:
         """Every read in one ranged get where all land in registered memory (one call into
