@@ -2,7 +2,7 @@
 # The default config's L3 loads on the GPU host (issue 65), every bench on defaults (no layout
 # or io override): `bash l3_default_layout.sh tests` (tests/gpu), `... l3` (bench=l3, 16K, file
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
-# Mooncake). To compare: `ttft_host_page_first` (host hits at 16K and 64K on the token-major
+# Mooncake; `ttft16`: 16K alone). To compare: `ttft_host_page_first` (host hits at 16K and 64K on the token-major
 # pool with kernels, the presets' before mem_layout auto), `fragmented` (the host tier's
 # fragmented 16K transfers on the direct backend and on kernels). Several modes in one call:
 # `... tests l3`. Logs and bench JSON under $OUT.
@@ -50,6 +50,9 @@ for mode in "$@"; do
     fragmented)  # fragmented 16K pages between the tiers: direct backend against kernels
         bench fragmented_16k 200 'bench.sizes=[16384]' 'bench.placements=[fragmented]' \
             'bench.fragmented_io=[direct,kernel]' 'bench.chunk_pages=[0]'
+        ;;
+    ttft16)  # the 16K half of ttft
+        bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'
         ;;
     ttft)
         bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'
