@@ -22,18 +22,25 @@ SIZE = HEAD + UNITS * PAGE
 KINDS = [StorageKind.file, pytest.param(StorageKind.mooncake, marks=pytest.mark.mooncake)]
 
 
-@pytest.fixture(params=KINDS, ids=lambda k: k.value)
-def store(request: pytest.FixtureRequest) -> Iterator[ObjectStore]:
-    """A store holding OBJECTS objects of random bytes, `SIZE` each (a header, then UNITS
-    pages of units), its staging buffers the size of one object."""
+@pytest.fixture(scope="module", params=KINDS, ids=lambda k: k.value)
+def opened(request: pytest.FixtureRequest) -> Iterator[ObjectStore]:
+    """A store of each kind for the module (a Mooncake master takes seconds to stop), its
+    staging buffers the size of one object."""
     with concrete(StorageConfig(kind=request.param, segment_bytes=64 << 20)) as storage:
-        opened = open_store(storage, SIZE)
+        store = open_store(storage, SIZE)
         try:
-            for k in range(OBJECTS):
-                opened.put(f"ns/ab/k{k}", [memoryview(blob(k))])
-            yield opened
+            yield store
         finally:
-            opened.close()
+            store.close()
+
+
+@pytest.fixture
+def store(opened: ObjectStore) -> ObjectStore:
+    """The store holding OBJECTS objects of random bytes, `SIZE` each (a header, then UNITS
+    pages of units), written afresh for each test."""
+    for k in range(OBJECTS):
+        opened.put(f"ns/ab/k{k}", [memoryview(blob(k))])
+    return opened
 
 
 def telling(told: list[int]) -> Callable[[int], bool]:
