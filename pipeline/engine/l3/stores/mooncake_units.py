@@ -122,14 +122,15 @@ class MooncakeUnits(MooncakeParts):
         firsts = np.flatnonzero(np.diff(objects, prepend=-1))
         names = [reads.names[o] for o in objects[firsts].tolist()]
         sizes = [int(reads.sizes[o]) for o in objects[firsts].tolist()]
-        # a range that goes on where the last ended, in the object and in memory, joins it
-        joined = np.ones(len(objects), bool)
-        joined[1:] = (
+        # a range that goes on where the last ended, in the object and in memory, joins it:
+        # a run starts at every other
+        starts = np.ones(len(objects), bool)
+        starts[1:] = (
             (objects[1:] != objects[:-1])
             | (offsets[1:] != offsets[:-1] + nbytes[:-1])
             | (into[1:] != into[:-1] + nbytes[:-1].astype(np.uint64))
         )
-        runs = np.flatnonzero(joined)
+        runs = np.flatnonzero(starts)
         lengths = np.add.reduceat(nbytes, runs)
         cuts = np.searchsorted(runs, firsts[1:])
         parts: list[Part] = [
