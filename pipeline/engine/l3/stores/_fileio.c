@@ -981,54 +981,7 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return sum ? PyLong_FromUnsignedLong(found) : NULL;
 }
 
-/* `crcs_of`'s call: each buffer's sum, taken by threads taking the next buffer in turn. */
-typedef struct {
-    const Py_buffer *views;
-    uint32_t *sums;
-    Py_ssize_t count, next;
-} Sums;
-
-static void *summer(void *arg) {
-    Sums *s = arg;
-    for (Py_ssize_t i; (i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED)) < s->count;)
-        s->sums[i] = crc32c(0, s->views[i].buf, (size_t)s->views[i].len);
-    return NULL;
-}
-
-static PyObject *crcs_of(PyObject *self, PyObject *args) {
-    PyObject *arg;
-    int threads = 1;
-    if (!PyArg_ParseTuple(args, "O|i:crcs_of", &arg, &threads)) return NULL;
-    PyObject *seq = PySequence_Fast(arg, "crcs_of takes a sequence of buffers");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
-    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    uint32_t *sums = PyMem_Calloc(n ? (size_t)n : 1, sizeof(uint32_t));
-    PyObject *found = NULL;
-    if (!views || !sums) {
-        PyErr_NoMemory();
-        goto out;
-    }
-    for (; held < n; held++)
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
-                               PyBUF_C_CONTIGUOUS) < 0)
-            goto out;
-    Sums job = {.views = views, .sums = sums, .count = n};
-    Py_BEGIN_ALLOW_THREADS
-    on_threads(summer, &job, n, threads);
-    Py_END_ALLOW_THREADS
-    found = PyList_New(n);
-    for (Py_ssize_t i = 0; found && i < n; i++)
-        PyList_SET_ITEM(found, i, PyLong_FromUnsignedLong(sums[i]));
-out:
-    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    PyMem_Free(sums);
-    Py_DECREF(seq);
-    return found;
-}
-
-/* `crcs_at`'s call: each range's sum, taken by threads taking the next range in turn. */
+/* `crcs_of`'s and `crcs_at`'s call: each range's sum, taken by threads taking the next range in turn. */
 typedef struct {
     const uint64_t *addresses;
     const int64_t *nbytes;
@@ -1041,6 +994,47 @@ static void *range_summer(void *arg) {
     for (Py_ssize_t i; (i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED)) < s->count;)
         s->sums[i] = crc32c(0, (const unsigned char *)s->addresses[i], (size_t)s->nbytes[i]);
     return NULL;
+}
+
+static PyObject *crcs_of(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O|i:crcs_of", &arg, &threads)) return NULL;
+    PyObject *seq = PySequence_Fast(arg, "crcs_of takes a sequence of buffers");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
+    size_t slots = n ? (size_t)n : 1;
+    Py_buffer *views = PyMem_Calloc(slots, sizeof(Py_buffer));
+    uint64_t *addresses = PyMem_Calloc(slots, sizeof(uint64_t));
+    int64_t *nbytes = PyMem_Calloc(slots, sizeof(int64_t));
+    uint32_t *sums = PyMem_Calloc(slots, sizeof(uint32_t));
+    PyObject *found = NULL;
+    if (!views || !addresses || !nbytes || !sums) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; held < n; held++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        addresses[held] = (uint64_t)(uintptr_t)views[held].buf;
+        nbytes[held] = views[held].len;
+    }
+    RangeSums job = {addresses, nbytes, sums, n, 0};
+    Py_BEGIN_ALLOW_THREADS
+    on_threads(range_summer, &job, n, threads);
+    Py_END_ALLOW_THREADS
+    found = PyList_New(n);
+    for (Py_ssize_t i = 0; found && i < n; i++)
+        PyList_SET_ITEM(found, i, PyLong_FromUnsignedLong(sums[i]));
+out:
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(addresses);
+    PyMem_Free(nbytes);
+    PyMem_Free(sums);
+    Py_DECREF(seq);
+    return found;
 }
 
 static PyObject *crcs_at(PyObject *self, PyObject *args) {
