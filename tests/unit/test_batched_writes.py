@@ -24,6 +24,7 @@ from pipeline.engine.l3.stores._fileio import crcs_of, write_objects
 from pipeline.jobs.contents import first_mismatch
 from pipeline.jobs.l3_store import concrete
 from tests.unit.test_l3_stream import PAGES, engine_with, load, stored_prefix
+from tests.unit.test_unit_reads import Spy
 
 
 def parts_of(seed: int, count: int, size: int) -> list[memoryview]:
@@ -201,7 +202,8 @@ def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert
             page = [memoryview(pool[k * 1000 : (k + 1) * 1000]) for k in range(8)]
             writer = store.units_writer()
             assert writer is not None
-            calls = spied_calls(store)
+            calls: Counter[str] = Counter()
+            store.client = Spy(store.client, calls)  # type: ignore[attr-defined]
             objects = [(f"ns/ab/k{k}", [b"head%d" % k * 200, page[k]]) for k in range(6)]
             store.put("ns/ab/k0", [b"old"])
             objects.append(("ns/ab/loose", [b"h", memoryview(b"not registered")]))
@@ -218,17 +220,3 @@ def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert
             store.unregister([pool.data, big.data])
         finally:
             store.close()
-
-
-def spied_calls(store: Any) -> Counter[str]:
-    """The client calls a Mooncake store makes from now on, by name."""
-    calls: Counter[str] = Counter()
-    client = store.client
-
-    class Spy:
-        def __getattr__(self, name: str) -> Any:
-            calls[name] += 1
-            return getattr(client, name)
-
-    store.client = Spy()
-    return calls
