@@ -64,11 +64,12 @@ class MooncakeUnits(MooncakeParts):
         if reads.rows is not None and bool(np.any(reads.rows)):
             raise ValueError("Mooncake reads ranges as one run each, not rows a pitch apart")
         bounds, done, missed = [0, *reads.ends.tolist()], 0, False
+        away = ~self.units.registered(reads.addresses, reads.nbytes)  # staged ranges
         for g in range(len(bounds) - 1):
             at = bounds[g]
             while at < bounds[g + 1]:  # a batch of the group's objects a staging buffer holds
-                stop = self._batch_end(reads, at, bounds[g + 1])
-                got = self._read(reads, at, stop)
+                stop = self._batch_end(reads, away, at, bounds[g + 1])
+                got = self._read(reads, away[at:stop], at, stop)
                 at += got
                 if at < stop:
                     break
@@ -79,21 +80,20 @@ class MooncakeUnits(MooncakeParts):
         self.store.counters.add(hits=hits, misses=int(missed))
         return done
 
-    def _batch_end(self, reads: UnitReads, at: int, stop: int) -> int:
+    def _batch_end(self, reads: UnitReads, away: np.ndarray, at: int, stop: int) -> int:
         """Where the batch from range `at` (an object's first) ends: as many of the group's
-        objects as one staging buffer holds the unregistered ranges of (at least one)."""
+        objects as one staging buffer holds the `away` (unregistered) ranges of (at least
+        one)."""
         objects = reads.objects[at:stop]
         ends = np.append(np.flatnonzero(np.diff(objects)) + 1, stop - at)  # after each object
-        away = ~self.units.registered(reads.addresses[at:stop], reads.nbytes[at:stop])
-        staged = np.cumsum(np.where(away, reads.nbytes[at:stop], 0))
+        staged = np.cumsum(np.where(away[at:stop], reads.nbytes[at:stop], 0))
         fits = ends[staged[ends - 1] <= self.units.staging_bytes]
         return at + int(fits[-1] if len(fits) else ends[0])
 
-    def _read(self, reads: UnitReads, at: int, stop: int) -> int:
-        """Ranges [at, stop) (whole objects' ranges) in one client call, then summed: how
-        many, from the first, landed whole."""
+    def _read(self, reads: UnitReads, away: np.ndarray, at: int, stop: int) -> int:
+        """Ranges [at, stop) (whole objects' ranges; `away`: those to stage) in one client
+        call, then summed: how many, from the first, landed whole."""
         addresses, nbytes = reads.addresses[at:stop], reads.nbytes[at:stop]
-        away = ~self.units.registered(addresses, nbytes)
         buffer = self.units.staging()
         try:
             staged = np.cumsum(np.where(away, nbytes, 0))
