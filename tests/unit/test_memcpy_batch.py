@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.engine.cuda import memcpy_batch
 from pipeline.engine.cuda.memcpy import stack_pages
 from pipeline.engine.cuda.memcpy_batch import (
     ACCESS_ORDER_STREAM,
@@ -172,3 +173,27 @@ def test_the_legacy_default_stream_gets_the_copies_one_by_one() -> None:
     issue(Batches().filled(stack_pages(host.transpose(0, 1)), 0, stack_pages(device), 0, 7), STREAM)
     assert runtime.calls == [*["2d"] * UNITS, "batch/2"]
     assert torch.equal(host[:7].transpose(0, 1), device[:, :7])
+
+
+def test_a_cpu_rank_copies_blocks_natively_and_rows_as_a_tensor(monkeypatch) -> None:
+    """Page-major host to layer-major device: one native call of every unit's page blocks
+    (`_blocks.copy_blocks`), bit-exact; a host page whose units interleave row by row
+    (page_first) is no block, and goes as a strided tensor copy instead."""
+    calls: list[int] = []
+    native = memcpy_batch.copy_blocks
+
+    def counted(dst, src, width, threads):  # type: ignore[no-untyped-def]
+        calls.append(len(dst))
+        native(dst, src, width, threads)
+
+    monkeypatch.setattr(memcpy_batch, "copy_blocks", counted)
+    copy = cpu_stack_copier(2)
+    host = torch.randint(0, 256, (PAGES, UNITS, WIDTH), dtype=torch.uint8)
+    device = torch.zeros((UNITS, PAGES, WIDTH), dtype=torch.uint8)
+    copy(stack_pages(device), 3, stack_pages(host.transpose(0, 1)), 2, 7)
+    assert calls == [UNITS * 7] and torch.equal(device[:, 3:10], host[2:9].transpose(0, 1))
+    rows = torch.randint(0, 256, (PAGES, WIDTH // 4, UNITS, 4), dtype=torch.uint8)
+    interleaved = rows.permute(2, 0, 1, 3).reshape(UNITS, PAGES, WIDTH // 4, 4)
+    copy(stack_pages(device.view(UNITS, PAGES, WIDTH // 4, 4)), 0, stack_pages(interleaved), 0, 5)
+    assert calls == [UNITS * 7]
+    assert torch.equal(device.view(UNITS, PAGES, WIDTH // 4, 4)[:, :5], interleaved[:, :5])
