@@ -9,13 +9,14 @@ from pipeline.engine.l3.writes import write_pages
 
 
 class WriteObjects:
-    """Per page, its one object, written by the replica group's first rank, a batch at a time
-    (`write_pages`: in one native call where the store allows, else `storage.io_threads` at
-    once); an object already stored intact is left alone (a key names its bytes), anything
-    else at its name (damaged, unkeyed under a key, not a regular file) is written over
-    (`intact_pages`: each present object read and checked as a load checks it).
-    Under rotating the other owners first send the writer their layers of the pages it will
-    write, a few pages at a time. The first failed write fails the write-back."""
+    """Per page, its one object, written by the replica group's first rank (`write_pages`:
+    in one native call where the store allows, else `storage.io_threads` at once), every page
+    at once unless other owners send it units; an object already stored intact is left alone
+    (a key names its bytes), anything else at its name (damaged, unkeyed under a key, not a
+    regular file) is written over (`intact_pages`: each present object read and checked as a
+    load checks it). Under rotating the other owners first send the writer their layers of
+    the pages it will write, `batch_pages` at a time, and it writes those as they come. The
+    first failed write fails the write-back."""
 
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None:
         roles, pages = tier.roles, [int(p) for p in job.host_pages]
@@ -23,8 +24,9 @@ class WriteObjects:
             stored = intact_pages(tier, job.keys)
             missing = [i for i, present in enumerate(stored) if not present]
             tell_missing(tier, [not present for present in stored])
-            for first in range(0, len(missing), tier.batch_pages):
-                batch = missing[first : first + tier.batch_pages]
+            step = tier.batch_pages if roles.senders else max(len(missing), 1)
+            for first in range(0, len(missing), step):
+                batch = missing[first : first + step]
                 shares = receive_shares(tier, len(batch))
                 write_pages(tier, [job.keys[i] for i in batch], [pages[i] for i in batch], shares)
                 for _ in batch:

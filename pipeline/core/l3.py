@@ -42,6 +42,8 @@ HEADER = struct.Struct("<5sHHHBIQ16s")
 payload length, and the check of the whole header (these fields with it zero, then the rest:
 the namespace, the name, the key's id (`Checks.key_id`), and per unit its digest and its
 length in bytes). Versions 2 and 3 share these fields and start the rest with the names."""
+CHECK_AT = HEADER.size - 16
+"""Where the header's check starts (the last of its fixed fields)."""
 KEY_ID = 8
 """Bytes of the key's id in the header."""
 UNIT_BYTES = struct.Struct("<I")
@@ -144,9 +146,12 @@ class PageObject:
 
     def header_size(self, space: str, name: str, checks: Checks | None = None) -> int:
         row = (checks or Checks()).width + UNIT_BYTES.size
-        return (
-            HEADER.size + len(space.encode()) + len(name.encode()) + KEY_ID + row * len(self.units)
-        )
+        return table_at(space, name) + row * len(self.units)
+
+
+def table_at(space: str, name: str) -> int:
+    """Where the digest table of object `name`'s header starts (past names and key id)."""
+    return HEADER.size + len(space.encode()) + len(name.encode()) + KEY_ID
 
 
 def share_of(topology: Topology, model: ModelGeometry, rank: int) -> str:
@@ -273,12 +278,9 @@ def unit_digests(
 
 def unit_rows(table: bytes, width: int) -> list[tuple[int, int]]:
     """(digest, length) of each unit, from a header's table of digests `width` bytes wide."""
-    row = width + UNIT_BYTES.size
+    row, length = width + UNIT_BYTES.size, UNIT_BYTES.unpack_from
     return [
-        (
-            int.from_bytes(table[i : i + width], "little"),
-            UNIT_BYTES.unpack_from(table, i + width)[0],
-        )
+        (int.from_bytes(table[i : i + width], "little"), length(table, i + width)[0])
         for i in range(0, len(table), row)
     ]
 

@@ -17,6 +17,7 @@ import crc32c
 import numpy as np
 import pytest
 
+from pipeline.core.l3 import CHECK_AT, Checks, header, table_at
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3 import writes
 from pipeline.engine.l3.stores import FileStore, file_writes, open_store
@@ -92,6 +93,43 @@ def test_a_failed_object_leaves_nothing_of_its_own_and_the_rest_written(tmp_path
         os.close(root)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_summed_write_is_the_object_a_sum_then_a_write_makes(
+    tmp_path: Path, threads: int
+) -> None:
+    """`write_objects` with `tables`: each unit summed as it is written into its header's
+    table, then the header's check: the file is byte for byte the header `core.l3.header`
+    makes of the units' CRC-32C, then the units (600 units: more than one gathering write, one
+    empty; one unit alone). A header without room for its table or its check is refused
+    before any file is made."""
+    space, units = "ns", [parts_of(3, 600, 70), parts_of(4, 1, 5000)]
+    units[0][7] = memoryview(b"")
+    names = ["a" * 32, "b" * 32]
+    blank = [
+        bytearray(header(space, n, [0] * len(u), [p.nbytes for p in u], Checks()))
+        for n, u in zip(names, units, strict=True)
+    ]
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fds, tmps = np.array([folder, folder], np.int32), [".tmp-0", ".tmp-1"]
+        objects = [[h, *u] for h, u in zip(blank, units, strict=True)]
+        tables = np.array([table_at(space, n) for n in names], np.int64)
+        assert write_objects(fds, tmps, names, objects, threads, tables, CHECK_AT) == [0, 0]
+        for name, parts in zip(names, units, strict=True):
+            sizes, digests = [p.nbytes for p in parts], [crc32c.crc32c(p) for p in parts]
+            want = header(space, name, digests, sizes, Checks()) + b"".join(parts)
+            assert (tmp_path / name).read_bytes() == want
+        short = [bytearray(8), *units[1]]
+        for tables_at, check_at in [([table_at(space, "c")], CHECK_AT), ([0], len(blank[1]))]:
+            with pytest.raises(ValueError, match="object 0: a header of"):
+                write_objects(fds[:1], tmps[:1], ["c"], [short], 1, np.array(tables_at), check_at)
+        with pytest.raises(BufferError):  # the header is filled in: a bytes one is refused
+            write_objects(fds[:1], tmps[:1], ["c"], [[bytes(blank[1]), *units[1]]], 1, tables[1:])
+        assert sorted(p.name for p in tmp_path.iterdir()) == names
+    finally:
+        os.close(folder)
+
+
 def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(tmp_path: Path) -> None:
     """`put_many` in folders made as needed: each object reads back as `put` would leave it,
     counted; one whose name is taken by a folder fails the call naming it, after the
@@ -138,15 +176,17 @@ def test_a_writes_units_are_summed_on_threads_as_on_one() -> None:
 def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], native: bool
 ) -> None:
-    """Every page of the write-back in one `put_many` call (2 I/O threads: batches of 4
-    pages, so two calls for 5) where the pool holds the units as bytes and the store is
-    unbounded; else one `put` a page. Either way the pages load back bit-exact."""
+    """Every page of the write-back in one `put_many` call (5 pages, though a rotating owner
+    would send 4 at a time on 2 I/O threads), each unit summed as the store writes it, where
+    the pool holds the units as bytes and the store is unbounded; else one `put` a page.
+    Either way the pages load back bit-exact."""
     calls: list[int] = []
     real = FileStore.put_many
 
-    def put_many(store: FileStore, objects: Any) -> None:
+    def put_many(store: FileStore, objects: Any, tables: Any = None) -> None:
         calls.append(len(objects))
-        real(store, objects)
+        assert tables is not None  # the store sums the units as it writes them
+        real(store, objects, tables)
 
     monkeypatch.setattr(FileStore, "put_many", put_many)
     puts: list[str] = []
@@ -154,7 +194,7 @@ def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
     monkeypatch.setattr(FileStore, "put", lambda s, n, p: (puts.append(n), real_put(s, n, p)))
     with engine_with(tmp_path, "storage.io_threads=2", *overrides) as engine:
         keys, expected = stored_prefix(engine)
-        assert (calls, len(puts)) == (([4, 1], 0) if native else ([], PAGES))
+        assert (calls, len(puts)) == (([PAGES], 0) if native else ([], PAGES))
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()

@@ -1,14 +1,16 @@
 """A write-back's pages stored a batch at a time: where the store writes natively
 (`ObjectStore.units_writer`), the host pool holds this rank's units as bytes and the check is
-CRC-32C, every unit's CRC in one native call on the I/O threads, each page's header, then every
-object in one store call; elsewhere a page a task on the I/O threads (`L3Tier.write`).
+CRC-32C, every object in one store call, each page's header with its units' CRC-32C: summed
+by the store as it writes each unit where it can (`UnitsWriter.sums_units`: one pass over the
+pool), else all in one native call on the I/O threads first; elsewhere a page a task on the
+I/O threads (`L3Tier.write`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pipeline.core.l3 import header
+from pipeline.core.l3 import header, table_at
 from pipeline.engine.l3.stores import Part
 from pipeline.engine.l3.stores._fileio import crcs_of
 from pipeline.engine.l3.tier import L3Tier
@@ -25,14 +27,20 @@ def write_pages(
     if writer is None or not pool.direct or tier.runs_crc is None:
         list(tier.io.map(tier.write, keys, pages, shares))
         return
-    units, objects = tier.object.units, []
+    units, objects = tier.object.units, list[list[Part]]()
     for page, received in zip(pages, shares, strict=True):
         views = dict(zip((u.ordinal for u in own), pool.views(page), strict=True))
         objects.append([(views | dict(received))[u.ordinal] for u in units])
+    names, sizes = [tier.name(k) for k in keys], [u.page_bytes for u in units]
+    if writer.sums_units:  # headers with blank digests: the store fills them
+        blank = [0] * len(units)
+        heads = [bytearray(header(tier.space, n, blank, sizes, tier.checks)) for n in names]
+        summed = [(n, [h, *parts]) for n, h, parts in zip(names, heads, objects, strict=True)]
+        writer.put_many(summed, [table_at(tier.space, n) for n in names])
+        return
     crcs = crcs_of([part for parts in objects for part in parts], tier.storage.io_threads)
     stored: list[tuple[str, Sequence[Part]]] = []
-    for i, (key, parts) in enumerate(zip(keys, objects, strict=True)):
-        name, digests = tier.name(key), crcs[i * len(units) : (i + 1) * len(units)]
-        head = header(tier.space, name, digests, [v.nbytes for v in parts], tier.checks)
-        stored.append((name, [head, *parts]))
+    for i, (name, parts) in enumerate(zip(names, objects, strict=True)):
+        digests = crcs[i * len(units) : (i + 1) * len(units)]
+        stored.append((name, [header(tier.space, name, digests, sizes, tier.checks), *parts]))
     writer.put_many(stored)

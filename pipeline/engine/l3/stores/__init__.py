@@ -67,9 +67,19 @@ class UnitsReader(PartsReader, Protocol):
 class UnitsWriter(Protocol):
     """Writes of many objects in one native call (`put_many`)."""
 
-    def put_many(self, objects: Sequence[tuple[str, Sequence[Part]]]) -> None:
+    sums_units: bool
+    """Whether `put_many` takes `tables`: it then sums (CRC-32C) each unit as it writes it,
+    from the CPU's cache, where a sum before the write would read the pool once more."""
+
+    def put_many(
+        self, objects: Sequence[tuple[str, Sequence[Part]]], tables: Sequence[int] | None = None
+    ) -> None:
         """`ObjectStore.put` of each (name, parts), all in one call on threads of the store's
-        own, outside Python's lock; the first failure raised once every object was tried."""
+        own, outside Python's lock; the first failure raised once every object was tried.
+        With `tables` (`sums_units`): each object's first part is its header (a bytearray)
+        with its digests and check yet to fill, its digest table at tables[o]
+        (`core.l3.table_at`); each unit's CRC-32C is put there as it is written, then the
+        header's check, and the header is written last."""
 
 
 class ObjectStore(Protocol):

@@ -820,43 +820,37 @@ typedef struct {
     const char *const *tmps, *const *leaves;
     Py_buffer *parts;
     Py_ssize_t *first; /* object o's parts: [first[o], first[o + 1]) */
+    const int64_t *tables; /* NULL, or where each object's header (its first part) holds the
+                              digest table its payload's sums fill */
+    int64_t check_at;      /* the header's 16 check bytes, filled last */
     Py_ssize_t count, next;
     int *errors;
 } Writes;
 
-/* Object o written whole as a new temporary file beside its final name, its times set now,
-   then renamed over the final name: all relative to its folder's descriptor (no path walked,
-   so no link followed); 0, or the errno of the step that failed (the temporary removed). */
-static int write_object(Writes *w, Py_ssize_t o) {
-    int folder = w->folders[o];
-    int fd = openat(folder, w->tmps[o], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) return errno;
+/* Parts [k, stop) written in order from `*at` on, gathered IOV_BATCH at a time, however
+   partial each write; `*at` moved past them. 0, or the errno of the write that failed. */
+static int write_parts(int fd, const Py_buffer *parts, Py_ssize_t k, Py_ssize_t stop, off_t *at) {
     struct iovec iov[IOV_BATCH];
-    Py_ssize_t k = w->first[o], stop = w->first[o + 1];
     size_t done = 0; /* bytes of part k already written */
-    off_t at = 0;
-    int error = 0;
-    while (!error && k < stop) {
+    while (k < stop) {
         int n = 0;
         size_t want = 0;
         for (Py_ssize_t j = k; j < stop && n < IOV_BATCH; j++, n++) {
             size_t skip = j == k ? done : 0;
-            iov[n].iov_base = (char *)w->parts[j].buf + skip;
-            want += iov[n].iov_len = (size_t)w->parts[j].len - skip;
+            iov[n].iov_base = (char *)parts[j].buf + skip;
+            want += iov[n].iov_len = (size_t)parts[j].len - skip;
         }
         if (!want) { /* empty parts only */
             k += n;
             done = 0;
             continue;
         }
-        ssize_t got = pwritev(fd, iov, n, at);
-        if (got <= 0) {
-            if (got == 0 || errno != EINTR) error = got ? errno : EIO;
-            continue;
-        }
-        at += got;
+        ssize_t got = pwritev(fd, iov, n, *at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return got ? errno : EIO;
+        *at += got;
         for (size_t left = (size_t)got; k < stop;) { /* past the parts written whole */
-            size_t rest = (size_t)w->parts[k].len - done;
+            size_t rest = (size_t)parts[k].len - done;
             if (left < rest) {
                 done += left;
                 break;
@@ -866,6 +860,54 @@ static int write_object(Writes *w, Py_ssize_t o) {
             k++;
         }
     }
+    return 0;
+}
+
+static void put_le32(unsigned char *to, uint32_t v) {
+    for (int b = 0; b < 4; b++) to[b] = (unsigned char)(v >> (8 * b));
+}
+
+/* A summed object (`tables`): its payload parts written after the header's place a CHUNK or
+   so at a time, each part's CRC-32C taken just before its write (so the write reads it from
+   the CPU's cache: one pass over the pool where a sum, then a write, took two) into the
+   header's table (rows of sum then length, 4 bytes each, little-endian: `core.l3.header`);
+   then the header's check (the CRC-32C of the header with its check zeroed, in the first 4
+   of its 16 bytes) and the header itself, at the file's start. */
+static int write_summed(Writes *w, Py_ssize_t o, int fd) {
+    Py_ssize_t head = w->first[o], stop = w->first[o + 1];
+    unsigned char *header = w->parts[head].buf;
+    off_t at = w->parts[head].len;
+    int error = 0;
+    for (Py_ssize_t k = head + 1; !error && k < stop;) {
+        Py_ssize_t end = k;
+        for (size_t bytes = 0; end < stop && (end == k || bytes + (size_t)w->parts[end].len <= CHUNK) &&
+                               end - k < IOV_BATCH;
+             end++) {
+            const Py_buffer *part = &w->parts[end];
+            put_le32(header + w->tables[o] + 8 * (end - head - 1),
+                     crc32c(0, part->buf, (size_t)part->len));
+            bytes += (size_t)part->len;
+        }
+        error = write_parts(fd, w->parts, k, end, &at);
+        k = end;
+    }
+    if (error) return error;
+    memset(header + w->check_at, 0, 16);
+    put_le32(header + w->check_at, crc32c(0, header, (size_t)w->parts[head].len));
+    off_t start = 0;
+    return write_parts(fd, w->parts, head, head + 1, &start);
+}
+
+/* Object o written whole as a new temporary file beside its final name, its times set now,
+   then renamed over the final name: all relative to its folder's descriptor (no path walked,
+   so no link followed); 0, or the errno of the step that failed (the temporary removed). */
+static int write_object(Writes *w, Py_ssize_t o) {
+    int folder = w->folders[o];
+    int fd = openat(folder, w->tmps[o], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    off_t start = 0;
+    int error = w->tables ? write_summed(w, o, fd)
+                          : write_parts(fd, w->parts, w->first[o], w->first[o + 1], &start);
     struct timespec now[2]; /* its first use, to the nanosecond (the file system's own
                                clock, UTIME_NOW, ticks in milliseconds) */
     clock_gettime(CLOCK_REALTIME, &now[0]);
@@ -884,15 +926,33 @@ static void *writer(void *arg) {
     return NULL;
 }
 
+/* Whether summed object o (parts [first[o], end)) has a header holding its table and its
+   check; raises where not. */
+static int summed_fits(const Writes *w, Py_ssize_t o, Py_ssize_t end) {
+    Py_ssize_t head = w->first[o], units = end - head - 1;
+    int64_t len = w->parts[head].len, table = w->tables[o];
+    if (units < 0 || table < 0 || table + 8 * units > len || w->check_at < 0 ||
+        w->check_at + 16 > len || (w->check_at < table + 8 * units && table < w->check_at + 16)) {
+        PyErr_Format(PyExc_ValueError,
+                     "object %zd: a header of %lld bytes holds no table of %zd rows at %lld "
+                     "and check at %lld apart",
+                     o, (long long)len, units, (long long)table, (long long)w->check_at);
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *write_objects(PyObject *self, PyObject *args) {
     PyObject *folders, *tmps, *leaves, *objects, *result = NULL, *held[3] = {NULL, NULL, NULL};
+    PyObject *tables = Py_None;
+    long long check_at = 0;
     int threads;
-    Column fds = {.view = {.obj = NULL}};
+    Column fds = {.view = {.obj = NULL}}, table_col = {.view = {.obj = NULL}};
     Writes w = {0};
     const char **tmp_names = NULL, **leaf_names = NULL;
     Py_ssize_t taken = 0, total = 0;
-    if (!PyArg_ParseTuple(args, "OOOOi:write_objects", &folders, &tmps, &leaves, &objects,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "OOOOi|OL:write_objects", &folders, &tmps, &leaves, &objects,
+                          &threads, &tables, &check_at))
         return NULL;
     if (threads < 1) {
         PyErr_SetString(PyExc_ValueError, "write_objects: threads >= 1");
@@ -900,6 +960,15 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
     }
     if (!column(folders, &fds, 4, 0, "folders")) return NULL;
     Py_ssize_t n = fds.count;
+    if (tables != Py_None) {
+        if (!column(tables, &table_col, 8, 0, "tables")) goto out;
+        if (table_col.count != n) {
+            PyErr_SetString(PyExc_ValueError, "tables: one per object");
+            goto out;
+        }
+        w.tables = table_col.view.buf;
+        w.check_at = check_at;
+    }
     if (!utf8_names(tmps, n, 1, &held[0], &tmp_names) ||
         !utf8_names(leaves, n, 1, &held[1], &leaf_names))
         goto out;
@@ -925,11 +994,13 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
         w.first[o] = taken;
         for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(list); j++, taken++)
             if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(list, j), &w.parts[taken],
-                                   PyBUF_C_CONTIGUOUS) < 0) {
+                                   PyBUF_C_CONTIGUOUS | (w.tables && !j ? PyBUF_WRITABLE : 0)) <
+                0) {
                 Py_DECREF(list);
                 goto out;
             }
         Py_DECREF(list);
+        if (w.tables && !summed_fits(&w, o, taken)) goto out;
     }
     w.first[n] = taken;
     w.folders = fds.view.buf;
@@ -945,6 +1016,7 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
 out:
     for (Py_ssize_t j = 0; j < taken; j++) PyBuffer_Release(&w.parts[j]);
     PyBuffer_Release(&fds.view);
+    PyBuffer_Release(&table_col.view);
     for (int k = 0; k < 3; k++) Py_XDECREF(held[k]);
     PyMem_Free(tmp_names);
     PyMem_Free(leaf_names);
@@ -1089,12 +1161,17 @@ static PyMethodDef methods[] = {
      "regular file, opened as read_objects opens an object (no link followed), on `threads` "
      "threads (at most 64) without the interpreter's lock."},
     {"write_objects", write_objects, METH_VARARGS,
-     "write_objects(folders, tmps, leaves, objects, threads) -> list[int]\n\n"
+     "write_objects(folders, tmps, leaves, objects, threads, tables=None, check_at=0) -> "
+     "list[int]\n\n"
      "Write object o (the buffers objects[o], in order) as the new file tmps[o] in the folder "
      "open at folders[o] (int32), set its times now and rename it over leaves[o] there, on "
      "`threads` threads (at most 64) without the interpreter's lock; each object's errno, 0 "
      "where it was written (a failed one leaves no temporary file). No path is walked: names "
-     "are single components of their folder."},
+     "are single components of their folder. tables (int64, per object) and check_at: each "
+     "object's first part is its header (writable): its other parts are written after it, "
+     "each one's CRC-32C put first in its row of 8 bytes (sum, length) of the table at "
+     "tables[o], then the header's own CRC-32C (its 16 bytes at check_at zeroed) put there, "
+     "and the header written last."},
     {"crcs_of", crcs_of, METH_VARARGS,
      "crcs_of(buffers, threads=1) -> list[int]: the CRC-32C of each buffer, summed in one call "
      "outside the interpreter's lock, on up to `threads` threads (a write's units)."},

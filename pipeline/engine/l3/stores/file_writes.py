@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline.core.l3 import CHECK_AT
 from pipeline.engine.l3.stores._fileio import write_objects
 from pipeline.engine.l3.stores.capacity import Bound, CapacityFull
 from pipeline.engine.l3.stores.counters import Counters
@@ -93,10 +94,15 @@ def _room(store: FileStore, size: int, name: str) -> contextlib.AbstractContextM
     return store.bound.admit(size, store.target_bytes, store.kept_with(name), name)
 
 
-def put_objects(store: FileStore, objects: Sequence[tuple[str, Sequence[Part]]]) -> None:
+def put_objects(
+    store: FileStore,
+    objects: Sequence[tuple[str, Sequence[Part]]],
+    tables: Sequence[int] | None = None,
+) -> None:
     """`FileStore.put_many` (an unbounded store): each object as `_put` writes it, in one
-    `_fileio.write_objects` call on the store's threads; each folder opened (made where
-    missing) once, below the root with no link followed."""
+    `_fileio.write_objects` call on the store's threads (with `tables`, each unit summed into
+    its object's header as it is written: `UnitsWriter.put_many`); each folder opened (made
+    where missing) once, below the root with no link followed."""
     held: dict[tuple[str, ...], int] = {}
     try:
         split = [store._split(name) for name, _ in objects]
@@ -106,7 +112,8 @@ def put_objects(store: FileStore, objects: Sequence[tuple[str, Sequence[Part]]])
         fds = np.array([held[tuple(folders)] for folders, _ in split], np.int32)
         tmps = [f"{TEMPORARY}{secrets.token_hex(8)}" for _ in objects]
         leaves = [leaf for _, leaf in split]
-        errors = write_objects(fds, tmps, leaves, [p for _, p in objects], store.threads)
+        sums = () if tables is None else (np.asarray(tables, np.int64), CHECK_AT)
+        errors = write_objects(fds, tmps, leaves, [p for _, p in objects], store.threads, *sums)
     finally:
         for fd in held.values():
             os.close(fd)

@@ -149,8 +149,12 @@ class FileStore:
         """Native writes where no capacity bounds the folder (a bound makes room for each)."""
         return self if self.bound is None else None
 
-    def put_many(self, objects: Sequence[tuple[str, Sequence[Part]]]) -> None:
-        put_objects(self, objects)
+    sums_units = True  # `_fileio.write_objects` sums each unit before it writes it
+
+    def put_many(
+        self, objects: Sequence[tuple[str, Sequence[Part]]], tables: Sequence[int] | None = None
+    ) -> None:
+        put_objects(self, objects, tables)
 
     def units_reader(self) -> FileParts | None:
         """Native reads through the page cache (not O_DIRECT's aligned staging)."""

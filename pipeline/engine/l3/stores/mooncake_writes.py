@@ -47,7 +47,11 @@ class MooncakeWrites:
     def __init__(self, store: PutStore) -> None:
         self.store = store
 
-    def put_many(self, objects: Sequence[Object]) -> None:
+    sums_units = False  # the client reads the parts itself: they are summed before
+
+    def put_many(self, objects: Sequence[Object], tables: Sequence[int] | None = None) -> None:
+        if tables is not None:
+            raise ValueError("Mooncake writes sum no units: pass headers already summed")
         there = self.store.exists([name for name, _ in objects]) if objects else []
         batched: list[Object] = []
         alone: list[Object] = []
