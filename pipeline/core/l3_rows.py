@@ -9,10 +9,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipeline.core.l3 import HEADER, KEY_ID, UNIT_BYTES, Checks, PageObject, header, unit_digests
-
-CHECK_AT = HEADER.size - 16
-"""Where the header's own check lies in its fixed fields (the last field, 16 bytes)."""
+from pipeline.core.l3 import (
+    CHECK_AT,
+    HEADER,
+    UNIT_BYTES,
+    Checks,
+    PageObject,
+    header,
+    table_at,
+    unit_digests,
+)
 
 
 def header_rows(
@@ -33,12 +39,12 @@ def header_rows(
         return np.zeros(count, bool), np.zeros((count, units), np.uint64)
     name_at = HEADER.size + len(space.encode())
     name_end = name_at + len(names[0].encode())
-    table_at, row = name_end + KEY_ID, checks.width + UNIT_BYTES.size
-    table = np.ascontiguousarray(rows[:, table_at:]).view("<u4").reshape(count, units, 2)
+    table, row = table_at(space, names[0]), checks.width + UNIT_BYTES.size
+    digests = np.ascontiguousarray(rows[:, table:]).view("<u4").reshape(count, units, 2)
     fixed = np.ones(len(template), bool)
     fixed[CHECK_AT : HEADER.size] = False
     fixed[name_at:name_end] = False
-    fixed[table_at:].reshape(units, row)[:, : checks.width] = False  # the digests
+    fixed[table:].reshape(units, row)[:, : checks.width] = False  # the digests
     ok = (rows[:, fixed] == template[fixed]).all(axis=1)
     wanted = np.frombuffer("".join(names).encode(), np.uint8).reshape(count, -1)
     ok &= (rows[:, name_at:name_end] == wanted).all(axis=1)
@@ -48,7 +54,7 @@ def header_rows(
     sums = np.array([unit(r.data) for r in zeroed], np.uint64)
     stored = np.ascontiguousarray(rows[:, CHECK_AT : HEADER.size]).view("<u8")
     ok &= (stored[:, 0] == sums) & (stored[:, 1] == 0)
-    return ok, table[:, :, 0].astype(np.uint64)
+    return ok, digests[:, :, 0].astype(np.uint64)
 
 
 def _one_by_one(

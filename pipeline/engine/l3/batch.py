@@ -17,9 +17,9 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from pipeline.core.l3_rows import header_rows
 from pipeline.core.model import Unit
 from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.page_reads import PageReads, leading_intact, named
 from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
@@ -81,7 +81,7 @@ def _fetch(
 
     try:
         if count and running(0):
-            plan = PageReads(tier, units, keys, into, tables)
+            plan = tier_reads(tier, units, keys, into, tables)
             reader = tier.store.units_reader()
             assert reader is not None, "batched() asked the store"
             try:
@@ -109,89 +109,21 @@ def read_batch(
 ) -> int:
     """The pages of `keys` read into host pages `into` in one `reader` call (`PageReads`);
     how many, from the first, were read intact."""
-    plan = PageReads(tier, units, keys, into, tables)
+    plan = tier_reads(tier, units, keys, into, tables)
     done = reader.read_units(plan.reads([0, len(keys)], None)) // plan.per
     return plan.intact(0, done)
 
 
-class PageReads:
-    """A run of pages read whole: each object's header and `units` into host pages `into`,
-    in one call, the units checked against the header's digest table (kept in the empty
-    `tables[i]`), group by group of pages."""
-
-    def __init__(
-        self,
-        tier: L3Tier,
-        units: tuple[Unit, ...],
-        keys: Sequence[str],
-        into: np.ndarray,
-        tables: Sequence[list[int]],
-    ) -> None:
-        self.tier, self.tables, self.count = tier, tables, len(keys)
-        self.pages, self.per = tier.page_map(units, device=False), len(units) + 1
-        self.names, heads = named(tier, keys)  # a range for the header, then the units'
-        width = int(heads.max()) if self.count else 0
-        self.head_rows = np.empty((self.count, width), np.uint8)  # kept alive until read
-        columns = unit_columns(self.pages, heads, into, skip=1)
-        offsets, addresses, nbytes, row, pitch = columns
-        offsets[:, 0] = 0
-        addresses[:, 0] = (
-            self.head_rows.ctypes.data + np.arange(self.count, dtype=np.uint64) * width
-        )
-        nbytes[:, 0] = heads
-        row[:, 0] = pitch[:, 0] = 0
-        self.columns = tuple(column.ravel() for column in columns)
-        self.crcs = np.empty((self.count, self.per), np.uint32)
-        self.sizes = (heads + tier.object.page_bytes).tolist()
-
-    def reads(self, bounds: Sequence[int], on_group: Callable[[int], bool] | None) -> UnitReads:
-        """The reads, in groups of pages [bounds[g], bounds[g + 1])."""
-        offsets, addresses, nbytes, rows, pitches = self.columns
-        return UnitReads(
-            self.names,
-            self.sizes,
-            np.repeat(np.arange(self.count), self.per),
-            offsets,
-            addresses,
-            nbytes,
-            self.crcs.ravel(),
-            starts=True,
-            ends=np.asarray(bounds[1:], np.int64) * self.per,
-            threads=self.tier.storage.io_threads,
-            on_group=on_group,
-            rows=rows,
-            pitches=pitches,
-        )
-
-    def intact(self, first: int, stop: int) -> int:
-        """How many of pages [first, stop), read whole, are intact from the first; a page
-        there that fails its check counts as `l3_corrupt`."""
-        if stop <= first:
-            return 0
-        tier = self.tier
-        rows, names = self.head_rows[first:stop], self.names[first:stop]
-        ok, digests = header_rows(rows, tier.object, tier.space, names, tier.checks)
-        headed = int(np.argmin(ok)) if not ok.all() else stop - first
-        for table, row in zip(self.tables[first : first + headed], digests.tolist(), strict=False):
-            table.extend(row)
-        wanted = digests[:headed][:, self.pages.rows]
-        intact = leading_intact(self.crcs[first : first + headed, 1:], wanted)
-        if intact < stop - first:
-            tier.trace.op("l3_corrupt")  # there at its size, and not what its header says
-        return intact
-
-
-def named(tier: L3Tier, keys: Sequence[str]) -> tuple[list[str], np.ndarray]:
-    """The objects of `keys`: their names, and their headers' lengths (int64)."""
-    names = [tier.name(key) for key in keys]
-    heads = [tier.object.header_size(tier.space, n, tier.checks) for n in names]
-    return names, np.array(heads, np.int64)
-
-
-def leading_intact(crcs: np.ndarray, wanted: np.ndarray) -> int:
-    """Rows, from the first, whose every CRC is the one wanted."""
-    bad = np.flatnonzero((crcs != wanted).any(axis=1))
-    return int(bad[0]) if len(bad) else len(crcs)
+def tier_reads(
+    tier: L3Tier,
+    units: tuple[Unit, ...],
+    keys: Sequence[str],
+    into: np.ndarray,
+    tables: Sequence[list[int]],
+) -> PageReads:
+    """The tier's reads of `units` of the pages of `keys` into host pages `into`."""
+    pages, threads = tier.page_map(units, device=False), tier.storage.io_threads
+    return PageReads(tier, pages, keys, into, tables, threads, lambda: tier.trace.op("l3_corrupt"))
 
 
 class GroupReads:

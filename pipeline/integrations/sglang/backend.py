@@ -124,14 +124,24 @@ class PipelineStorage(HiCacheStorage):
         # objects this write-back holds (its eviction keeps them)
         names = [io.name(key) for key, _ in requests]
         there = stored_intact(io.store, names, io.intact, self.threads)
-        writes = {
-            i: self.threads.submit(self._write, key, page)
-            for i, ((key, page), stored) in enumerate(zip(requests, there, strict=True))
-            if not stored
-        }
-        done = [writes[i].result() if i in writes else True for i in range(len(requests))]
-        self.throughput.add("backup", len(writes), io.size, time.perf_counter() - start)
+        todo = [request for request, stored in zip(requests, there, strict=True) if not stored]
+        if io.writes_many:  # one store call, as the engine's write-backs
+            written = self._write_many(todo)
+            done = [stored or written for stored in there]
+        else:
+            writes = iter([self.threads.submit(self._write, key, page) for key, page in todo])
+            done = [stored or next(writes).result() for stored in there]
+        self.throughput.add("backup", len(todo), io.size, time.perf_counter() - start)
         return done
+
+    def _write_many(self, requests: list[tuple[str, int]]) -> bool:
+        keys, pages = [key for key, _ in requests], [page for _, page in requests]
+        try:
+            self._io().write_many(keys, pages, self.settings.storage.io_threads)
+        except Exception as e:  # which page failed is not said: SGLang retries them all later
+            log.warning("L3 write of %d pages failed: %s", len(requests), e)
+            return False
+        return True
 
     def _write(self, key: str, page: int) -> bool:
         try:
@@ -149,11 +159,20 @@ class PipelineStorage(HiCacheStorage):
     ) -> list[bool]:
         """Fill each key's host page from its object, checked unit by unit; False for a
         page whose object is absent, truncated, corrupt or not this key's (a miss, never
-        bytes SGLang would use)."""
+        bytes SGLang would use). Where the pages go in one store call (`PageIO.reads_many`)
+        the reads stop at the first miss and every page after it is False too: SGLang
+        takes a prefetch's pages up to the first False."""
         io, requests = self._io(), self._requests(keys, host_indices)
         start = time.perf_counter()
-        reads = [self.threads.submit(io.read, key, page) for key, page in requests]
-        found = [read.result() for read in reads]
+        if io.reads_many:  # one store call, as the engine's loads: up to the first miss
+            pages = [page for _, page in requests]
+            read = io.read_many(
+                [key for key, _ in requests], pages, self.settings.storage.io_threads
+            )
+            found = [i < read for i in range(len(requests))]
+        else:
+            reads = [self.threads.submit(io.read, key, page) for key, page in requests]
+            found = [read.result() for read in reads]
         self.throughput.add("prefetch", sum(found), io.size, time.perf_counter() - start)
         return found
 

@@ -121,6 +121,19 @@ class HostPages:
             return buf[first : first + size].transpose(0, 1)
         return buf[:, first : first + size].transpose(1, 2)
 
+    def unit_views(self) -> dict[int, torch.Tensor]:
+        """Each unit's pages as one view of the pool, [pages, page_size, row elements], by
+        unit ordinal: where a batch of pages reads and writes (`pipeline.engine.l3.pages.
+        Placement`: one run of bytes a page, or page_first's rows a token apart)."""
+        found = {}
+        for i, (unit, view) in enumerate(zip(self.units, self.page(0), strict=True)):
+            rows = view.flatten(1)
+            assert rows.data_ptr() == view.data_ptr(), "a unit's rows are a view of the pool"
+            step = unit.stride // self.buffer.element_size()
+            shape, strides = (self.num_pages, *rows.shape), (step, *rows.stride())
+            found[i] = self.buffer.as_strided(shape, strides, rows.storage_offset())
+        return found
+
     def views(self, page: int) -> list[memoryview]:
         """Page `page`'s units as bytes of the pool (direct layouts only)."""
         at = [u.first + page * u.stride for u in self.units]

@@ -1,6 +1,8 @@
 """One SGLang host page as one object of this project's format (`pipeline.core.l3`): a header
 with a digest per unit (CRC-32C, or a keyed MAC), then the units in order, written from and
-read into the host pool as `HostPages` lays them out."""
+read into the host pool as `HostPages` lays them out. A batch of pages moves in one store
+call where the engine's loads and write-backs would (`read_many`, `write_many`), else a page
+at a time (`read`, `write`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import torch
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.engine.l3.intact import read_intact
-from pipeline.engine.l3.stores import ObjectStore
+from pipeline.engine.l3.page_reads import PageReads
+from pipeline.engine.l3.pages import PageMap, Placement
+from pipeline.engine.l3.stores import ObjectStore, reads_units
+from pipeline.engine.l3.writes import put_summed
 from pipeline.integrations.sglang.host_pages import HostPages
 
 
@@ -62,6 +67,18 @@ class PageIO:
             self._free.put(scratch)
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        self.map = PageMap(
+            self.object, self.object.units, Placement(self.object, pages.unit_views())
+        )
+        """Where each unit's pages lie in the pool, as the engine's batches read them."""
+        units, rows = reads_units(store)
+        self.reads_many = (
+            checks.key is None and units and (self.map.direct or (rows and self.map.native))
+        )
+        """A batch of pages is one `UnitsReader.read_units` call (CRC-32C checks, a store that
+        reads units natively, pages it lands in place), as the engine's loads batch."""
+        self.writes_many = checks.key is None and pages.direct and store.units_writer() is not None
+        """A batch of pages is one `UnitsWriter.put_many` call, as the engine's write-backs."""
         store.register(self.memory())
 
     def memory(self) -> list[memoryview]:
@@ -141,6 +158,29 @@ class PageIO:
         for what in failed:
             self._count(f"{what}_objects")
         return found
+
+    def read_many(self, keys: list[str], pages: list[int], threads: int) -> int:
+        """Fill host pages `pages` from the objects of `keys` in one store call on `threads`
+        threads (`reads_many` only); how many pages, from the first, were read intact (the
+        reads stop at a missing object, and SGLang takes the pages up to the first miss)."""
+        reader = self.store.units_reader()
+        assert reader is not None, "reads_many asked the store"
+        try:
+            tables: list[list[int]] = [[] for _ in keys]
+            into, corrupt = np.asarray(pages, np.int64), lambda: self._count("corrupt_objects")
+            plan = PageReads(self, self.map, keys, into, tables, threads, corrupt)
+            return plan.intact(0, reader.read_units(plan.reads([0, len(keys)], None)) // plan.per)
+        finally:
+            reader.close()
+
+    def write_many(self, keys: list[str], pages: list[int], threads: int) -> None:
+        """Store host pages `pages` as the objects of `keys` in one store call, each unit
+        summed as it is written where the store can (`writes_many` only); the first failure
+        is raised once every page was tried."""
+        writer = self.store.units_writer()
+        assert writer is not None, "writes_many asked the store"
+        units = [self.pages.views(page) for page in pages]
+        put_summed(writer, self, [self.name(key) for key in keys], units, threads)
 
     def close(self) -> None:
         self.store.unregister(self.memory())
