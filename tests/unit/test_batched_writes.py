@@ -2,7 +2,8 @@
 `_fileio.write_objects`, `FileStore.put_many`): each lands whole under its name or not at all
 (a temporary file renamed over it, relative to its folder: no link followed), bit-exact and
 readable as `put` writes it, its time its first use; a failure names its object, leaves no
-temporary file and the rest of the batch written; a bounded store writes one at a time."""
+temporary file and the rest of the batch written; a bounded store makes room for a batch at
+once."""
 
 from __future__ import annotations
 
@@ -130,11 +131,14 @@ def test_a_summed_write_is_the_object_a_sum_then_a_write_makes(
         os.close(folder)
 
 
-def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("capacity", [None, 1 << 20], ids=["unbounded", "bounded"])
+def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(
+    tmp_path: Path, capacity: int | None
+) -> None:
     """`put_many` in folders made as needed: each object reads back as `put` would leave it,
-    counted; one whose name is taken by a folder fails the call naming it, after the
-    others are written. A bounded store has no native writer (room is made for each)."""
-    store = FileStore(str(tmp_path), threads=2)
+    counted (a bounded store's ledger too: all renamed in under one admission); one whose
+    name is taken by a folder fails the call naming it, after the others are written."""
+    store = FileStore(str(tmp_path), threads=2, capacity_bytes=capacity)
     try:
         assert store.units_writer() is store
         objects = [(f"ns/{k:02x}/key{k}", [b"h%d" % k, *parts_of(k, 3, 100)]) for k in range(5)]
@@ -142,6 +146,9 @@ def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(tmp_path: Path
         for name, parts in objects:
             assert store.get(name) == b"".join(bytes(p) for p in parts)
         assert store.counters.snapshot()["writes"] == 5
+        sizes = sum(sum(memoryview(p).nbytes for p in parts) for _, parts in objects)
+        if store.bound is not None:
+            assert store.bound.held() == (sizes, 5)
         (tmp_path / "ns/01/blocked").mkdir()
         with pytest.raises(OSError, match="ns/01/blocked: Is a directory"):
             store.put_many([("ns/01/blocked", [b"x"]), ("ns/02/after", [b"y"])])
@@ -149,12 +156,6 @@ def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(tmp_path: Path
         assert not [p for p in tmp_path.rglob(".tmp-*")]
     finally:
         store.close()
-    (tmp_path / "bounded").mkdir()
-    bounded = FileStore(str(tmp_path / "bounded"), capacity_bytes=1 << 20)
-    try:
-        assert bounded.units_writer() is None
-    finally:
-        bounded.close()
 
 
 def test_a_writes_units_are_summed_on_threads_as_on_one() -> None:
@@ -169,7 +170,7 @@ def test_a_writes_units_are_summed_on_threads_as_on_one() -> None:
         (["topology.mem_layout=page_first_direct"], True),
         (["topology.mem_layout=layer_first"], True),
         (["topology.mem_layout=page_first"], False),  # staged: a page a task
-        (["topology.mem_layout=page_first_direct", "storage.capacity_bytes=64MiB"], False),
+        (["topology.mem_layout=page_first_direct", "storage.capacity_bytes=64MiB"], True),
     ],
     ids=["page_first_direct", "layer_first", "page_first", "bounded"],
 )

@@ -25,6 +25,7 @@ from pipeline.config.sources import SHIPPED
 from pipeline.core.checks import ConfigError
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores import FileStore, open_store
+from pipeline.engine.l3.stores.capacity import CapacityFull
 from pipeline.engine.l3.stores.ledger import LEDGER
 from pipeline.engine.l3.stores.owned import walk
 
@@ -74,6 +75,31 @@ def test_writing_three_times_the_capacity_keeps_the_most_recently_used(tmp_path:
     assert (stats["evictions"], stats["evicted_bytes"]) == (124 - kept, (124 - kept) * OBJECT_BYTES)
     assert stats["writes"] == 124 and stats["misses"] == 60
     store.close()
+
+
+def test_a_batch_past_the_capacity_makes_room_at_once_and_keeps_its_own(tmp_path: Path) -> None:
+    """`put_many` (a write-back's native batch) past the capacity: the least recently used
+    objects go until the folder holds at most `evict_to` of it with the batch, never one of
+    the batch; a batch that cannot fit beside what it must keep is CapacityFull and leaves
+    no temporary file."""
+    store = FileStore(str(tmp_path), capacity_bytes=10 * OBJECT_BYTES, evict_to=0.5, threads=2)
+    try:
+        old = [name_of(i) for i in range(7)]
+        store.put_many([(n, [blob(n)]) for n in old])
+        new = [name_of(i) for i in range(7, 11)]
+        store.exists(new)  # as a write-back asks first: these are kept
+        store.put_many([(n, [blob(n)]) for n in new])
+        assert all(read_back(store, n) == blob(n) for n in new)
+        kept = sum(store.exists(old))
+        assert held_bytes(tmp_path) == (4 + kept) * OBJECT_BYTES <= 5 * OBJECT_BYTES
+        assert store.stats()["objects"] == 4 + kept and store.stats()["evictions"] == 7 - kept
+        huge = [name_of(i) for i in range(11, 22)]
+        store.exists(huge)
+        with pytest.raises(CapacityFull):
+            store.put_many([(n, [blob(n)]) for n in huge])
+        assert not [p for p in tmp_path.rglob(".tmp-*")]
+    finally:
+        store.close()
 
 
 @pytest.mark.usefixtures("one_rank")

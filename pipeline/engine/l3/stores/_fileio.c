@@ -899,8 +899,9 @@ static int write_summed(Writes *w, Py_ssize_t o, int fd) {
 }
 
 /* Object o written whole as a new temporary file beside its final name, its times set now,
-   then renamed over the final name: all relative to its folder's descriptor (no path walked,
-   so no link followed); 0, or the errno of the step that failed (the temporary removed). */
+   then renamed over the final name (none: left for the caller to rename): all relative to its
+   folder's descriptor (no path walked, so no link followed); 0, or the errno of the step that
+   failed (the temporary removed). */
 static int write_object(Writes *w, Py_ssize_t o) {
     int folder = w->folders[o];
     int fd = openat(folder, w->tmps[o], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -914,7 +915,8 @@ static int write_object(Writes *w, Py_ssize_t o) {
     now[1] = now[0];
     if (!error && futimens(fd, now) < 0) error = errno;
     if (close(fd) < 0 && !error) error = errno;
-    if (!error && renameat(folder, w->tmps[o], folder, w->leaves[o]) < 0) error = errno;
+    if (!error && w->leaves && renameat(folder, w->tmps[o], folder, w->leaves[o]) < 0)
+        error = errno;
     if (error) unlinkat(folder, w->tmps[o], 0);
     return error;
 }
@@ -970,7 +972,7 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
         w.check_at = check_at;
     }
     if (!utf8_names(tmps, n, 1, &held[0], &tmp_names) ||
-        !utf8_names(leaves, n, 1, &held[1], &leaf_names))
+        (leaves != Py_None && !utf8_names(leaves, n, 1, &held[1], &leaf_names)))
         goto out;
     if (!(held[2] = PySequence_Tuple(objects)) || PyTuple_GET_SIZE(held[2]) != n) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "objects: one list of parts each");
@@ -1167,7 +1169,8 @@ static PyMethodDef methods[] = {
      "open at folders[o] (int32), set its times now and rename it over leaves[o] there, on "
      "`threads` threads (at most 64) without the interpreter's lock; each object's errno, 0 "
      "where it was written (a failed one leaves no temporary file). No path is walked: names "
-     "are single components of their folder. tables (int64, per object) and check_at: each "
+     "are single components of their folder; leaves None: each written object is left at its "
+     "temporary name, for the caller to rename. tables (int64, per object) and check_at: each "
      "object's first part is its header (writable): its other parts are written after it, "
      "each one's CRC-32C put first in its row of 8 bytes (sum, length) of the table at "
      "tables[o], then the header's own CRC-32C (its 16 bytes at check_at zeroed) put there, "

@@ -35,7 +35,9 @@ def crcs_at(
 def write_objects(
     folders: np.ndarray,
     tmps: Sequence[str],
-    leaves: Sequence[str],
+    leaves: Sequence[str] | None,
     objects: Sequence[Sequence[bytes | bytearray | memoryview]],
     threads: int,
+    tables: np.ndarray | None = None,
+    check_at: int = 0,
 ) -> list[int]: ...

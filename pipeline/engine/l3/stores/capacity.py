@@ -140,14 +140,15 @@ class Bound:
 
     @contextlib.contextmanager
     def admit(
-        self, size: int, target: int, keep: Collection[str] = (), name: str = ""
+        self, size: int, target: int, keep: Collection[str] = (), name: str = "", count: int = 1
     ) -> Iterator[None]:
-        """For the block that renames an object of `size` bytes in: the ledger counts it
-        (first, so a crash between the two counts too much, never too little), and where the
-        folder would then pass the capacity, objects go, least recently used first and never
-        those named in `keep`, until it holds at most `target` bytes with this one;
-        CapacityFull where `keep` alone leaves no room. Where `name` is the quota's tenant's,
-        its own objects go first until the tenant is within its quota (`_within_quota`)."""
+        """For the block that renames `count` objects of `size` bytes in all (of `name`'s
+        namespace) in: the ledger counts them (first, so a crash between the two counts too
+        much, never too little), and where the folder would then pass the capacity, objects
+        go, least recently used first and never those named in `keep`, until it holds at most
+        `target` bytes with these; CapacityFull where `keep` alone leaves no room. Where
+        `name` is the quota's tenant's, its own objects go first until the tenant is within
+        its quota (`_within_quota`)."""
         with self.locked():
             held_bytes, held_objects = self.held()
             if self.quota and tenant_of(name.split("/")[0]) == self.quota.tenant:
@@ -163,7 +164,7 @@ class Bound:
                         f"keep (its own write-back's, {held_bytes} B held) leave no room for "
                         f"{size} B more; raise storage.capacity_bytes",
                     )
-            self._write(held_bytes + size, held_objects + 1)
+            self._write(held_bytes + size, held_objects + count)
             yield
 
     def _within_quota(

@@ -1,7 +1,8 @@
 """The file store's writes: each object a temporary file in its folder, written whole, then
 renamed over its name (a reader sees all of it or none), every step relative to the folder's
 descriptor. One at a time (`put_object`: where the store is bounded, room is made for each
-inside its rename), or many in one native call on the store's threads (`put_objects`)."""
+inside its rename), or many in one native call on the store's threads (`put_objects`: where
+bounded, room made for all at once, then each renamed in)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -99,11 +101,13 @@ def put_objects(
     objects: Sequence[tuple[str, Sequence[Part]]],
     tables: Sequence[int] | None = None,
 ) -> None:
-    """`FileStore.put_many` (an unbounded store): each object as `_put` writes it, in one
-    `_fileio.write_objects` call on the store's threads (with `tables`, each unit summed into
-    its object's header as it is written: `UnitsWriter.put_many`); each folder opened (made
-    where missing) once, below the root with no link followed."""
+    """`FileStore.put_many`: each object as `_put` writes it, in one `_fileio.write_objects`
+    call on the store's threads (with `tables`, each unit summed into its object's header as
+    it is written: `UnitsWriter.put_many`); each folder opened (made where missing) once,
+    below the root with no link followed. A bounded store renames them in afterwards, under
+    one admission of their bytes (`_put_bounded`)."""
     held: dict[tuple[str, ...], int] = {}
+    sizes = [sum(memoryview(p).nbytes for p in parts) for _, parts in objects]
     try:
         split = [store._split(name) for name, _ in objects]
         for folders, _ in split:
@@ -112,16 +116,76 @@ def put_objects(
         fds = np.array([held[tuple(folders)] for folders, _ in split], np.int32)
         tmps = [f"{TEMPORARY}{secrets.token_hex(8)}" for _ in objects]
         leaves = [leaf for _, leaf in split]
-        sums = () if tables is None else (np.asarray(tables, np.int64), CHECK_AT)
-        errors = write_objects(fds, tmps, leaves, [p for _, p in objects], store.threads, *sums)
+        batch = Batch(fds, tmps, [p for _, p in objects], tables)
+        if store.bound is None:
+            errors = batch.write(store, range(len(objects)), leaves)
+        else:
+            errors = _put_bounded(store, batch, [n for n, _ in objects], leaves, sizes)
     finally:
         for fd in held.values():
             os.close(fd)
-    sizes = [sum(memoryview(p).nbytes for p in parts) for _, parts in objects]
     done = [size for size, error in zip(sizes, errors, strict=True) if not error]
     store.counters.add(writes=len(done), written_bytes=sum(done))
     if failed := next(((n, e) for (n, _), e in zip(objects, errors, strict=True) if e), None):
         raise failed_write(store, *failed)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch's objects: each one's folder, temporary name, parts, and digest table (all
+    or none: `UnitsWriter.put_many`)."""
+
+    fds: np.ndarray
+    tmps: list[str]
+    parts: list[Sequence[Part]]
+    tables: Sequence[int] | None
+
+    def write(self, store: FileStore, which: Sequence[int], leaves: list[str] | None) -> list[int]:
+        """Objects `which` written in one native call, renamed over `leaves` (None: left at
+        their temporary names); each one's errno, 0 where written."""
+        at = list(which)
+        sums = () if self.tables is None else (np.asarray(self.tables, np.int64)[at], CHECK_AT)
+        tmps, parts = [self.tmps[i] for i in at], [self.parts[i] for i in at]
+        names = None if leaves is None else [leaves[i] for i in at]
+        return list(write_objects(self.fds[at], tmps, names, parts, store.threads, *sums))
+
+
+def _put_bounded(
+    store: FileStore, batch: Batch, names: list[str], leaves: list[str], sizes: list[int]
+) -> list[int]:
+    """A bounded store's batch (of one namespace): every object written to its temporary
+    file in one native call (a full disk makes room once, as `put_object` does, and those
+    are written again), then all renamed over their names inside one admission of their
+    bytes (`Bound.admit`: room made under the folder's lock, as for one); each object's
+    errno, 0 where stored; no temporary file stays."""
+    bound = store.bound
+    assert bound is not None
+    errors = batch.write(store, range(len(names)), None)
+    if full := [i for i, e in enumerate(errors) if e == errno.ENOSPC]:
+        size = sum(sizes[i] for i in full)
+        margin = max(size, (store.capacity_bytes or 0) - store.target_bytes)
+        keep = frozenset().union(*(store.kept_with(names[i]) for i in full))
+        bound.evict(bound.held()[0] - margin, keep)
+        for i, error in zip(full, batch.write(store, full, None), strict=True):
+            errors[i] = error
+    written, renamed = [i for i, e in enumerate(errors) if not e], set()
+    try:
+        if written:
+            keep = frozenset().union(*(store.kept_with(names[i]) for i in written))
+            size = sum(sizes[i] for i in written)
+            with bound.admit(size, store.target_bytes, keep, names[written[0]], len(written)):
+                for i in written:
+                    fd = int(batch.fds[i])
+                    try:
+                        os.replace(batch.tmps[i], leaves[i], src_dir_fd=fd, dst_dir_fd=fd)
+                        renamed.add(i)
+                    except OSError as e:
+                        errors[i] = e.errno or errno.EIO
+    finally:  # the temporaries this call made (O_EXCL), under the names it drew
+        for i in set(written) - renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(batch.tmps[i], dir_fd=int(batch.fds[i]))
+    return errors
 
 
 def failed_write(store: FileStore, name: str, code: int) -> OSError:

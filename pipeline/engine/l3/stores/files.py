@@ -146,8 +146,8 @@ class FileStore:
         return FileParts(self)
 
     def units_writer(self) -> FileStore | None:
-        """Native writes where no capacity bounds the folder (a bound makes room for each)."""
-        return self if self.bound is None else None
+        """Native writes (a bound makes room for a batch at once: `file_writes.put_objects`)."""
+        return self
 
     sums_units = True  # `_fileio.write_objects` sums each unit before it writes it
 
