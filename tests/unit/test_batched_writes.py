@@ -255,9 +255,13 @@ def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert
             assert calls["batch_put_from_multi_buffers"] == 2 and calls["upsert_parts"] == 3
             big = np.zeros(80 << 20, np.uint8)  # more than the store's 64 MiB segment
             store.register([big.data])
+            written = store.counters.snapshot()["writes"]
             with pytest.raises(RuntimeError, match="Mooncake put of ns/ab/k7 returned"):
                 writer.put_many([("ns/ab/k6", [b"h", page[6]]), ("ns/ab/k7", [b"h", big.data])])
-            assert store.get("ns/ab/k6") == b"h" + bytes(page[6])
+            # k6 was written (the client returned 0 for it); the master may evict it at once
+            # under the pressure the failed 80 MiB put made, so a read finds it whole or not
+            assert store.counters.snapshot()["writes"] == written + 1
+            assert store.get("ns/ab/k6") in (b"h" + bytes(page[6]), None)
             store.unregister([pool.data, big.data])
         finally:
             store.close()
