@@ -133,3 +133,63 @@ def test_the_token_major_host_layout_reads_natively_and_only_into_its_own_pages(
         assert (rows[0] > 0).all() and (pitches[0] > rows[0]).all()
         with pytest.raises(IndexError, match="not in a pool of"):
             unit_columns(pages, heads, np.array([pages.held]), skip=0)
+
+
+def test_ranges_end_to_end_in_the_file_are_read_together_each_summed_and_put_in_place(
+    tmp_path: Path,
+) -> None:
+    """Several ranges of one object in one call, as a page's units are: those end to end in
+    the file are read in one go (`read_run`) yet each lands at its own address (one run, or
+    rows a pitch apart) with its own CRC; a small one (a header), a gap in the file, a range
+    past CHUNK and a run past CHUNK split them, and a file cut short inside a run is a miss."""
+    ranges = [  # offset, length, row (0: one run), pitch
+        (0, 100, 0, 0),  # a header's size: read straight into place
+        (100, 73728, 0, 0),
+        (73828, 73728, 1152, 1152 * 3),
+        (147556, 73728, 0, 0),
+        (221384 + 7, 20000, 0, 0),  # after a gap of 7 bytes
+        (241391, CHUNK + 5000, 1000, 1500),  # bigger than one read through the chunk
+        *((1287391 + k * 300000, 300000, 0, 0) for k in range(5)),  # 1.5 MB: two reads
+    ]
+    size = ranges[-1][0] + ranges[-1][1]
+    blob = np.random.default_rng(9).integers(0, 256, size, np.uint8).tobytes()
+    (tmp_path / "o").write_bytes(blob)
+    places = [(-(-n // row) - 1) * pitch + row if row else n for _, n, row, pitch in ranges]
+    starts = np.cumsum([0, *(p + 64 for p in places)])
+    into = np.full(int(starts[-1]), 0xA5, np.uint8)
+
+    def read(path: Path) -> tuple[tuple[int, int], np.ndarray]:
+        fd = os.open(path, os.O_RDONLY)
+        crcs = np.zeros(len(ranges), np.uint32)
+        try:
+            found = read_objects(
+                np.array([fd], np.int32),
+                np.array([path.stat().st_size], np.int64),
+                False,
+                np.zeros(len(ranges), np.int64),
+                np.array([o for o, *_ in ranges], np.int64),
+                np.array([into.ctypes.data + int(s) for s in starts[:-1]], np.uint64),
+                np.array([n for _, n, *_ in ranges], np.int64),
+                crcs,
+                np.array([len(ranges)], np.int64),
+                2,
+                None,
+                np.array([row or n for _, n, row, _ in ranges], np.int64),
+                np.array([pitch or n for _, n, _, pitch in ranges], np.int64),
+            )
+        finally:
+            os.close(fd)
+        return found, crcs
+
+    found, crcs = read(tmp_path / "o")
+    assert found == (1, len(ranges))  # the object opened, every range read
+    expected = np.full_like(into, 0xA5)
+    for (offset, n, row, pitch), at, crc in zip(ranges, starts, crcs, strict=False):
+        row, pitch = row or n, pitch or n
+        for r in range(-(-n // row)):
+            piece = blob[offset + r * row : offset + min((r + 1) * row, n)]
+            expected[at + r * pitch : at + r * pitch + len(piece)] = np.frombuffer(piece, np.uint8)
+        assert crc == crc32c.crc32c(blob[offset : offset + n]), offset
+    assert np.array_equal(into, expected)
+    (tmp_path / "short").write_bytes(blob[: ranges[2][0] + 50])  # cut inside the first run
+    assert read(tmp_path / "short")[0] == (1, 0)  # a short file: no range counts as read
