@@ -161,7 +161,7 @@ def issue_time() -> str:
 
 
 def ttft() -> str:
-    folders = ["2026-12-07-h100-defaults-ttft"]
+    folders = ["2026-12-07-h100-coalesced-ttft"]
     results = [load(f) for f in folders]
     names = ["store", "tokens", "new_tokens", "stream_layers", "load_ms", "compute_ms"]
     header = ["commit", "store", "cached tokens", "new tokens", "stream_layers", "load ms"]
@@ -188,7 +188,7 @@ def vllm_ttft() -> str:
 
 def l3_limits() -> str:
     folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold"]
-    folders += ["2026-12-07-h100-defaults-l3", "2026-12-07-cpu-block-copies"]
+    folders += ["2026-12-07-h100-coalesced-l3", "2026-12-07-cpu-block-copies"]
     results = [load(f) for f in folders]
     names = ["store", "cache", "io", "io_threads", "tokens", "load_ms", "gbps"]
     header = ["commit", "hardware", "store", "cache", "io", "I/O threads", "tokens", "load ms"]

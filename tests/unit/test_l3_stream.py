@@ -9,6 +9,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,15 @@ import pipeline
 from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
 from pipeline.engine.l3 import runs
+from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.handles import WindowedLoad
-from pipeline.engine.l3.load import AUTO_GROUPS, MIN_GROUP_BYTES, StreamedLoad, auto_layers
+from pipeline.engine.l3.load import (
+    AUTO_GROUPS,
+    MIN_GROUP_BYTES,
+    StreamedLoad,
+    auto_layers,
+    streamed_layers,
+)
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
@@ -304,3 +312,24 @@ def test_a_null_stream_layers_streams_an_eighth_of_the_layers_only_where_it_pays
     pays = gpu and native and groups_of >= MIN_GROUP_BYTES
     assert found == (-(-layers // 8) if pays else 0)
     assert AUTO_GROUPS == 8 and auto_layers(61, 1 << 40, gpu=True, native=True) == 8
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(("store", "streams"), [("file", True), ("mooncake", False)])
+def test_a_null_stream_layers_streams_onto_a_gpu_only_from_a_store_reading_groups_at_speed(
+    tmp_path: Path, store: str, streams: bool
+) -> None:
+    """The decision of a GPU rank's load (the engine's own, its device said to be cuda) over
+    the real tier: the file store reads a group of layers as fast as whole objects and
+    streams; Mooncake's ranged gets do not (`MooncakeUnits.groups`), so it reads whole."""
+    with engine_with(tmp_path, "topology.mem_layout=page_first_direct", store=store) as engine:
+        tier = engine.l3
+        assert tier is not None and batched(tier, tier.reads(False), device=False)
+        gpu_rank = SimpleNamespace(
+            strategy=engine.strategy,
+            verifies_next_load=engine.verifies_next_load,
+            runtime=SimpleNamespace(device=torch.device("cuda")),
+            model=engine.model,
+        )
+        found = streamed_layers(gpu_rank, tier, pages=1 << 20)  # type: ignore[arg-type]
+        assert found == (-(-engine.model.num_layers // AUTO_GROUPS) if streams else 0)

@@ -225,14 +225,15 @@ def streamed_layers(engine: Loader, tier: L3Tier, pages: int) -> int:
         return tier.storage.stream_layers
     units = tier.reads(False)
     gpu = engine.runtime.device.type == "cuda"
-    native = gpu and batched(tier, units, device=False)  # asked only where it could stream
+    native = gpu and tier.reads_groups and batched(tier, units, device=False)
     load_bytes = pages * sum(u.page_bytes for u in units)
     return auto_layers(engine.model.num_layers, load_bytes, gpu=gpu, native=native)
 
 
 def auto_layers(num_layers: int, load_bytes: int, *, gpu: bool, native: bool) -> int:
     """A null `storage.stream_layers`: an eighth of the layers a group onto a GPU where the
-    groups read natively and each moves at least MIN_GROUP_BYTES of `load_bytes`, else 0."""
+    groups read natively at whole objects' speed and each moves at least MIN_GROUP_BYTES of
+    `load_bytes`, else 0."""
     if not (gpu and native) or load_bytes < AUTO_GROUPS * MIN_GROUP_BYTES:
         return 0
     return -(-num_layers // AUTO_GROUPS)

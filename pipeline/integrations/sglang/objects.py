@@ -71,7 +71,7 @@ class PageIO:
             self.object, self.object.units, Placement(self.object, pages.unit_views())
         )
         """Where each unit's pages lie in the pool, as the engine's batches read them."""
-        units, rows = reads_units(store)
+        units, rows, _ = reads_units(store)
         self.reads_many = (
             checks.key is None and units and (self.map.direct or (rows and self.map.native))
         )

@@ -57,6 +57,10 @@ class UnitsReader(PartsReader, Protocol):
     rows: bool
     """Whether it lands a range as rows a pitch apart (`UnitReads.rows`)."""
 
+    groups: bool
+    """Whether it reads a group of layers (ranges inside objects) about as fast as whole
+    objects, so a load may stream by default (`load.streamed_layers`)."""
+
     def read_units(self, reads: UnitReads) -> int:
         """Every range of `reads` into its memory, its CRC-32C into `reads.crcs`, in one call
         outside Python's lock (but for `reads.on_group`); how many ranges, from the first,
@@ -182,11 +186,11 @@ def tenant_quota(config: StorageConfig) -> Quota | None:
     return Quota(config.tenant, quota, int(config.evict_to * quota))
 
 
-def reads_units(store: ObjectStore) -> tuple[bool, bool]:
-    """Whether `store` reads a load's pages in one call (`units_reader`), and whether it lands
-    a range as rows a pitch apart there."""
+def reads_units(store: ObjectStore) -> tuple[bool, bool, bool]:
+    """Whether `store` reads a load's pages in one call (`units_reader`), whether it lands a
+    range as rows a pitch apart there, and whether it reads groups of layers at speed."""
     reader = store.units_reader()
     if reader is None:
-        return False, False
+        return False, False, False
     reader.close()
-    return True, reader.rows
+    return True, reader.rows, reader.groups

@@ -50,6 +50,7 @@ class FileParts:
     what it holds and the read opens its object for itself."""
 
     rows = True
+    groups = True  # a group's ranges are preads like any other
 
     def __init__(self, store: OpenFiles) -> None:
         self.store = store
