@@ -360,27 +360,39 @@ static void put_row(unsigned char *to, const unsigned char *from, size_t len) {
     memcpy(to, from, len);
 }
 
+/* `size` bytes at `offset` into `to`, however many reads it takes; 0 at a short file or a
+   failed read. */
+static int read_full(int fd, int64_t offset, unsigned char *to, int64_t size) {
+    for (int64_t got = 0; got < size;) {
+        ssize_t n = pread(fd, to + got, (size_t)(size - got), offset + got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return 0;
+        got += n;
+    }
+    return 1;
+}
+
+/* `size` bytes from `from` put as rows of `row` bytes, each `pitch` bytes after the last (the
+   last row may be short; one run: row = pitch = size). */
+static void put_rows(unsigned char *into, const unsigned char *from, int64_t size, int64_t row,
+                     int64_t pitch) {
+    for (int64_t at = 0; at < size; at += row)
+        put_row(into + at / row * pitch, from + at, (size_t)(size - at < row ? size - at : row));
+}
+
 /* One range read through `bounce` (CHUNK bytes, the thread's) a chunk of whole rows at a
-   time, its CRC-32C summed there while in the CPU's cache, then each row of `row` bytes put
-   `pitch` bytes after the last (rows a pitch apart: a host pool that keeps a token's layers
-   together, `page_first`; one run: row = pitch = CHUNK); 0 at a short file or a failed read. */
+   time, its CRC-32C summed there while in the CPU's cache, then its rows put a pitch apart
+   (a host pool that keeps a token's layers together, `page_first`; one run: row = pitch =
+   CHUNK); 0 at a short file or a failed read. */
 static int read_through(int fd, int64_t offset, unsigned char *into, int64_t size, int64_t row,
-                     int64_t pitch, unsigned char *bounce, uint32_t *crc) {
+                        int64_t pitch, unsigned char *bounce, uint32_t *crc) {
     uint32_t sum = 0;
     int64_t per = CHUNK / row * row; /* rows > CHUNK: refused by read_objects */
-    for (int64_t done = 0; done < size;) {
-        int64_t want = size - done < per ? size - done : per, got = 0;
-        while (got < want) {
-            ssize_t n = pread(fd, bounce + got, (size_t)(want - got), offset + done + got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) return 0;
-            got += n;
-        }
+    for (int64_t done = 0; done < size; done += per) {
+        int64_t want = size - done < per ? size - done : per;
+        if (!read_full(fd, offset + done, bounce, want)) return 0;
         sum = crc32c(sum, bounce, (size_t)want);
-        for (int64_t at = 0; at < want; at += row)
-            put_row(into + (done + at) / row * pitch, bounce + at,
-                    (size_t)(want - at < row ? want - at : row));
-        done += want;
+        put_rows(into + done / row * pitch, bounce, want, row, pitch);
     }
 #if defined(__x86_64__)
     _mm_sfence(); /* the streamed rows are visible before the range counts as read */
@@ -483,21 +495,13 @@ static int64_t ranged_row(const Reads *r, Py_ssize_t k) {
    place, rows a pitch apart as `read_through` puts them (a page's units in one read, where a
    read each took as many calls); 0 at a short file or a failed read. */
 static int read_run(Reads *r, int fd, Py_ssize_t k, Py_ssize_t m, unsigned char *bounce) {
-    int64_t total = r->offsets[m - 1] + r->nbytes[m - 1] - r->offsets[k];
-    for (int64_t got = 0; got < total;) {
-        ssize_t n = pread(fd, bounce + got, (size_t)(total - got), r->offsets[k] + got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return 0;
-        got += n;
-    }
+    if (!read_full(fd, r->offsets[k], bounce, r->offsets[m - 1] + r->nbytes[m - 1] - r->offsets[k]))
+        return 0;
     for (const unsigned char *from = bounce; k < m; from += r->nbytes[k++]) {
         int64_t size = r->nbytes[k], row = ranged_row(r, k);
-        int64_t pitch = row ? r->pitches[k] : size;
-        unsigned char *into = (unsigned char *)r->addresses[k];
         r->crcs[k] = crc32c(0, from, (size_t)size);
-        row = row ? row : size;
-        for (int64_t at = 0; at < size; at += row)
-            put_row(into + at / row * pitch, from + at, (size_t)(size - at < row ? size - at : row));
+        put_rows((unsigned char *)r->addresses[k], from, size, row ? row : size,
+                 row ? r->pitches[k] : size);
     }
 #if defined(__x86_64__)
     _mm_sfence(); /* the streamed rows are visible before the ranges count as read */
