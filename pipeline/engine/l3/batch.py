@@ -27,10 +27,10 @@ from pipeline.engine.l3.tier import L3Tier
 
 def batched(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:
     """Whether reads of `units` into the host pool (not `device` pages) go in batches."""
-    if device or not tier.reads_units or tier.runs_crc is None:
+    if device or not tier.reading.units or tier.runs_crc is None:
         return False
     pages = tier.page_map(units, device=False)
-    return pages.direct or (pages.native and tier.reads_rows)
+    return pages.direct or (pages.native and tier.reading.rows)
 
 
 def lands_in_pool(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> bool:

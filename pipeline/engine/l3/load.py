@@ -225,7 +225,7 @@ def streamed_layers(engine: Loader, tier: L3Tier, pages: int) -> int:
         return tier.storage.stream_layers
     units = tier.reads(False)
     gpu = engine.runtime.device.type == "cuda"
-    native = gpu and tier.reads_groups and batched(tier, units, device=False)
+    native = gpu and tier.reading.groups and batched(tier, units, device=False)
     load_bytes = pages * sum(u.page_bytes for u in units)
     return auto_layers(engine.model.num_layers, load_bytes, gpu=gpu, native=native)
 

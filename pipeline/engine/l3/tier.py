@@ -97,7 +97,7 @@ class L3Tier:
         self.io = io
         """The threads that read and write objects (`storage.io_threads`)."""
         self.scratches, self.owners, self.storage = scratches, owners, storage
-        self.reads_units, self.reads_rows, self.reads_groups = reads_units(store)  # `l3.batch`
+        self.reading = reads_units(store)  # `l3.batch`, `l3.load`
         self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)

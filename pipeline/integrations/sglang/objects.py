@@ -71,9 +71,11 @@ class PageIO:
             self.object, self.object.units, Placement(self.object, pages.unit_views())
         )
         """Where each unit's pages lie in the pool, as the engine's batches read them."""
-        units, rows, _ = reads_units(store)
+        reading = reads_units(store)
         self.reads_many = (
-            checks.key is None and units and (self.map.direct or (rows and self.map.native))
+            checks.key is None
+            and reading.units
+            and (self.map.direct or (reading.rows and self.map.native))
         )
         """A batch of pages is one `UnitsReader.read_units` call (CRC-32C checks, a store that
         reads units natively, pages it lands in place), as the engine's loads batch."""

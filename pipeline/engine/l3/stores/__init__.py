@@ -8,7 +8,7 @@ an error in the middle of a transfer; opening a store and writing to it can fail
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores.capacity import Quota
@@ -186,11 +186,21 @@ def tenant_quota(config: StorageConfig) -> Quota | None:
     return Quota(config.tenant, quota, int(config.evict_to * quota))
 
 
-def reads_units(store: ObjectStore) -> tuple[bool, bool, bool]:
-    """Whether `store` reads a load's pages in one call (`units_reader`), whether it lands a
-    range as rows a pitch apart there, and whether it reads groups of layers at speed."""
+class UnitReading(NamedTuple):
+    """What a store's `units_reader` does (`reads_units`): all False where it has none."""
+
+    units: bool
+    """It reads a load's pages in one call."""
+    rows: bool
+    """It lands a range as rows a pitch apart (`UnitsReader.rows`)."""
+    groups: bool
+    """It reads a group of layers about as fast as whole objects (`UnitsReader.groups`)."""
+
+
+def reads_units(store: ObjectStore) -> UnitReading:
+    """What `store`'s units reader does, asked once of a reader it closes at once."""
     reader = store.units_reader()
     if reader is None:
-        return False, False, False
+        return UnitReading(units=False, rows=False, groups=False)
     reader.close()
-    return True, reader.rows, reader.groups
+    return UnitReading(units=True, rows=reader.rows, groups=reader.groups)
