@@ -193,3 +193,51 @@ def test_ranges_end_to_end_in_the_file_are_read_together_each_summed_and_put_in_
     assert np.array_equal(into, expected)
     (tmp_path / "short").write_bytes(blob[: ranges[2][0] + 50])  # cut inside the first run
     assert read(tmp_path / "short")[0] == (1, 0)  # a short file: no range counts as read
+
+
+def read_calls(path: Path, ranges: list[tuple[int, int]]) -> int:
+    """The fewest read system calls this process made over five `read_objects` calls of
+    `ranges` (offset, length) of the file into one buffer (/proc/self/io counts every thread's;
+    the fewest leaves out a stray read of a thread of pytest's)."""
+    into = np.zeros(sum(n for _, n in ranges), np.uint8)
+    starts = np.cumsum([0, *(n for _, n in ranges)])[:-1]
+    fd = os.open(path, os.O_RDONLY)
+    counts = []
+    try:
+        for _ in range(5):
+            before = Path("/proc/self/io").read_text()
+            found = read_objects(
+                np.array([fd], np.int32),
+                np.array([path.stat().st_size], np.int64),
+                False,
+                np.zeros(len(ranges), np.int64),
+                np.array([o for o, _ in ranges], np.int64),
+                np.array([into.ctypes.data + int(s) for s in starts], np.uint64),
+                np.array([n for _, n in ranges], np.int64),
+                np.zeros(len(ranges), np.uint32),
+                np.array([len(ranges)], np.int64),
+                2,
+                None,
+            )
+            after = Path("/proc/self/io").read_text()
+            assert found == (1, len(ranges))
+            counts.append(syscr(after) - syscr(before))
+    finally:
+        os.close(fd)
+    return min(counts)
+
+
+def syscr(io: str) -> int:
+    return int(next(line for line in io.splitlines() if line.startswith("syscr:")).split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+def test_a_pages_units_end_to_end_take_one_read_and_a_gap_one_more(tmp_path: Path) -> None:
+    """Eight units of 72 KiB end to end in the file take the read calls one range of all of
+    them takes (`read_run`; a read a unit took eight), and a gap between them one more."""
+    unit = 73728
+    (tmp_path / "o").write_bytes(bytes(9 * unit))
+    whole = read_calls(tmp_path / "o", [(0, 8 * unit)])
+    assert read_calls(tmp_path / "o", [(k * unit, unit) for k in range(8)]) == whole
+    split = [(k * unit, unit) for k in range(4)] + [((k + 1) * unit, unit) for k in range(4, 8)]
+    assert read_calls(tmp_path / "o", split) == whole + 1
