@@ -17,7 +17,7 @@ class AgreeOnHits:
 
     def on_objects(self, job: ObjectsJob, tier: L3Tier) -> None:
         total, step = job.hits, job.window_pages or max(job.hits, 1)
-        agreed, going = 0, True
+        agreed, going, agreed_all = 0, True, False
         try:
             while True:
                 stop = min(agreed + step, total)
@@ -30,6 +30,7 @@ class AgreeOnHits:
                     agreed, going = intact, intact == stop < total
                 if not anyone:
                     break
+            agreed_all = agreed == total
         finally:
-            drain(job)
+            drain(job, keep_later=agreed_all)
         job.hits = agreed

@@ -18,7 +18,6 @@ import pytest
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows
-from pipeline.engine.l3 import load as streamed
 from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
@@ -276,8 +275,8 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, stream_layers: int
 ) -> None:
     """Whole objects (a window per load) and streamed groups of layers alike: every read is
-    in one native call for all the load's pages on the tier's 2 I/O threads (the first group;
-    then every later one), none a page at a time."""
+    in one native call for all the load's pages on the tier's 2 I/O threads (streamed: the
+    first group, then every later one, each file opened once), none a page at a time."""
     overrides = [f"topology.mem_layout={layout}", "storage.io_threads=2"]
     with engine_with(tmp_path, *overrides, f"storage.stream_layers={stream_layers}") as engine:
         keys, expected = stored_prefix(engine)
@@ -296,7 +295,7 @@ def test_a_load_of_pool_pages_reads_in_runs_only_bit_exact(
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()
-        assert runs == [(PAGES, 2)] * (2 if stream_layers else 1)
+        assert runs == [(PAGES, 2)]
         assert not first_mismatch(engine, target, expected)
 
 
@@ -369,42 +368,34 @@ def test_a_bad_object_in_a_run_ends_the_hits_at_its_page(
 
 
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize(("case", "layer"), [("gone", 1), ("damaged", 2)])
 @pytest.mark.parametrize("read_first", [False, True], ids=["as-they-come", "read-first"])
 def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, layer: int, read_first: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_first: bool
 ) -> None:
-    """Read natively, layer by layer: page 3's object removed (its first later group, layer
-    1, misses it), or a byte of its layer 2 flipped, once the hits are agreed: the waits raise
-    by that layer's (a wait also settles the later groups already read), naming the layer and
-    the page; a flipped byte counts as corrupt. Where every later group was read before the
+    """Read natively, layer by layer, with a byte of page 3's layer 2 flipped: its first
+    group reads intact, so every page is a hit, and the same store call reads on; the waits
+    raise by layer 2's (a wait also settles the later groups already read), naming the layer
+    and the page, and the flip counts as corrupt. Where every later group was read before the
     load returned (`read-first`), neither the load nor `ready` raises: only the wait does."""
     layout = ["topology.mem_layout=page_first_direct", "storage.stream_layers=1"]
+    layer = 2
     with engine_with(tmp_path, *layout, "storage.io_threads=2") as engine:
         keys, _ = stored_prefix(engine)
         tier = engine.l3
         assert tier is not None
         real_fetch, path = tier.fetch, tmp_path / tier.name(keys[3])
-        unit = next(u for u in tier.object.units if u.layer == 2)
+        unit = next(u for u in tier.object.units if u.layer == layer)
         head = tier.object.header_size(tier.space, tier.name(keys[3]), tier.checks)
+        damage(path, "payload", head + tier.object.offsets[unit.ordinal])
 
-        def fetch(stages: Any, job: Any) -> Any:
+        def fetch(stages: Any, job: Any) -> Any:  # every later group read before the return
             done = real_fetch(stages, job)
-            if case == "gone":
-                path.unlink()
-            else:
-                damage(path, "payload", head + tier.object.offsets[unit.ordinal])
+            assert done.task is not None, "the fetch's call reads on"
+            concurrent.futures.wait([done.task])
             return done
 
-        def start_runs(*args: Any) -> Any:  # every later group read before the load returns
-            started = real_start(*args)
-            concurrent.futures.wait([f for runs in started for _, _, f in runs])
-            return started
-
-        monkeypatch.setattr(tier, "fetch", fetch)
-        real_start = streamed.start_runs
         if read_first:
-            monkeypatch.setattr(streamed, "start_runs", start_runs)
+            monkeypatch.setattr(tier, "fetch", fetch)
         loaded, _, _ = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
@@ -412,7 +403,7 @@ def test_a_later_group_that_misses_fails_a_streamed_load_at_its_layer(
         with pytest.raises(RuntimeError, match=rf"layers {layer}-{layer} not loaded.*page 3"):
             for waited in range(layer + 1):
                 handle.wait(waited)
-        assert engine.trace.counts.get("l3_corrupt", 0) == int(case == "damaged")
+        assert engine.trace.counts.get("l3_corrupt", 0) == 1
         monkeypatch.undo()
         with contextlib.suppress(RuntimeError):
             while engine.acks.pending:

@@ -19,7 +19,7 @@ import torch
 import pipeline
 from pipeline.core.slots import page_tokens
 from pipeline.engine.engine import Engine
-from pipeline.engine.l3 import runs
+from pipeline.engine.l3 import batch, runs
 from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.handles import WindowedLoad
 from pipeline.engine.l3.load import (
@@ -88,9 +88,10 @@ def layer_intact(engine: Engine, layer: int, target: list[int], expected: dict) 
 def test_the_load_returns_before_the_later_groups_are_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The later groups' reads are held back until the forward has used layer 0: the load
-    still returns, layer 0 is whole after its wait, the last layer is not ready; then every
-    layer arrives, bit-exact, each read having taken only its group's bytes."""
+    """The later groups' reads (or, read in the fetch's own call, their checks) are held
+    back until the forward has used layer 0: the load still returns, layer 0 is whole after
+    its wait, the last layer is not ready; then every layer arrives, bit-exact, each read
+    having taken only its group's bytes."""
     one_step_per_layer = "strategy.load_group_bytes=0"  # else a load group waits for them all
     with engine_with(
         tmp_path, "storage.stream_layers=2", "storage.io_threads=2", one_step_per_layer
@@ -106,8 +107,14 @@ def test_the_load_returns_before_the_later_groups_are_read(
 
             return read
 
+        def held_group(*args: Any) -> Any:  # a later group read in the fetch's own call
+            assert held.wait(60), "the test never let the later reads go"
+            return real_group(*args)
+
+        real_group = batch.group_read
         monkeypatch.setattr(runs, "read_run", holding(runs.read_run))
         monkeypatch.setattr(runs, "read_groups", holding(runs.read_groups))
+        monkeypatch.setattr(batch, "group_read", held_group)
         with engine.trace.capture() as ops:
             tier = engine.l3
             assert tier is not None
@@ -139,24 +146,25 @@ def test_the_load_returns_before_the_later_groups_are_read(
 
 
 @pytest.mark.usefixtures("one_rank")
-def test_a_group_gone_after_the_hits_fails_the_load(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Page 3's object is removed once the hits are agreed: the forward's waits raise by the
-    first layer of the group that missed it, naming the page and the layers, the ack fails,
-    the fresh host pages hold no data, and the engine loads again afterwards."""
+def test_a_later_group_that_fails_its_check_fails_the_load(tmp_path: Path) -> None:
+    """A byte of page 3's layer 2 flipped in the store: its first group (layers 0-1) reads
+    intact, so every page is a hit and the load returns; the forward's waits raise by layer
+    2, naming the page and the layers, the ack fails, the fresh host pages hold no data, and
+    the engine loads again afterwards."""
     with engine_with(tmp_path, "storage.stream_layers=2") as engine:
         keys, expected = stored_prefix(engine)
         tier = engine.l3
         assert tier is not None
-        real_fetch = tier.fetch
-
-        def fetch(stages: Any, job: Any) -> Any:
-            done = real_fetch(stages, job)
-            (tmp_path / tier.name(keys[3])).unlink()
-            return done
-
-        monkeypatch.setattr(tier, "fetch", fetch)
+        name, unit = tier.name(keys[3]), next(u for u in tier.object.units if u.layer == 2)
+        at = (
+            tier.object.header_size(tier.space, name, tier.checks)
+            + tier.object.offsets[unit.ordinal]
+        )
+        with open(tmp_path / name, "r+b") as f:
+            f.seek(at)
+            flipped = f.read(1)[0] ^ 0x01
+            f.seek(at)
+            f.write(bytes([flipped]))
         loaded, _, fresh = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
@@ -168,7 +176,6 @@ def test_a_group_gone_after_the_hits_fails_the_load(
             handle.done().wait()
         assert sorted(engine.host_allocator.without_data(np.array(fresh))) == sorted(fresh)
         engine.host_allocator.free(fresh)
-        monkeypatch.undo()
         with contextlib.suppress(RuntimeError):
             while engine.acks.pending:
                 engine.poll()

@@ -12,15 +12,16 @@ through the page cache); elsewhere a page is a read of its own (`L3Tier.read`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import NamedTuple
 
 import numpy as np
 
 from pipeline.core.model import Unit
-from pipeline.engine.l3.jobs import ObjectsJob
-from pipeline.engine.l3.page_reads import PageReads, leading_intact, named
-from pipeline.engine.l3.pages import unit_columns
+from pipeline.engine.l3.group_reads import GroupReads, group_read
+from pipeline.engine.l3.page_reads import PageReads
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
 
@@ -38,65 +39,145 @@ def lands_in_pool(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> boo
     return batched(tier, units, device=device) or tier.page_map(units, device=device).direct
 
 
+class Started(NamedTuple):
+    """A fetch's store call: a future per page of its first group (True once read intact),
+    one per later group (its pages read intact, from the first) and the call's own task."""
+
+    pages: list[Future[bool]]
+    groups: list[Future[int]]
+    task: Future[None]
+
+
 def start_batches(
     tier: L3Tier,
     units: tuple[Unit, ...],
     keys: list[str],
     into: np.ndarray,
     tables: list[list[int]],
-) -> list[Future[bool]]:
+    later: Sequence[tuple[Unit, ...]] = (),
+) -> Started:
     """Read the pages `into` in one store call, a task on the I/O threads that reads on the
-    tier's I/O thread count of its own (the fetch's windows its groups); a future per page,
-    True once it is read intact, resolved window by window. A window any of whose futures
-    was cancelled (a drained fetch) and those after it read nothing."""
-    futures: list[Future[bool]] = [Future() for _ in keys]
-    tier.io.submit(_fetch, tier, units, keys, into, tables, futures)
-    return futures
+    tier's I/O thread count of its own (the fetch's windows its groups), then, in the same
+    call, the `later` groups of layers of every page (checked against the tables the first
+    read filled). A window or later group whose future was cancelled (a drained fetch) and
+    those after it read nothing."""
+    pages: list[Future[bool]] = [Future() for _ in keys]
+    groups: list[Future[int]] = [Future() for _ in later]
+    task = tier.io.submit(FetchCall(tier, units, keys, into, tables, pages, later, groups).run)
+    return Started(pages, groups, task)
 
 
-def _fetch(
-    tier: L3Tier,
-    units: tuple[Unit, ...],
-    keys: list[str],
-    into: np.ndarray,
-    tables: list[list[int]],
-    futures: list[Future[bool]],
-) -> None:
-    count, window = len(keys), tier.window_pages or len(keys)
-    bounds = [*range(0, count, window), count]
-    settled = [0]  # the pages resolved
+class FetchCall:
+    """A fetch's one store call: the first group's pages window by window (each window's
+    futures resolved as it is whole and checked), then the later groups' (`GroupReads`)."""
 
-    def resolve(stop: int, intact: int) -> None:
-        for i in range(settled[0], stop):
-            futures[i].set_result(i < settled[0] + intact)
-        settled[0] = stop
+    def __init__(
+        self,
+        tier: L3Tier,
+        units: tuple[Unit, ...],
+        keys: list[str],
+        into: np.ndarray,
+        tables: list[list[int]],
+        futures: list[Future[bool]],
+        later: Sequence[tuple[Unit, ...]],
+        groups: list[Future[int]],
+    ) -> None:
+        self.tier, self.units, self.keys, self.into, self.tables = tier, units, keys, into, tables
+        self.futures, self.later, self.groups = futures, later, groups
+        count, window = len(keys), tier.window_pages or len(keys)
+        self.bounds = [*range(0, count, window), count]
+        self.settled, self.running = 0, [0]  # the pages resolved; the later group being read
+        self.rest: GroupReads | None = None
 
-    def running(w: int) -> bool:  # window w's futures, all still wanted
-        return all(f.set_running_or_notify_cancel() for f in futures[bounds[w] : bounds[w + 1]])
+    def run(self) -> None:
+        futures, groups, running = self.futures, self.groups, self.running
+        try:
+            if futures and self.window_wanted(0):
+                self.read()
+        except BaseException as e:
+            for future in futures[self.settled :]:
+                if future.running():
+                    future.set_exception(e)
+            if running[0] < len(groups) and groups[running[0]].running():
+                groups[running[0]].set_exception(e)
+                running[0] += 1
+        for future in futures[self.settled :]:  # after a miss, a failure or a cancel
+            if future.running() or future.set_running_or_notify_cancel():
+                future.set_result(False)
+        for group in groups[running[0] :]:
+            if group.set_running_or_notify_cancel():
+                group.set_result(0)
 
-    def on_window(w: int) -> bool:
-        intact = plan.intact(bounds[w], bounds[w + 1])
-        resolve(bounds[w + 1], intact)
-        return intact == bounds[w + 1] - bounds[w] and w + 2 < len(bounds) and running(w + 1)
+    def read(self) -> None:
+        tier, bounds, groups, running = self.tier, self.bounds, self.groups, self.running
+        self.plan = plan = tier_reads(tier, self.units, self.keys, self.into, self.tables)
+        if self.later:
+            self.rest = GroupReads(tier, self.keys, self.into, self.tables, self.later)
+            reads = one_call(plan, bounds, self.on_group, self.rest)
+        else:
+            reads = plan.reads(bounds, self.on_group)
+        reader = tier.store.units_reader()
+        assert reader is not None, "batched() asked the store"
+        try:
+            done = reader.read_units(reads)
+        finally:
+            reader.close()
+        if self.settled < len(self.keys) and self.futures[self.settled].running():  # cut short
+            whole = min(done, plan.crcs.size) // plan.per  # pages read whole
+            self.resolve(bounds[bounds.index(self.settled) + 1], plan.intact(self.settled, whole))
+        elif self.rest and running[0] < len(groups) and groups[running[0]].running():
+            g, done = running[0], done - plan.crcs.size
+            groups[g].set_result(self.rest.intact(g, self.rest.read_whole(g, done)))
+            running[0] += 1
 
-    try:
-        if count and running(0):
-            plan = tier_reads(tier, units, keys, into, tables)
-            reader = tier.store.units_reader()
-            assert reader is not None, "batched() asked the store"
-            try:
-                done = reader.read_units(plan.reads(bounds, on_window)) // plan.per
-            finally:
-                reader.close()
-            if settled[0] < count and futures[settled[0]].running():  # cut short by a read
-                resolve(bounds[bounds.index(settled[0]) + 1], plan.intact(settled[0], done))
-    except BaseException as e:
-        for future in futures[settled[0] :]:
-            if future.running():
-                future.set_exception(e)
-    for future in futures[settled[0] :]:  # after a miss, a failure or a cancel
-        if future.running() or future.set_running_or_notify_cancel():
-            future.set_result(False)
+    def resolve(self, stop: int, intact: int) -> None:
+        for i in range(self.settled, stop):
+            self.futures[i].set_result(i < self.settled + intact)
+        self.settled = stop
+
+    def window_wanted(self, w: int) -> bool:  # window w's futures, all still wanted
+        bounds = self.bounds
+        return all(
+            f.set_running_or_notify_cancel() for f in self.futures[bounds[w] : bounds[w + 1]]
+        )
+
+    def on_group(self, g: int) -> bool:
+        bounds, groups = self.bounds, self.groups
+        if g >= len(bounds) - 1:  # a later group's
+            assert self.rest is not None, "later groups come with their reads"
+            return group_read(self.tier, self.rest, groups, self.running, g - len(bounds) + 1)
+        intact = self.plan.intact(bounds[g], bounds[g + 1])
+        self.resolve(bounds[g + 1], intact)
+        whole = intact == bounds[g + 1] - bounds[g]
+        if g + 2 < len(bounds):
+            return whole and self.window_wanted(g + 1)
+        return whole and bool(groups) and groups[0].set_running_or_notify_cancel()
+
+
+def one_call(
+    plan: PageReads, bounds: list[int], on_group: Callable[[int], bool], rest: GroupReads
+) -> UnitReads:
+    """`plan`'s reads (in windows `bounds`), then `rest`'s, as one call's: the CRCs land in
+    one buffer, which both read theirs from."""
+    crcs = np.empty(plan.crcs.size + rest.crcs.size, np.uint32)
+    plan.crcs = crcs[: plan.crcs.size].reshape(plan.crcs.shape)
+    rest.crcs = crcs[plan.crcs.size :]
+    first, then = plan.reads(bounds, on_group), rest.reads(None)
+
+    def both(column: str) -> np.ndarray:
+        return np.concatenate([getattr(first, column), getattr(then, column)])
+
+    return dataclasses.replace(
+        first,
+        objects=both("objects"),
+        offsets=both("offsets"),
+        addresses=both("addresses"),
+        nbytes=both("nbytes"),
+        crcs=crcs,
+        ends=np.concatenate([first.ends, then.ends + plan.crcs.size]),
+        rows=both("rows"),
+        pitches=both("pitches"),
+    )
 
 
 def read_batch(
@@ -124,95 +205,3 @@ def tier_reads(
     """The tier's reads of `units` of the pages of `keys` into host pages `into`."""
     pages, threads = tier.page_map(units, device=False), tier.storage.io_threads
     return PageReads(tier, pages, keys, into, tables, threads, lambda: tier.trace.op("l3_corrupt"))
-
-
-class GroupReads:
-    """The ranges of a streamed load's later groups for a run of pages, group after group,
-    and each group's check against the tables its pages' first group read."""
-
-    def __init__(self, tier: L3Tier, jobs: list[ObjectsJob], first: int, stop: int) -> None:
-        keys, into = jobs[0].keys[first:stop], jobs[0].host_pages[first:stop]
-        self.count, self.size = len(keys), tier.object.page_bytes
-        self.names, self.heads = named(tier, keys)
-        tables = np.array(jobs[0].tables[first:stop], np.uint64).reshape(self.count, -1)
-        self.maps = [tier.page_map(job.units, device=False) for job in jobs]
-        self.columns = [unit_columns(pages, self.heads, into, skip=0) for pages in self.maps]
-        self.wanted = [tables[:, pages.rows] for pages in self.maps]
-        self.ends = np.cumsum([self.count * len(pages.units) for pages in self.maps])
-        self.crcs = np.empty(int(self.ends[-1]), np.uint32)
-        self.threads = tier.storage.io_threads
-
-    def start(self, g: int) -> int:
-        return int(self.ends[g - 1]) if g else 0
-
-    def intact(self, g: int, pages: int | None = None) -> int:
-        """Group g's leading intact pages (among its first `pages`)."""
-        got = self.crcs[self.start(g) : self.ends[g]].reshape(self.count, -1)
-        return leading_intact(got[:pages], self.wanted[g][:pages])
-
-    def read_whole(self, g: int, done: int) -> int:
-        """Group g's pages read whole when the reads stopped after `done` ranges."""
-        return max(0, done - self.start(g)) // len(self.maps[g].units)
-
-    def reads(self, on_group: Callable[[int], bool]) -> UnitReads:
-        offsets, addresses, nbytes, rows, pitches = (
-            np.concatenate([c[k].ravel() for c in self.columns]) for k in range(5)
-        )
-        per_page = [len(pages.units) for pages in self.maps]
-        objects = np.concatenate([np.repeat(np.arange(self.count), n) for n in per_page])
-        sizes = (self.heads + self.size).tolist()
-        columns = {"offsets": offsets, "addresses": addresses, "nbytes": nbytes}
-        return UnitReads(
-            self.names,
-            sizes,
-            objects,
-            **columns,
-            crcs=self.crcs,
-            starts=False,
-            ends=self.ends,
-            threads=self.threads,
-            on_group=on_group,
-            rows=rows,
-            pitches=pitches,
-        )
-
-
-def read_groups(
-    tier: L3Tier,
-    reader: UnitsReader,
-    jobs: list[ObjectsJob],
-    futures: list[Future[int]],
-    first: int,
-    stop: int,
-) -> None:
-    """A streamed load's later groups `jobs` of pages [first, stop), in one `reader` call:
-    every group's ranges, group after group, each group checked against the tables its
-    pages' first group read as soon as it is whole (on this thread, a moment under Python's
-    lock) and its future resolved with how many pages, from the first, are intact; a miss or
-    a cancelled next future ends the reads, and every group not read resolves as none."""
-    plan, running = GroupReads(tier, jobs, first, stop), [0]  # the group being read
-
-    def on_group(g: int) -> bool:
-        found = plan.intact(g)
-        if found < plan.count and tier.store.exists([plan.names[found]]) == [True]:
-            tier.trace.op("l3_corrupt")  # there, and not what its first group's header said
-        futures[g].set_result(found)
-        running[0] = g + 1
-        more = found == plan.count and g + 1 < len(futures)
-        return more and futures[g + 1].set_running_or_notify_cancel()
-
-    if futures[0].set_running_or_notify_cancel():
-        try:
-            done = reader.read_units(plan.reads(on_group))
-        except BaseException as e:
-            if running[0] < len(futures) and futures[running[0]].running():
-                futures[running[0]].set_exception(e)
-                running[0] += 1
-        else:
-            g = running[0]
-            if g < len(futures) and futures[g].running():  # cut short by a read
-                futures[g].set_result(plan.intact(g, plan.read_whole(g, done)))
-                running[0] += 1
-    for later in futures[running[0] :]:  # the groups after a miss, a failure or a cancel
-        if later.set_running_or_notify_cancel():
-            later.set_result(0)

@@ -32,7 +32,9 @@ def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
     assert into is not None, "a fetch names its device pages"
     tables = job.tables or [[] for _ in job.keys]
     if units and batched(tier, units, device=job.fallback):
-        job.reads = start_batches(tier, units, job.keys, into, tables)
+        later = [] if job.fallback else job.later  # every unit already, after a fallback
+        started = start_batches(tier, units, job.keys, into, tables, later)
+        job.reads, job.later_reads, job.task = started
     elif units:
         job.reads = [
             tier.io.submit(tier.read, key, int(page), units, device=job.fallback, table=table)
@@ -58,11 +60,18 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
     return stop
 
 
-def drain(job: ObjectsJob) -> None:
+def drain(job: ObjectsJob, *, keep_later: bool = False) -> None:
     """Cancel the reads not started and wait for the running ones: no thread writes into
-    the job's pages after the fetch."""
+    the job's pages after the fetch, but for its later groups' reads where `keep_later` (every
+    page a hit: they read into pages the load holds)."""
     cancel_or_wait(job.reads)
     job.reads = []
+    if not keep_later:
+        cancel_or_wait(job.later_reads)
+        job.later_reads = []
+    if job.task is not None and not job.later_reads:
+        wait([job.task])  # its last ranges may land after the reads they belong to resolved
+        job.task = None
 
 
 def cancel_or_wait(reads: Sequence[Future[Any]]) -> None:

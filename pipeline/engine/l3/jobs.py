@@ -45,6 +45,15 @@ class ObjectsJob:
     tables: list[list[int]] = field(default_factory=list)
     """A streamed fetch: each page's digest table, filled by its first group's read and
     checked against by the later groups' (empty: a table per read, not kept)."""
+    later: list[tuple[Unit, ...]] = field(default_factory=list)
+    """A streamed fetch: the later groups of layers, read in the same store call as the
+    first where the tier reads natively, so they need not wait for the hits to be agreed."""
+    later_reads: list[Future[int]] = field(default_factory=list)
+    """Per later group, how many pages from the first it read intact (kept past the fetch
+    only where every page was a hit; else cancelled and waited for)."""
+    task: Future[None] | None = None
+    """The store call reading the job's pages, where one does: waited for before anything
+    is released (a page's read resolves before the call's last bytes land)."""
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the logical plan: keys, host pages and device pages, in order."""

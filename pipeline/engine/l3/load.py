@@ -5,7 +5,10 @@ pages once the group agreed on it; but an object holds every layer of its page, 
 is complete before the last object is read, and the forward waits for the whole prefix.
 Streamed (`storage.stream_layers`; by default where it pays: `auto_layers`), the fetch reads
 each page's first group of layers and the replica group agrees on the hits from those reads;
-the load returns, the later groups' reads run on the I/O threads in group order, and each
+where the store reads natively, the same store call reads on to the later groups meanwhile
+(each object opened once), kept where every page was a hit, else cancelled and waited for
+and started again for the hits alone. The load returns, the later groups' reads run on the
+I/O threads in group order, and each
 group's copies to the device are issued as soon as its reads are in, from the forward's own
 calls (`wait`, `ready`, `done`): nothing is issued from another thread. An object that goes
 missing after the hits were agreed (evicted, overwritten, corrupted) fails the load at the
@@ -99,10 +102,12 @@ class StreamedLoad:
         load: GroupedLoad,
         reads: list[tuple[ObjectsJob, list[Run]]],
         group_of: list[int],
+        task: concurrent.futures.Future[None] | None,
     ) -> None:
         """`reads`: per group, its job and its runs of reads (group 0's settled by the fetch:
-        none); `group_of`: each model layer's read group."""
-        self.tier, self.load = tier, load
+        none); `group_of`: each model layer's read group; `task`: the store call reading the
+        later groups, where the fetch's reads on."""
+        self.tier, self.load, self.task = tier, load, task
         self.reads = reads
         self.steps: list[list[Step]] = [[] for _ in reads]
         """Per read group, the steps it completes (a load group's step goes with the read
@@ -154,6 +159,8 @@ class StreamedLoad:
             return
         for _, later in self.reads[k:]:  # nothing writes into the pages after the failure
             cancel_or_wait([run for _, _, run in later])
+        if self.task is not None:
+            concurrent.futures.wait([self.task])  # its last ranges land after their futures
         layers = sorted({u.layer for u in job.units})
         why = (
             f"its reads did not finish within runtime.timeout_s={timeout:g} s"
@@ -251,6 +258,7 @@ def stream_from_l3(
     groups' reads, issue the first group's copies and hand the forward the rest."""
     groups = layer_groups(tier.reads(False), engine.model.num_layers, per_group)
     job.units, job.tables = groups[0], [[] for _ in job.keys]
+    job.later = [units for units in groups[1:] if units]  # read on in the same call, natively
     job = tier.fetch(engine.strategy.l3.fetch, job)
     if job.fallback or not job.hits:
         return L3Load(job.hits, job.fallback, None)
@@ -272,13 +280,16 @@ def stream_from_l3(
         )
         for units in groups[1:]
     ]
-    runs = iter(start_runs(tier, [j for j in later if j.units]))
+    if job.later_reads:  # every page a hit: the fetch's call reads on
+        runs = iter([[(0, hits, future)] for future in job.later_reads])
+    else:
+        runs = iter(start_runs(tier, [j for j in later if j.units]))
     reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
     reads += [(j, next(runs) if j.units else []) for j in later]
     group_of = [0] * engine.model.num_layers
     for g, units in enumerate(groups):
         for unit in units:
             group_of[unit.layer] = g
-    streamed = StreamedLoad(tier, load, reads, group_of)
+    streamed = StreamedLoad(tier, load, reads, group_of, job.task)
     streamed._issue_through(0)
     return L3Load(hits, False, streamed)

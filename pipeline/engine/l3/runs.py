@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import Future
 
-from pipeline.engine.l3.batch import batched, lands_in_pool, read_groups
+from pipeline.engine.l3.batch import batched, lands_in_pool
+from pipeline.engine.l3.group_reads import read_groups
 from pipeline.engine.l3.jobs import ObjectsJob
 from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
 from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads

@@ -1,0 +1,113 @@
+"""Where a load from L3 spends its time: each phase of `load_from_l3` on a timeline.
+
+N page objects of deepseek_v3 in a file store (as `probe_reads.py` makes them), loaded into
+free host pages and the device tier again and again; for the last loads it prints, from the
+load's start: the lookup, the fetch (the first group's reads and the agreement on the hits,
+`load_from_l3`'s return), each native read call's start and end on its I/O thread, and the
+load's end (its `done` event waited for). From the root, on a cuda or a CPU machine:
+    python benchmarks/load_phases.py --pages 256 --threads 4 16 --override topology.device=cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+from probe_reads import SIZES, Probe
+
+from pipeline.core.slots import page_tokens
+from pipeline.engine.l3.stores.file_parts import FileParts
+
+
+@contextlib.contextmanager
+def timed_reads(marks: list[tuple[str, float, float]]) -> Iterator[None]:
+    """Record each native read call's (name, start, end) in `marks` while inside."""
+    original: Callable[..., int] = FileParts.read_units
+
+    @functools.wraps(original)
+    def read_units(self: FileParts, reads: Any) -> int:
+        began = time.perf_counter()
+        try:
+            return original(self, reads)
+        finally:
+            marks.append((f"read {len(reads.names)} objects", began, time.perf_counter()))
+
+    FileParts.read_units = read_units  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FileParts.read_units = original  # type: ignore[method-assign]
+
+
+def one_load(p: Probe, marks: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """A load of every page: its phases' ends and read calls, in ms from its start."""
+    e, n = p.engine, len(p.keys)
+    size, fresh = e.sizing.slots_per_page, e.host_allocator.alloc(n)
+    marks.clear()
+    began = time.perf_counter()
+    e.lookup(p.keys)
+    looked = time.perf_counter()
+    load = e.load_from_l3(p.keys, page_tokens(fresh, size), page_tokens(range(n, 2 * n), size))
+    fetched = time.perf_counter()
+    if load.handle is not None:
+        load.handle.done(e.runtime.forward_stream).wait()
+    ended = time.perf_counter()
+    while e.acks.pending:
+        e.poll()
+    e.host_allocator.free(fresh)
+    if load.hits != n:
+        raise RuntimeError(f"load_from_l3: {load.hits} of {n} pages")
+
+    def ms(t: float) -> float:
+        return round((t - began) * 1e3, 2)
+
+    return {
+        "lookup": ms(looked),
+        "fetch": ms(fetched),
+        "end": ms(ended),
+        "streamed": type(load.handle).__name__,
+        "reads": [(name, ms(a), ms(b)) for name, a, b in marks],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=256)
+    parser.add_argument("--threads", type=int, nargs="+", default=[4])
+    parser.add_argument("--loads", type=int, default=8)
+    parser.add_argument("--override", nargs="*", default=[], help="config overrides")
+    parser.add_argument("--json", default=None, help="write the loads here")
+    args = parser.parse_args()
+    sizes = {k.replace("-", "_"): v for k, v in SIZES.items() if k != "pages"}
+    probe_args = argparse.Namespace(pages=args.pages, override=args.override, **sizes)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    found: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="load-phases-") as folder:
+        for threads in args.threads:
+            probe, marks = Probe(probe_args, threads, folder, {}), []
+            try:
+                with timed_reads(marks):
+                    loads = [one_load(probe, marks) for _ in range(args.loads)]
+            finally:
+                probe.engine.close()
+            found[str(threads)] = loads
+            timed = loads[2:]  # the first two warm up
+            print(f"io_threads={threads}, {loads[-1]['streamed']}, median ms over", len(timed))
+            for phase in ("lookup", "fetch", "end"):
+                print(f"  {phase}: {statistics.median(x[phase] for x in timed):.1f}")
+            print("  last load's reads:", loads[-1]["reads"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(found, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
