@@ -84,7 +84,9 @@ class FetchCall:
     ) -> None:
         self.tier, self.units, self.keys, self.into, self.tables = tier, units, keys, into, tables
         self.futures, self.later, self.groups = futures, later, groups
-        count, window = len(keys), tier.window_pages or len(keys)
+        # a streamed fetch's first group is agreed on at once (no window of it is loaded
+        # before the rest): one turn of Python's lock for it, not one a window
+        count, window = len(keys), (not later and tier.window_pages) or len(keys)
         self.bounds = [*range(0, count, window), count]
         self.settled, self.running = 0, [0]  # the pages resolved; the later group being read
         self.rest: GroupReads | None = None

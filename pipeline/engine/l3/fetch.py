@@ -66,12 +66,11 @@ def drain(job: ObjectsJob, *, keep_later: bool = False) -> None:
     page a hit: they read into pages the load holds)."""
     cancel_or_wait(job.reads)
     job.reads = []
-    if not keep_later:
+    if job.later_reads and not keep_later:
         cancel_or_wait(job.later_reads)
-        job.later_reads = []
-    if job.task is not None and not job.later_reads:
-        wait([job.task])  # its last ranges may land after the reads they belong to resolved
-        job.task = None
+        assert job.task is not None, "later groups come with their call"
+        wait([job.task])  # it reads on past the futures it resolved, to its group's end
+        job.later_reads, job.task = [], None
 
 
 def cancel_or_wait(reads: Sequence[Future[Any]]) -> None:

@@ -52,8 +52,8 @@ class ObjectsJob:
     """Per later group, how many pages from the first it read intact (kept past the fetch
     only where every page was a hit; else cancelled and waited for)."""
     task: Future[None] | None = None
-    """The store call reading the job's pages, where one does: waited for before anything
-    is released (a page's read resolves before the call's last bytes land)."""
+    """The store call reading a streamed fetch's pages on to its later groups: waited for
+    where those are given up (its last ranges land after the futures they belong to)."""
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the logical plan: keys, host pages and device pages, in order."""

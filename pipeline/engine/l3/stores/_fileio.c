@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -53,6 +54,7 @@ struct open_how { /* openat2's, as <linux/openat2.h> (not on every build host) h
     uint64_t flags, mode, resolve;
 };
 
+#define READER_NICE 5 /* see `reader_thread` */
 #define POLY 0x82f63b78u /* CRC-32C, reflected */
 #define LONG_BLOCK 8192
 #define SHORT_BLOCK 256
@@ -566,6 +568,14 @@ static void *reader(void *arg) {
     return NULL;
 }
 
+/* A reading thread of its own, niced above the caller: where the cores are all taken, the
+   process's other threads (the agreement on a load's hits, the forward's copies issued as its
+   groups land) run first and the reads take what is left. */
+static void *reader_thread(void *arg) {
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), READER_NICE);
+    return reader(arg);
+}
+
 /* Items from the ranges: a new one where the object or the group changes; -1 with an error
    where a group's objects are not in ascending order, once each. */
 static Py_ssize_t make_items(Reads *r, Py_ssize_t n, const int64_t *ends, Py_ssize_t groups,
@@ -673,7 +683,7 @@ static int objects_of(PyObject *files, Reads *r, PyObject **paths_held, const ch
 static int run_groups(Reads *r, Py_ssize_t groups, int threads,
                       PyObject *on_group, PyThreadState **state) {
     pthread_t *ids = malloc(sizeof(pthread_t) * (size_t)threads);
-    Work reading = {reader, r};
+    Work reading = {reader_thread, r};
     int made = 0, raised = 0;
     for (; ids && made < threads && r->items; made++)
         if (pthread_create(&ids[made], NULL, quiet, &reading)) break;
