@@ -9,6 +9,8 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +367,35 @@ def test_a_bad_object_in_a_run_ends_the_hits_at_its_page(
         counts = engine.trace.counts
         assert counts.get("l3_corrupt", 0) == int(counted == "l3_corrupt")
         assert counts.get("l3_miss", 0) == 1
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_load_cut_short_returns_only_once_its_store_call_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page 1 damaged in a load of windows of 2 pages: the hits end at page 0, and the load
+    returns only after the native call has returned (its reading threads may still be landing
+    ranges of the next window when the miss is known), so nothing writes into the pages the
+    load gives back. The call here lingers after its reads; the load waits for it."""
+    overrides = ["topology.mem_layout=page_first_direct", "storage.load_chunk_pages=2"]
+    with engine_with(tmp_path, *overrides, "storage.io_threads=2") as engine:
+        keys, _ = stored_prefix(engine)
+        tier = engine.l3
+        assert tier is not None
+        name = tier.name(keys[1])
+        damage(tmp_path / name, "payload", tier.object.header_size(tier.space, name, tier.checks))
+        real_units, over = FileParts.read_units, threading.Event()
+
+        def read_units(reader: FileParts, reads: Any) -> int:
+            done = real_units(reader, reads)
+            time.sleep(0.2)  # a call that ends well after its first window was resolved
+            over.set()
+            return done
+
+        monkeypatch.setattr(FileParts, "read_units", read_units)
+        loaded, _, _ = load(engine, keys)
+        assert loaded.hits == 1
+        assert over.is_set(), "the load returned while its store call still ran"
 
 
 @pytest.mark.usefixtures("one_rank")

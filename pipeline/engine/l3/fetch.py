@@ -61,16 +61,19 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
 
 
 def drain(job: ObjectsJob, *, keep_later: bool = False) -> None:
-    """Cancel the reads not started and wait for the running ones: no thread writes into
-    the job's pages after the fetch, but for its later groups' reads where `keep_later` (every
-    page a hit: they read into pages the load holds)."""
+    """Cancel the reads not started and wait for the running ones, and for the native store
+    call reading them (its ranges in flight land after the futures they belong to were
+    cancelled; a call still queued is cancelled, so a busy I/O thread holds nothing up): no
+    thread writes into the job's pages after the fetch, but for its later groups' reads where
+    `keep_later` (every page a hit: they read into pages the load holds)."""
     cancel_or_wait(job.reads)
     job.reads = []
-    if job.later_reads and not keep_later:
-        cancel_or_wait(job.later_reads)
-        assert job.task is not None, "later groups come with their call"
-        wait([job.task])  # it reads on past the futures it resolved, to its group's end
-        job.later_reads, job.task = [], None
+    if keep_later and job.later_reads:
+        return  # the call reads on into the hit pages: the streamed load waits for it
+    cancel_or_wait(job.later_reads)
+    if job.task is not None and not job.task.cancel():
+        wait([job.task])
+    job.later_reads, job.task = [], None
 
 
 def cancel_or_wait(reads: Sequence[Future[Any]]) -> None:

@@ -52,8 +52,8 @@ class ObjectsJob:
     """Per later group, how many pages from the first it read intact (kept past the fetch
     only where every page was a hit; else cancelled and waited for)."""
     task: Future[None] | None = None
-    """The store call reading a streamed fetch's pages on to its later groups: waited for
-    where those are given up (its last ranges land after the futures they belong to)."""
+    """The native store call reading the job's pages (and a streamed fetch's later groups):
+    waited for by `fetch.drain`, as its last ranges land after the futures they belong to."""
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the logical plan: keys, host pages and device pages, in order."""
