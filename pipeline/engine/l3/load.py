@@ -102,12 +102,12 @@ class StreamedLoad:
         load: GroupedLoad,
         reads: list[tuple[ObjectsJob, list[Run]]],
         group_of: list[int],
-        task: concurrent.futures.Future[None] | None,
+        tasks: list[concurrent.futures.Future[None]],
     ) -> None:
         """`reads`: per group, its job and its runs of reads (group 0's settled by the fetch:
-        none); `group_of`: each model layer's read group; `task`: the store call reading the
-        later groups, where the fetch's reads on."""
-        self.tier, self.load, self.task = tier, load, task
+        none); `group_of`: each model layer's read group; `tasks`: the store calls reading the
+        later groups (the fetch's own, where it reads on)."""
+        self.tier, self.load, self.tasks = tier, load, tasks
         self.reads = reads
         self.steps: list[list[Step]] = [[] for _ in reads]
         """Per read group, the steps it completes (a load group's step goes with the read
@@ -159,8 +159,7 @@ class StreamedLoad:
             return
         for _, later in self.reads[k:]:  # nothing writes into the pages after the failure
             cancel_or_wait([run for _, _, run in later])
-        if self.task is not None:
-            concurrent.futures.wait([self.task])  # its last ranges land after their futures
+        cancel_or_wait(self.tasks)  # a native call's last ranges land after their futures
         layers = sorted({u.layer for u in job.units})
         why = (
             f"its reads did not finish within runtime.timeout_s={timeout:g} s"
@@ -280,16 +279,18 @@ def stream_from_l3(
         )
         for units in groups[1:]
     ]
-    if job.later_reads:  # every page a hit: the fetch's call reads on
-        runs = iter([[(0, hits, future)] for future in job.later_reads])
+    if job.later_reads and job.task is not None:  # every page a hit: the fetch's call reads on
+        started: list[list[Run]] = [[(0, hits, future)] for future in job.later_reads]
+        tasks = [job.task]
     else:
-        runs = iter(start_runs(tier, [j for j in later if j.units]))
+        started, tasks = start_runs(tier, [j for j in later if j.units])
+    runs = iter(started)
     reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
     reads += [(j, next(runs) if j.units else []) for j in later]
     group_of = [0] * engine.model.num_layers
     for g, units in enumerate(groups):
         for unit in units:
             group_of[unit.layer] = g
-    streamed = StreamedLoad(tier, load, reads, group_of, job.task)
+    streamed = StreamedLoad(tier, load, reads, group_of, tasks)
     streamed._issue_through(0)
     return L3Load(hits, False, streamed)

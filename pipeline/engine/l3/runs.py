@@ -29,20 +29,23 @@ Run = tuple[int, int, "Future[int]"]
 were read intact, from the first: it stops at a miss)."""
 
 
-def start_runs(tier: L3Tier, jobs: list[ObjectsJob]) -> list[list[Run]]:
+def start_runs(tier: L3Tier, jobs: list[ObjectsJob]) -> tuple[list[list[Run]], list[Future[None]]]:
     """Start reading the later groups `jobs` (the same pages each, in group order): a task
     per run of pages, one per I/O thread (one in all where the store reads natively, on
     threads of its own), reads its pages group after group through one
     `PartsReader` (which may keep each object open from its first read to the last) and
-    resolves each group's future of its run as it goes; a cancelled future stops its task."""
+    resolves each group's future of its run as it goes; a cancelled future stops its task.
+    Also the tasks themselves (a native call's last ranges land after their futures)."""
     count = len(jobs[0].keys) if jobs else 0
     native = bool(jobs) and batched(tier, jobs[0].units, device=False)  # threads of its own
     per_run = max(1, count if native else -(-count // tier.storage.io_threads))
     bounds = [(f, min(f + per_run, count)) for f in range(0, count, per_run)]
     runs: list[list[Run]] = [[(f, s, Future()) for f, s in bounds] for _ in jobs]
-    for c, (first, stop) in enumerate(bounds):
+    tasks = [
         tier.io.submit(_read_groups, tier, jobs, [group[c][2] for group in runs], first, stop)
-    return runs
+        for c, (first, stop) in enumerate(bounds)
+    ]
+    return runs, tasks
 
 
 def _read_groups(
