@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
-from probe_reads import SIZES, Probe
+from probe_reads import Probe, probe_args
 
 from pipeline.core.slots import page_tokens
 from pipeline.engine.l3.stores.file_parts import FileParts
@@ -86,13 +86,12 @@ def main() -> None:
     parser.add_argument("--override", nargs="*", default=[], help="config overrides")
     parser.add_argument("--json", default=None, help="write the loads here")
     args = parser.parse_args()
-    sizes = {k.replace("-", "_"): v for k, v in SIZES.items() if k != "pages"}
-    probe_args = argparse.Namespace(pages=args.pages, override=args.override, **sizes)
+    arguments = probe_args(args.pages, args.override)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     found: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="load-phases-") as folder:
         for threads in args.threads:
-            probe, marks = Probe(probe_args, threads, folder, {}), []
+            probe, marks = Probe(arguments, threads, folder, {}), []
             try:
                 with timed_reads(marks):
                     loads = [one_load(probe, marks) for _ in range(args.loads)]

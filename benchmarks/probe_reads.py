@@ -57,6 +57,13 @@ CANDIDATES = [  # name, package, its read (made in the try), whether it reads ra
 SIZES = {"pages": 128, "layers": 61, "page-tokens": 64, "row-bytes": 1152, "repeats": 7}
 
 
+def probe_args(pages: int, override: list[str]) -> argparse.Namespace:
+    """A `Probe`'s arguments for `pages` objects of the default sizes, as another script
+    that loads them gives them (`time_loads.py`, `load_phases.py`)."""
+    sizes = {k.replace("-", "_"): v for k, v in SIZES.items() if k != "pages"}
+    return argparse.Namespace(pages=pages, override=override, **sizes)
+
+
 class Share(NamedTuple):  # a thread's objects, their reads, and those as an array
     k: int
     objs: list[int]

@@ -14,7 +14,7 @@ import argparse
 import tempfile
 
 import torch.distributed as dist
-from probe_reads import SIZES, Probe, load_from_l3
+from probe_reads import SIZES, Probe, load_from_l3, probe_args
 
 
 def main() -> None:
@@ -24,11 +24,10 @@ def main() -> None:
     parser.add_argument("--loads", type=int, default=30)
     parser.add_argument("--override", nargs="*", default=[], help="config overrides")
     args = parser.parse_args()
-    sizes = {k.replace("-", "_"): v for k, v in SIZES.items() if k != "pages"}
-    probe_args = argparse.Namespace(pages=args.pages, override=args.override, **sizes)
+    arguments = probe_args(args.pages, args.override)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     with tempfile.TemporaryDirectory(prefix="time-loads-") as folder:
-        probe = Probe(probe_args, args.threads, folder, {})
+        probe = Probe(arguments, args.threads, folder, {})
         (share,) = probe.shares(1, 1)
         try:
             for _ in range(args.loads):

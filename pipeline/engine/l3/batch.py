@@ -89,6 +89,7 @@ class FetchCall:
         count, window = len(keys), (not later and tier.window_pages) or len(keys)
         self.bounds = [*range(0, count, window), count]
         self.settled, self.running = 0, [0]  # the pages resolved; the later group being read
+        self.plan: PageReads  # the first group's reads, made on the I/O thread (`read`)
         self.rest: GroupReads | None = None
 
     def run(self) -> None:

@@ -8,9 +8,9 @@ each page's first group of layers and the replica group agrees on the hits from 
 where the store reads natively, the same store call reads on to the later groups meanwhile
 (each object opened once), kept where every page was a hit, else cancelled and waited for
 and started again for the hits alone. The load returns, the later groups' reads run on the
-I/O threads in group order, and each
-group's copies to the device are issued as soon as its reads are in, from the forward's own
-calls (`wait`, `ready`, `done`): nothing is issued from another thread. An object that goes
+I/O threads in group order, and each group's copies to the device are issued as soon as its
+reads are in, from the forward's own calls (`wait`, `ready`, `done`): nothing is issued from
+another thread. An object that goes
 missing after the hits were agreed (evicted, overwritten, corrupted) fails the load at the
 first layer it held: the layers before it are loaded, the host pages are given back as
 holding no data, and the waits raise naming it.
