@@ -24,27 +24,46 @@ import torch.distributed as dist
 from probe_reads import Probe, probe_args
 
 from pipeline.core.slots import page_tokens
+from pipeline.engine.l3.batch import FetchCall
+from pipeline.engine.l3.load import GroupedLoad
 from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.engine.l3.tier import L3Tier
+from stages import agree_on_hits
 
 
 @contextlib.contextmanager
-def timed_reads(marks: list[tuple[str, float, float]]) -> Iterator[None]:
-    """Record each native read call's (name, start, end) in `marks` while inside."""
-    original: Callable[..., int] = FileParts.read_units
+def timed(marks: list[tuple[str, float, float]]) -> Iterator[None]:
+    """Record in `marks`, while inside, each native read call's (name, start, end), each
+    check of a group it read (the fetch call's `on_group`, from the lock taken), the fetch
+    (its reads' first group and the agreement on the hits: its settle and each round) and
+    each group's copies issued."""
+    originals: list[tuple[object, str, Callable[..., Any]]] = []
 
-    @functools.wraps(original)
-    def read_units(self: FileParts, reads: Any) -> int:
-        began = time.perf_counter()
-        try:
-            return original(self, reads)
-        finally:
-            marks.append((f"read {len(reads.names)} objects", began, time.perf_counter()))
+    def wrap(owner: object, name: str, label: Callable[..., str]) -> None:
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
 
-    FileParts.read_units = read_units  # type: ignore[method-assign]
+        @functools.wraps(original)
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                marks.append((label(*args), began, time.perf_counter()))
+
+        setattr(owner, name, timed_call)
+
+    wrap(FileParts, "read_units", lambda _, reads: f"read {len(reads.names)} objects")
+    wrap(FetchCall, "on_group", lambda _, g: f"group {g} checked")
+    wrap(L3Tier, "fetch", lambda *_: "fetch stages")
+    wrap(agree_on_hits, "settle", lambda *_: "settled")
+    wrap(L3Tier, "agree_while", lambda *_: "agreed")
+    wrap(GroupedLoad, "issue", lambda _, steps: f"{len(steps)} steps issued")
     try:
         yield
     finally:
-        FileParts.read_units = original  # type: ignore[method-assign]
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def one_load(p: Probe, marks: list[tuple[str, float, float]]) -> dict[str, Any]:
@@ -74,7 +93,7 @@ def one_load(p: Probe, marks: list[tuple[str, float, float]]) -> dict[str, Any]:
         "fetch": ms(fetched),
         "end": ms(ended),
         "streamed": type(load.handle).__name__,
-        "reads": [(name, ms(a), ms(b)) for name, a, b in marks],
+        "steps": [(name, ms(a), ms(b)) for name, a, b in marks],
     }
 
 
@@ -93,16 +112,18 @@ def main() -> None:
         for threads in args.threads:
             probe, marks = Probe(arguments, threads, folder, {}), []
             try:
-                with timed_reads(marks):
+                with timed(marks):
                     loads = [one_load(probe, marks) for _ in range(args.loads)]
             finally:
                 probe.engine.close()
             found[str(threads)] = loads
-            timed = loads[2:]  # the first two warm up
-            print(f"io_threads={threads}, {loads[-1]['streamed']}, median ms over", len(timed))
+            warm = loads[2:]  # the first two warm up
+            print(f"io_threads={threads}, {loads[-1]['streamed']}, median ms over", len(warm))
             for phase in ("lookup", "fetch", "end"):
-                print(f"  {phase}: {statistics.median(x[phase] for x in timed):.1f}")
-            print("  last load's reads:", loads[-1]["reads"])
+                print(f"  {phase}: {statistics.median(x[phase] for x in warm):.1f}")
+            print("  last load's steps:")
+            for step in sorted(loads[-1]["steps"], key=lambda mark: mark[1]):
+                print("   ", *step)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(found, f, indent=1)

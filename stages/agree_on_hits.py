@@ -22,7 +22,9 @@ class AgreeOnHits:
             while True:
                 stop = min(agreed + step, total)
                 mine = settle(tier, job, agreed, stop) if going else agreed
-                found, anyone = tier.agree_while(mine, going)
+                # whether this rank may read on after this round: no round is held only to
+                # learn that every rank is done
+                found, anyone = tier.agree_while(mine, going and stop < total)
                 if going:
                     intact = min(found)
                     if intact > agreed and job.release is not None and not job.fallback:

@@ -96,6 +96,8 @@ class Group:
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every member's picklable `obj`, in group order (as `dist.all_gather_object`: its
         length, then its bytes padded to the longest)."""
+        if self.size == 1:  # no member to hear from: the copy a gather hands back, no round
+            return [pickle.loads(pickle.dumps(obj))]
         mine = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         self.all_gather(lengths, torch.tensor([mine.numel()], dtype=torch.int64))
