@@ -115,7 +115,8 @@ class FetchCall:
         tier, bounds, groups, running = self.tier, self.bounds, self.groups, self.running
         self.plan = plan = tier_reads(tier, self.units, self.keys, self.into, self.tables)
         if self.later:
-            self.rest = GroupReads(tier, self.keys, self.into, self.tables, self.later)
+            objects = (plan.names, plan.heads)  # named once for both
+            self.rest = GroupReads(tier, objects, self.into, self.tables, self.later)
             reads = one_call(plan, bounds, self.on_group, self.rest)
         else:
             reads = plan.reads(bounds, self.on_group)

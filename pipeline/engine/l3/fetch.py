@@ -50,14 +50,19 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
     units = read_units(tier, job)
     nbytes = sum(u.page_bytes for u in units)
     into = "pool" if lands_in_pool(tier, units, device=job.fallback) else "staging"
-    for i in range(first, stop):
-        if not wait and not job.reads[i].done():
-            return i
-        if not job.reads[i].result():
-            tier.trace.op("l3_miss")
-            return i
-        tier.trace.op("l3_read", bytes=nbytes, into=into)  # straight into pool rows, or not
-    return stop
+    end, missed = first, False
+    for read in job.reads[first:stop]:
+        if not wait and not read.done():
+            break
+        if not read.result():
+            missed = True
+            break
+        end += 1
+    # straight into pool rows, or not: an op a page, counted at once
+    tier.trace.repeat("l3_read", end - first, bytes=nbytes, into=into)
+    if missed:
+        tier.trace.op("l3_miss")
+    return end
 
 
 def drain(job: ObjectsJob, *, keep_later: bool = False) -> None:

@@ -22,18 +22,19 @@ from pipeline.engine.l3.tier import L3Tier
 class GroupReads:
     """The ranges of a streamed load's later groups for a run of pages, group after group,
     and each group's check against the tables its pages' first group read (they may still
-    be filling when this is made: they are read at the first check)."""
+    be filling when this is made: they are read at the first check); `objects`: the pages'
+    names and their headers' lengths (`named`)."""
 
     def __init__(
         self,
         tier: L3Tier,
-        keys: Sequence[str],
+        objects: tuple[list[str], np.ndarray],
         into: np.ndarray,
         tables: Sequence[list[int]],
         groups: Sequence[tuple[Unit, ...]],
     ) -> None:
-        self.count, self.size, self.tables = len(keys), tier.object.page_bytes, tables
-        self.names, self.heads = named(tier, keys)
+        self.names, self.heads = objects
+        self.count, self.size, self.tables = len(self.names), tier.object.page_bytes, tables
         self.maps = [tier.page_map(units, device=False) for units in groups]
         self.columns = [unit_columns(pages, self.heads, into, skip=0) for pages in self.maps]
         self.wanted: list[np.ndarray] = []
@@ -108,7 +109,7 @@ def read_groups(
     a cancelled next future ends the reads, and every group not read resolves as none."""
     job, running = jobs[0], [0]  # the group being read
     keys, into, tables = job.keys[first:stop], job.host_pages[first:stop], job.tables[first:stop]
-    plan = GroupReads(tier, keys, into, tables, [j.units for j in jobs])
+    plan = GroupReads(tier, named(tier, keys), into, tables, [j.units for j in jobs])
     if futures[0].set_running_or_notify_cancel():
         try:
             done = reader.read_units(

@@ -48,6 +48,7 @@ class PageReads:
         self.pages, self.per = pages, len(pages.units) + 1
         self.threads, self.corrupt = threads, corrupt
         self.names, heads = named(objects, keys)  # a range for the header, then the units'
+        self.heads = heads  # the headers' lengths
         width = int(heads.max()) if self.count else 0
         self.head_rows = np.empty((self.count, width), np.uint8)  # kept alive until read
         columns = unit_columns(self.pages, heads, into, skip=1)
