@@ -103,12 +103,16 @@ class PlanSpec:
         """By unit ordinal: this rank's part in a load-back's exchange of the unit."""
         return tuple(self.owners.role(u.ordinal, self.rank) for u in self.units)
 
-    def lay_out(self, direction: Direction, num_pages: int) -> StepLayout:
-        """The steps of a transfer of `num_pages` pages (they depend on nothing else)."""
+    def lay_out(
+        self, direction: Direction, num_pages: int, breaks: frozenset[int] = frozenset()
+    ) -> StepLayout:
+        """The steps of a transfer of `num_pages` pages (and of a load's `breaks`: the
+        layers that start a group of its steps)."""
         if direction is Direction.load:
             exchanged = functools.partial(_exchanged, self.owners)
             sizes = {"staging_bytes": self.staging_bytes, "group_bytes": self.load_group_bytes}
-            return StepLayout.of(load_steps(self.units, exchanged, num_pages, **sizes))
+            steps = load_steps(self.units, exchanged, num_pages, **sizes, breaks=breaks)
+            return StepLayout.of(steps)
         # a batch buffer holds what a page_first_direct host takes in one DMA per run of
         # pages (it keeps a page's units together); a kernel moves a batch in one launch
         one_call = self.pools_stack and gathers_batches(self.io_backend, self.mem_layout)
@@ -252,17 +256,18 @@ class TransferPlan:
 
 
 class StepsCache:
-    """Step layouts per (direction, page count) of one engine, the `capacity` latest kept."""
+    """Step layouts per (direction, page count, breaks) of one engine, the latest kept."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
-        self._layouts: dict[tuple[bool, int], StepLayout] = {}
+        self._layouts: dict[tuple[bool, int, frozenset[int]], StepLayout] = {}
 
-    def get(self, spec: PlanSpec, direction: Direction, num_pages: int) -> StepLayout:
-        key = (direction is Direction.load, num_pages)  # an enum's hash is a Python call
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._layouts[key] = spec.lay_out(direction, num_pages)
+    def get(
+        self, spec: PlanSpec, direction: Direction, num_pages: int, breaks: frozenset[int]
+    ) -> StepLayout:
+        key = (direction is Direction.load, num_pages, breaks)  # an enum's hash: a Python call
+        if (layout := self._layouts.get(key)) is None:
+            layout = self._layouts[key] = spec.lay_out(direction, num_pages, breaks)
             if len(self._layouts) > self.capacity:
                 del self._layouts[next(iter(self._layouts))]
         return layout
@@ -277,18 +282,18 @@ def build_plan(
     graphed: bool = False,
     verify: bool = False,
     known_steps: StepsCache | None = None,
+    breaks: frozenset[int] = frozenset(),
 ) -> TransferPlan:
-    """Validate logical indices and lay out the steps; raises ValueError on bad input.
-
-    An engine passes `known_steps` to lay steps out once per page count."""
+    """Validate logical indices and lay out the steps (`known_steps`: an engine's, laid out
+    once per page count; `breaks`: `PlanSpec.lay_out`'s); raises ValueError on bad input."""
     rows = page_rows(
         host_indices, device_indices, spec.slots_per_page, spec.host_slots, spec.device_slots
     )
     num_pages = rows.shape[1]
     layout = (
-        spec.lay_out(direction, num_pages)
+        spec.lay_out(direction, num_pages, breaks)
         if known_steps is None
-        else known_steps.get(spec, direction, num_pages)
+        else known_steps.get(spec, direction, num_pages, breaks)
     )
     return TransferPlan(
         direction, spec, host_indices, device_indices, rows, layout, graphed=graphed, verify=verify

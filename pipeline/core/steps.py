@@ -127,10 +127,12 @@ def load_steps(
     *,
     staging_bytes: int,
     group_bytes: int = 0,
+    breaks: frozenset[int] = frozenset(),
 ) -> tuple[Step, ...]:
     """Per model layer, each of its units; exchanged units in staging-sized page slices.
     Consecutive layers none of whose units is exchanged go together, one step per pool kind,
-    until a group moves at least `group_bytes` (0: every layer on its own)."""
+    until a group moves at least `group_bytes` (0: every layer on its own) or the next layer
+    is one of `breaks` (a streamed load's groups of reads: no step waits for two)."""
     n = num_pages
     by_layer: dict[int, list[Unit]] = {}
     for u in units:
@@ -140,6 +142,9 @@ def load_steps(
     grouped = 0  # bytes the group moves
     for layer in sorted(by_layer):
         layer_units = by_layer[layer]
+        if layer in breaks:
+            steps += _group_steps(group, n)
+            group, grouped = [], 0
         if any(exchanged(u) for u in layer_units):
             steps += _group_steps(group, n)
             group, grouped = [], 0

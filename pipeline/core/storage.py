@@ -96,15 +96,15 @@ class StorageConfig:
     (see BENCHMARKS.md)."""
     stream_layers: int | None = None
     """Layers per read of a load from L3 that the forward consumes as they land (0: off):
-    every page's first group of layers is read and agreed on, the load returns, and each later
-    group is read in the background and copied to the device as the forward asks for its
-    layers (`LoadHandle.wait`), so the forward starts before the prefix is read. null: an
-    eighth of the layers a group where it pays (a GPU rank, the store reading a group natively
-    into a pool that holds each page as bytes, as fast as whole objects: the file store, not
-    Mooncake; CRC checks, at least 16 MiB a group; on the H100 host 8-layer groups of a 16K
-    prefix read as fast as whole objects and the forward overlapped them: BENCHMARKS.md,
-    prefix-hit TTFT), else off. Loads with exchanges (single_source, rotating) or a
-    cross-rank verify are not streamed; with direct_io every group reads its whole object."""
+    every page's first layer (a group of its own: the forward's first layer waits for no
+    more) is read and agreed on, the load returns, and each later group is read in the
+    background and copied to the device as the forward asks for its layers (`LoadHandle.wait`),
+    so the forward starts before the prefix is read. null: an eighth of the layers a group
+    where it pays (a GPU rank, the store reading a group natively into a pool that holds each
+    page as bytes, as fast as whole objects: the file store, not Mooncake; CRC checks, at
+    least 16 MiB a group: BENCHMARKS.md, prefix-hit TTFT), else off. Loads with exchanges
+    (single_source, rotating) or a cross-rank verify are not streamed; with direct_io every
+    group reads its whole object."""
     capacity_bytes: str | None = None
     """file: the most bytes the folder's objects may take (an int or a size such as 64GiB;
     KiB, MiB...: powers of 1024; KB, MB...: of 1000), shared by every process that writes

@@ -240,8 +240,9 @@ class Engine:
         device_indices: torch.Tensor,
         stream: Stream,
         graphs: TransferGraphs | None,
+        breaks: frozenset[int] = frozenset(),
     ) -> Transfer:
-        """Plan (indices checked before a byte moves) and set up one transfer on `stream`."""
+        """Plan (indices checked first) and set up one transfer on `stream` (`breaks`: a load's)."""
         load = direction is Direction.load
         plan = build_plan(  # raises on bad input: nothing counted, nothing issued
             direction,
@@ -251,6 +252,7 @@ class Engine:
             graphed=graphs is not None,
             verify=load and self.verifies_next_load(),
             known_steps=self._known_steps,
+            breaks=breaks,
         )
         if load:  # pages with data (`require_data` says why not: lent, not allocated)
             self.host_allocator.require_data("host_indices", plan.host_pages)
@@ -259,11 +261,9 @@ class Engine:
         self._loads += load
         # The transfer must see everything the forward stream did to these slots so far.
         follow(stream, self.runtime.forward_stream)
-        # a graph's layer events are its own (recorded inside it); else a load's, one per
-        # layer or group of layers (see `StepLayout.layer_events`)
+        # a graph's layer events are its own; else a load's, a layer's or a group's (`layer_events`)
         own_events = load and graphs is None
-        gathers = not load and self.spec.batch_buffer_bytes > 0
-        res = self.resources
+        gathers, res = not load and self.spec.batch_buffer_bytes > 0, self.resources
         return Transfer(
             plan=plan,
             res=res,

@@ -147,10 +147,10 @@ def test_the_load_returns_before_the_later_groups_are_read(
 
 @pytest.mark.usefixtures("one_rank")
 def test_a_later_group_that_fails_its_check_fails_the_load(tmp_path: Path) -> None:
-    """A byte of page 3's layer 2 flipped in the store: its first group (layers 0-1) reads
+    """A byte of page 3's layer 2 flipped in the store: its first group (layer 0 alone) reads
     intact, so every page is a hit and the load returns; the forward's waits raise by layer
-    2, naming the page and the layers, the ack fails, the fresh host pages hold no data, and
-    the engine loads again afterwards."""
+    1 (its group: layers 1-2), naming the page and the layers, the ack fails, the fresh host
+    pages hold no data, and the engine loads again afterwards."""
     with engine_with(tmp_path, "storage.stream_layers=2") as engine:
         keys, expected = stored_prefix(engine)
         tier = engine.l3
@@ -168,11 +168,11 @@ def test_a_later_group_that_fails_its_check_fails_the_load(tmp_path: Path) -> No
         loaded, _, fresh = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
-        with pytest.raises(RuntimeError, match=r"layers 2-3 not loaded.*page 3") as failed:
+        with pytest.raises(RuntimeError, match=r"layers 1-2 not loaded.*page 3") as failed:
             for layer in range(3):
                 handle.wait(layer)
         assert "load_from_l3" in str(failed.value)
-        with pytest.raises(RuntimeError, match="layers 2-3"):
+        with pytest.raises(RuntimeError, match="layers 1-2"):
             handle.done().wait()
         assert sorted(engine.host_allocator.without_data(np.array(fresh))) == sorted(fresh)
         engine.host_allocator.free(fresh)
@@ -244,7 +244,7 @@ def test_later_groups_read_no_header_and_check_against_the_first(
         loaded, _, _ = load(engine, keys)
         handle = loaded.handle
         assert loaded.hits == PAGES and handle is not None
-        with pytest.raises(RuntimeError, match=r"layers 2-3 not loaded.*page 3"):
+        with pytest.raises(RuntimeError, match=r"layers 1-2 not loaded.*page 3"):
             handle.done().wait()
         assert tasks[0] == 2  # pages 0-2 and 3-4, each task reading every later group
         after = starts[PAGES:] + later  # staged reads go page by page, direct ones in runs
@@ -270,7 +270,8 @@ GRID = [
 def test_streamed_loads_are_bit_exact_across_the_grid(
     tmp_path: Path, store: str, layout: str, group_bytes: int, per_group: int
 ) -> None:
-    """Each layer whole right after its own wait (the forward's order), then every page."""
+    """The first layer a group alone, then per_group layers a group, no load step spanning
+    two; each layer whole right after its own wait (the forward's order), then every page."""
     overrides = [
         f"storage.stream_layers={per_group}",
         f"topology.mem_layout={layout}",
@@ -281,6 +282,13 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
         loaded, target, _ = load(engine, keys)
         handle = loaded.handle
         assert isinstance(handle, StreamedLoad) and loaded.hits == PAGES
+        # the first layer a group alone, then per_group a group; no step spans two groups
+        layers = engine.model.num_layers
+        groups = [
+            [0],
+            *(list(range(a, min(a + per_group, layers))) for a in range(1, layers, per_group)),
+        ]
+        assert [sorted({x for s in steps for x in s.layers}) for steps in handle.steps] == groups
         for layer in range(handle.num_layers):
             handle.wait(layer)
             engine.runtime.load_stream.synchronize()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -52,6 +53,7 @@ def plan(
     batch_buffer_bytes=1 << 20,
     load_group_bytes=0,
     known_steps=None,
+    breaks=frozenset(),
 ) -> TransferPlan:
     """A plan over pages (lists of page ids become whole-page slot tensors)."""
 
@@ -75,7 +77,7 @@ def plan(
         load_group_bytes=load_group_bytes,
         batch_buffer_bytes=batch_buffer_bytes if chunk_pages else 0,
     )
-    return build_plan(direction, host, device, spec, known_steps=known_steps)
+    return build_plan(direction, host, device, spec, known_steps=known_steps, breaks=breaks)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -372,6 +374,26 @@ def test_a_load_groups_consecutive_unexchanged_layers_until_a_group_moves_enough
         assert len({u.pool for u in step.units}) == 1 and (step.first, step.count) == (0, 4)
     events = p.layout.layer_events(object)
     assert [[layer for layer in events if events[layer] is events[g[0]]] for g in groups] == groups
+
+
+@pytest.mark.parametrize("group_bytes", [0, 1 << 30])
+@pytest.mark.parametrize("breaks", [(), (1,), (1, 3), (1, 2, 3)])
+def test_a_load_s_groups_of_layers_break_where_asked(group_bytes, breaks) -> None:
+    """`breaks` (a streamed load's groups of reads) start a group of steps whatever
+    load_group_bytes says, so no step waits for two groups of reads; the cache keeps a layout
+    per set of breaks."""
+    cache = StepsCache()
+    load = {"direction": Direction.load, "load_group_bytes": group_bytes, "known_steps": cache}
+    p = plan([0, 1, 2, 3], **load, breaks=frozenset(breaks))
+    completed = [list(s.layers) for s in p.steps if s.last_in_layer]
+    if group_bytes:  # one group but where broken
+        bounds = [0, *breaks, 4]
+        assert completed == [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    else:  # every layer on its own already
+        assert completed == [[0], [1], [2], [3]]
+    assert plan([4, 5, 6, 7], **load, breaks=frozenset(breaks)).steps is p.steps
+    unbroken = plan([0, 1, 2, 3], **load).steps
+    assert (unbroken is p.steps) == (not breaks)
 
 
 def test_a_load_never_groups_the_layers_a_rank_broadcasts() -> None:

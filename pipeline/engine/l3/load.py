@@ -54,9 +54,11 @@ def whole(run: Run) -> bool:
 def layer_groups(
     units: tuple[Unit, ...], num_layers: int, per_group: int
 ) -> list[tuple[Unit, ...]]:
-    """`units` by groups of `per_group` consecutive model layers, in layer order."""
-    count = -(-num_layers // per_group)
-    return [tuple(u for u in units if u.layer // per_group == g) for g in range(count)]
+    """`units` by groups of layers, in layer order: the first layer alone, then groups of
+    `per_group` consecutive layers. The forward's first layer waits for the fetch (every
+    page's first group read, its hits agreed on): the less that group reads, the sooner."""
+    count = 1 + -(-(num_layers - 1) // per_group)
+    return [tuple(u for u in units if -(-u.layer // per_group) == g) for g in range(count)]
 
 
 @dataclasses.dataclass
@@ -193,6 +195,7 @@ class Loader(Protocol):
         device_indices: torch.Tensor,
         stream: Stream,
         graphs: TransferGraphs | None,
+        breaks: frozenset[int] = ...,
     ) -> Transfer: ...
 
 
@@ -264,7 +267,8 @@ def stream_from_l3(
     hits, (host, device) = job.hits, slots
     engine.host_allocator.hold_data(job.host_pages[:hits])
     hit_slots, stream = slice(0, hits * engine.sizing.slots_per_page), engine.runtime.load_stream
-    t = engine.transfer(Direction.load, host[hit_slots], device[hit_slots], stream, None)
+    starts = frozenset(range(1, engine.model.num_layers, per_group))  # `layer_groups`' starts
+    t = engine.transfer(Direction.load, host[hit_slots], device[hit_slots], stream, None, starts)
     run = engine.runtime
     parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
     load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
