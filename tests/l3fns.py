@@ -232,6 +232,21 @@ def write_prefix(args: tuple[Job, int], rank: int, world_size: int, local_rank: 
         engine.close()
 
 
+def write_prefixes(
+    args: list[tuple[Job, int]], rank: int, world_size: int, local_rank: int
+) -> list[int]:
+    """`write_prefix` of each (job, writer index) in turn: their engines one after another in
+    one launch's world."""
+    return [write_prefix(one, rank, world_size, local_rank) for one in args]
+
+
+def read_prefixes_of(
+    args: list[tuple[Job, int]], rank: int, world_size: int, local_rank: int
+) -> list[list]:
+    """`read_prefixes` of each (job, writers) in turn, in one launch's world."""
+    return [read_prefixes(one, rank, world_size, local_rank) for one in args]
+
+
 def read_prefixes(args: tuple[Job, int], rank: int, world_size: int, local_rank: int) -> list:
     """Look up and load every writer's prefix from L3 into poisoned device pages: per writer,
     (pages found, pages loaded, the first byte of them that differs from what it wrote, or
