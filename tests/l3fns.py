@@ -112,7 +112,19 @@ def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
     target = [p + shift for p in source]
     poison(engine, target)
     found = engine.lookup(keys)
-    loaded, _ = loaded_from_l3(engine, keys, target)
+    tier, rounds = engine.l3, [0]
+    assert tier is not None
+    agree_while = tier.agree_while
+
+    def counted(value: Any, going: bool) -> tuple[list[Any], bool]:
+        rounds[0] += 1
+        return agree_while(value, going)
+
+    tier.agree_while = counted  # type: ignore[method-assign]
+    try:
+        loaded, _ = loaded_from_l3(engine, keys, target)
+    finally:
+        del tier.agree_while
     hits = loaded.hits
     rest = snapshot(engine, target[hits:]) if hits < PAGES else {}
     while engine.acks.pending:
@@ -129,6 +141,7 @@ def _through_l3(engine: Engine, case: str) -> dict[str, Any]:
         "l3_read_bytes": engine.trace.bytes.get(("l3_read", ""), 0),
         "fallback_ops": engine.trace.counts.get("l3_fallback", 0),
         "windows": len(loaded.handle.loads) if loaded.handle is not None else 0,
+        "rounds": rounds[0],  # the load's agreements with the replica group
     }
 
 

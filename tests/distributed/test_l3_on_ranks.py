@@ -180,7 +180,7 @@ def test_a_load_from_l3_is_loaded_in_the_windows_it_claims(
 ) -> None:
     """storage.load_chunk_pages=0 is one window (read everything, then load); n > 0 loads 4
     pages in ceil(4 / n) windows: the bench's sides with and without windows are what they
-    say. Every window bit-exact."""
+    say. Every window bit-exact, agreed on in one round of the replica group."""
     job = job_config(f"strategy={strategy}", "model=tiny_dsa", "topology=tp2", "storage=file")
     storage = StorageConfig(kind=StorageKind.file, path=str(tmp_path), load_chunk_pages=chunk_pages)
     payload = (with_store(job, storage), "none")
@@ -188,6 +188,9 @@ def test_a_load_from_l3_is_loaded_in_the_windows_it_claims(
     assert reports is not None
     for r in reports:
         assert (r["hits"], r["windows"], r["loaded"]) == (4, windows, "")
+        # a round a window (none held only to learn every rank is done), after rotating's
+        # agreement on its plan (`AgreeOnPlan`)
+        assert r["rounds"] == windows + (strategy == "rotating")
 
 
 def test_l3_calls_that_would_lose_data_are_refused_before_any_byte_moves(
