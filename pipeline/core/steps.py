@@ -142,11 +142,12 @@ def load_steps(
     grouped = 0  # bytes the group moves
     for layer in sorted(by_layer):
         layer_units = by_layer[layer]
-        exchanges = any(exchanged(u) for u in layer_units)
-        if exchanges or layer in breaks:
+        if layer in breaks:
             steps += _group_steps(group, n)
             group, grouped = [], 0
-        if exchanges:
+        if any(exchanged(u) for u in layer_units):
+            steps += _group_steps(group, n)
+            group, grouped = [], 0
             slices = []
             for u in layer_units:
                 per = max(1, staging_bytes // u.page_bytes) if exchanged(u) else n
