@@ -24,9 +24,13 @@ import torch.distributed as dist
 from probe_reads import Probe, probe_args
 
 from pipeline.core.slots import page_tokens
+from pipeline.engine.engine import Engine
+from pipeline.engine.l3 import batch, fetch
 from pipeline.engine.l3.batch import FetchCall
-from pipeline.engine.l3.load import GroupedLoad
+from pipeline.engine.l3.group_reads import GroupReads
+from pipeline.engine.l3.load import GroupedLoad, StreamedLoad
 from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.engine.l3.stores.files import FileStore
 from pipeline.engine.l3.tier import L3Tier
 from stages import agree_on_hits
 
@@ -59,6 +63,14 @@ def timed(marks: list[tuple[str, float, float]]) -> Iterator[None]:
     wrap(agree_on_hits, "settle", lambda *_: "settled")
     wrap(L3Tier, "agree_while", lambda *_: "agreed")
     wrap(GroupedLoad, "issue", lambda _, steps: f"{len(steps)} steps issued")
+    # the fetch's own parts: where the time before the first read and after the agreement goes
+    wrap(L3Tier, "lookup", lambda *_: "lookup")
+    wrap(fetch, "start_batches", lambda *_: "reads started")
+    wrap(batch, "tier_reads", lambda *_: "first group planned")
+    wrap(GroupReads, "__init__", lambda *_: "later groups planned")
+    wrap(FileStore, "paths_below", lambda *_: "paths named")
+    wrap(Engine, "transfer", lambda *_: "transfer planned")
+    wrap(StreamedLoad, "__init__", lambda *_: "stream made")
     try:
         yield
     finally:

@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.core.model import Unit
 from pipeline.engine.l3.group_reads import GroupReads, group_read
+from pipeline.engine.l3.jobs import Run
 from pipeline.engine.l3.page_reads import PageReads
 from pipeline.engine.l3.stores import UnitReads, UnitsReader
 from pipeline.engine.l3.tier import L3Tier
@@ -40,10 +41,11 @@ def lands_in_pool(tier: L3Tier, units: tuple[Unit, ...], *, device: bool) -> boo
 
 
 class Started(NamedTuple):
-    """A fetch's store call: a future per page of its first group (True once read intact),
-    one per later group (its pages read intact, from the first) and the call's own task."""
+    """A fetch's store call: its runs of pages of the first group (a window each, read
+    intact from the first), a future per later group (its pages read intact, from the
+    first) and the call's own task."""
 
-    pages: list[Future[bool]]
+    runs: list[Run]
     groups: list[Future[int]]
     task: Future[None]
 
@@ -61,15 +63,16 @@ def start_batches(
     call, the `later` groups of layers of every page (checked against the tables the first
     read filled). A window or later group whose future was cancelled (a drained fetch) and
     those after it read nothing."""
-    pages: list[Future[bool]] = [Future() for _ in keys]
     groups: list[Future[int]] = [Future() for _ in later]
-    task = tier.io.submit(FetchCall(tier, units, keys, into, tables, pages, later, groups).run)
-    return Started(pages, groups, task)
+    call = FetchCall(tier, units, keys, into, tables, later, groups)
+    task = tier.io.submit(call.run)
+    bounds = call.bounds
+    return Started(list(zip(bounds, bounds[1:], call.futures, strict=False)), groups, task)
 
 
 class FetchCall:
     """A fetch's one store call: the first group's pages window by window (each window's
-    futures resolved as it is whole and checked), then the later groups' (`GroupReads`)."""
+    future resolved as it is whole and checked), then the later groups' (`GroupReads`)."""
 
     def __init__(
         self,
@@ -78,17 +81,17 @@ class FetchCall:
         keys: list[str],
         into: np.ndarray,
         tables: list[list[int]],
-        futures: list[Future[bool]],
         later: Sequence[tuple[Unit, ...]],
         groups: list[Future[int]],
     ) -> None:
         self.tier, self.units, self.keys, self.into, self.tables = tier, units, keys, into, tables
-        self.futures, self.later, self.groups = futures, later, groups
+        self.later, self.groups = later, groups
         # a streamed fetch's first group is agreed on at once (no window of it is loaded
         # before the rest): one turn of Python's lock for it, not one a window
         count, window = len(keys), (not later and tier.window_pages) or len(keys)
         self.bounds = [*range(0, count, window), count]
-        self.settled, self.running = 0, [0]  # the pages resolved; the later group being read
+        self.futures: list[Future[int]] = [Future() for _ in self.bounds[1:]]
+        self.settled, self.running = 0, [0]  # the windows resolved; the later group being read
         self.plan: PageReads  # the first group's reads, made on the I/O thread (`read`)
         self.rest: GroupReads | None = None
 
@@ -106,7 +109,7 @@ class FetchCall:
                 running[0] += 1
         for future in futures[self.settled :]:  # after a miss, a failure or a cancel
             if future.running() or future.set_running_or_notify_cancel():
-                future.set_result(False)
+                future.set_result(0)
         for group in groups[running[0] :]:
             if group.set_running_or_notify_cancel():
                 group.set_result(0)
@@ -126,24 +129,21 @@ class FetchCall:
             done = reader.read_units(reads)
         finally:
             reader.close()
-        if self.settled < len(self.keys) and self.futures[self.settled].running():  # cut short
+        w = self.settled
+        if w < len(self.futures) and self.futures[w].running():  # cut short
             whole = min(done, plan.crcs.size) // plan.per  # pages read whole
-            self.resolve(bounds[bounds.index(self.settled) + 1], plan.intact(self.settled, whole))
+            self.resolve(plan.intact(bounds[w], whole))
         elif self.rest and running[0] < len(groups) and groups[running[0]].running():
             g, done = running[0], done - plan.crcs.size
             groups[g].set_result(self.rest.intact(g, self.rest.read_whole(g, done)))
             running[0] += 1
 
-    def resolve(self, stop: int, intact: int) -> None:
-        for i in range(self.settled, stop):
-            self.futures[i].set_result(i < self.settled + intact)
-        self.settled = stop
+    def resolve(self, intact: int) -> None:
+        self.futures[self.settled].set_result(intact)
+        self.settled += 1
 
-    def window_wanted(self, w: int) -> bool:  # window w's futures, all still wanted
-        bounds = self.bounds
-        return all(
-            f.set_running_or_notify_cancel() for f in self.futures[bounds[w] : bounds[w + 1]]
-        )
+    def window_wanted(self, w: int) -> bool:  # window w's future, still wanted
+        return self.futures[w].set_running_or_notify_cancel()
 
     def on_group(self, g: int) -> bool:
         bounds, groups = self.bounds, self.groups
@@ -151,7 +151,7 @@ class FetchCall:
             assert self.rest is not None, "later groups come with their reads"
             return group_read(self.tier, self.rest, groups, self.running, g - len(bounds) + 1)
         intact = self.plan.intact(bounds[g], bounds[g + 1])
-        self.resolve(bounds[g + 1], intact)
+        self.resolve(intact)
         whole = intact == bounds[g + 1] - bounds[g]
         if g + 2 < len(bounds):
             return whole and self.window_wanted(g + 1)

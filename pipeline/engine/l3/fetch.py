@@ -37,9 +37,16 @@ def start_reads(tier: L3Tier, job: ObjectsJob) -> None:
         job.reads, job.later_reads, job.task = started
     elif units:
         job.reads = [
-            tier.io.submit(tier.read, key, int(page), units, device=job.fallback, table=table)
-            for key, page, table in zip(job.keys, into, tables, strict=True)
+            (i, i + 1, tier.io.submit(read_page, tier, key, int(page), units, job.fallback, table))
+            for i, (key, page, table) in enumerate(zip(job.keys, into, tables, strict=True))
         ]
+
+
+def read_page(
+    tier: L3Tier, key: str, page: int, units: tuple[Unit, ...], device: bool, table: list[int]
+) -> int:
+    """A page read in a call of its own: 1 if read intact, else 0 (a run of one page)."""
+    return int(tier.read(key, page, units, device=device, table=table))
 
 
 def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool = True) -> int:
@@ -51,13 +58,16 @@ def settle(tier: L3Tier, job: ObjectsJob, first: int, stop: int, *, wait: bool =
     nbytes = sum(u.page_bytes for u in units)
     into = "pool" if lands_in_pool(tier, units, device=job.fallback) else "staging"
     end, missed = first, False
-    for read in job.reads[first:stop]:
-        if not wait and not read.done():
+    for start, end_of_run, read in job.reads:
+        if end_of_run <= first:
+            continue
+        if start >= stop or (not wait and not read.done()):
             break
-        if not read.result():
+        assert start == end and end_of_run <= stop, "a fetch settles whole runs of its reads"
+        end = start + read.result()
+        if end < end_of_run:
             missed = True
             break
-        end += 1
     # straight into pool rows, or not: an op a page, counted at once
     tier.trace.repeat("l3_read", end - first, bytes=nbytes, into=into)
     if missed:
@@ -71,7 +81,7 @@ def drain(job: ObjectsJob, *, keep_later: bool = False) -> None:
     cancelled; a call still queued is cancelled, so a busy I/O thread holds nothing up): no
     thread writes into the job's pages after the fetch, but for its later groups' reads where
     `keep_later` (every page a hit: they read into pages the load holds)."""
-    cancel_or_wait(job.reads)
+    cancel_or_wait([read for _, _, read in job.reads])
     job.reads = []
     if keep_later and job.later_reads:
         return  # the call reads on into the hit pages: the streamed load waits for it

@@ -17,6 +17,12 @@ from pipeline.core.slots import PageAllocator, pages_of
 from pipeline.core.storage import StorageConfig
 from pipeline.engine.runtime import Runtime
 
+Run = tuple[int, int, "Future[int]"]
+"""Reads of a run [first, stop) of a job's pages: (first, stop, how many of its pages were
+read intact, from the first: they stop at a miss). A future a run, not a page: a fetch of
+256 pages made, waited for and cancelled 256 futures under Python's lock before the
+forward could start."""
+
 
 @dataclass
 class ObjectsJob:
@@ -37,8 +43,9 @@ class ObjectsJob:
     release: Callable[[int, int], None] | None = None
     """A fetch: loads pages [first, stop) once the group agreed they are hits (not after a
     fallback: those pages are already in place)."""
-    reads: list[Future[bool]] = field(default_factory=list)
-    """A fetch: this rank's reads in flight, by page."""
+    reads: list[Run] = field(default_factory=list)
+    """A fetch: this rank's reads in flight, in runs of pages (a window, or a page where
+    pages are read a call each)."""
     units: tuple[Unit, ...] = ()
     """A fetch: the units it reads of each page (empty: every unit this rank reads); a
     streamed load reads a group of layers at a time (`pipeline.engine.l3.load`)."""

@@ -34,8 +34,8 @@ from pipeline.engine.cuda.streams import Event, Stream
 from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.fetch import cancel_or_wait
 from pipeline.engine.l3.handles import L3Load, WindowedLoad
-from pipeline.engine.l3.jobs import ObjectsJob
-from pipeline.engine.l3.runs import Run, settle_runs, start_runs
+from pipeline.engine.l3.jobs import ObjectsJob, Run
+from pipeline.engine.l3.runs import settle_runs, start_runs
 from pipeline.engine.l3.tier import L3Tier
 from pipeline.engine.runtime import Runtime
 from pipeline.engine.strategy import Strategy

@@ -53,10 +53,12 @@ class Prefetch:
         """Leading pages this rank has read intact so far, without waiting (0 below
         `min_hit_pages`); other ranks may have more or fewer."""
         found = 0
-        for read in self.job.reads:
-            if not read.done() or read.cancelled() or not read.result():
+        for first, stop, read in self.job.reads:
+            if not read.done() or read.cancelled():
                 break
-            found += 1
+            found = first + read.result()
+            if found < stop:
+                break
         return found if found >= min_hit_pages else 0
 
     def cancel(self) -> None:
@@ -137,7 +139,8 @@ def agreed_pages(tier: L3Tier, prefetch: Prefetch, refusal: str) -> int:
     policy = storage.prefetch_policy
     try:
         if policy is PrefetchPolicy.timeout and not refusal:
-            concurrent.futures.wait(job.reads, timeout=storage.prefetch_timeout_s)
+            reads = [read for _, _, read in job.reads]
+            concurrent.futures.wait(reads, timeout=storage.prefetch_timeout_s)
         complete = policy is PrefetchPolicy.wait_complete
         read = refusal or job.fallback
         mine = 0 if read else settle(tier, job, 0, len(job.keys), wait=complete)

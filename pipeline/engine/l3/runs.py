@@ -19,14 +19,10 @@ from concurrent.futures import Future
 
 from pipeline.engine.l3.batch import batched, lands_in_pool
 from pipeline.engine.l3.group_reads import read_groups
-from pipeline.engine.l3.jobs import ObjectsJob
+from pipeline.engine.l3.jobs import ObjectsJob, Run
 from pipeline.engine.l3.pages import PageMap, page_ranges, span_checks, unit_checks
 from pipeline.engine.l3.stores import PartRead, PartsReader, SpanReads
 from pipeline.engine.l3.tier import L3Tier
-
-Run = tuple[int, int, "Future[int]"]
-"""A task reading a run [first, stop) of a job's pages: (first, stop, how many of its pages
-were read intact, from the first: it stops at a miss)."""
 
 
 def start_runs(tier: L3Tier, jobs: list[ObjectsJob]) -> tuple[list[list[Run]], list[Future[None]]]:
