@@ -57,6 +57,41 @@ def header_rows(
     return ok, digests[:, :, 0].astype(np.uint64)
 
 
+def headers_of(
+    space: str,
+    names: Sequence[str],
+    digests: np.ndarray,
+    unit_bytes: Sequence[int],
+    checks: Checks,
+) -> list[memoryview]:
+    """Each object's header as `header` makes it, its units' digests a row of `digests`
+    (uint32, a row per object): in bulk where the names are of one length (a copy of one
+    header, each with its name, digests and check put in), else one at a time. Each is
+    writable (a store that sums units fills the digests and check in). Unkeyed checks only."""
+    assert checks.key is None, "keyed headers are written a page at a time"
+    encoded = [name.encode() for name in names]
+    count, units = len(names), len(unit_bytes)
+    if len({len(n) for n in encoded}) != 1:
+        return [
+            memoryview(bytearray(header(space, n, row, unit_bytes, checks)))
+            for n, row in zip(names, digests.tolist(), strict=True)
+        ]
+    template = np.frombuffer(header(space, names[0], [0] * units, unit_bytes, checks), np.uint8)
+    rows = np.tile(template, (count, 1))
+    name_at = HEADER.size + len(space.encode())
+    rows[:, name_at : name_at + len(encoded[0])] = np.frombuffer(
+        b"".join(encoded), np.uint8
+    ).reshape(count, -1)
+    table, row = table_at(space, names[0]), checks.width + UNIT_BYTES.size
+    sums = np.ascontiguousarray(digests, "<u4").view(np.uint8).reshape(count, units, 4)
+    rows[:, table:].reshape(count, units, row)[:, :, : checks.width] = sums
+    rows[:, CHECK_AT : HEADER.size] = 0  # the check covers the header with itself zero
+    unit = checks.unit()
+    checked = np.array([unit(r.data) for r in rows], "<u8")
+    rows[:, CHECK_AT : CHECK_AT + 8] = checked.view(np.uint8).reshape(count, 8)
+    return [r.data for r in rows]
+
+
 def _one_by_one(
     rows: np.ndarray, obj: PageObject, space: str, names: Sequence[str], checks: Checks
 ) -> tuple[np.ndarray, np.ndarray]:

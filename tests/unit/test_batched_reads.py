@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
-from pipeline.core.l3_rows import header_rows
+from pipeline.core.l3_rows import header_rows, headers_of
 from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
@@ -99,6 +99,26 @@ def test_headers_side_by_side_are_trusted_exactly_as_one_at_a_time(lengths: str)
         alone = unit_digests(rows[2, : len(heads[2])].data, obj, SPACE, names[2], checks)
         assert ok.tolist() == [True, True, alone is not None, True]
         rows[2, at] ^= 0x10
+
+
+@pytest.mark.parametrize("names", [[], ["ns/ab/k1"], ["ns/ab/k1", "ns/cd/k2"], ["é/k", "e/k1"]])
+def test_headers_made_side_by_side_are_the_headers_made_one_at_a_time(names: list[str]) -> None:
+    """A write-back's headers in bulk (`headers_of`: names of one length, in bytes; else one
+    at a time) are byte for byte `header`'s, writable, and trusted by `header_rows`."""
+    obj, checks = PageObject("", DSA.units), Checks()
+    lengths = [u.page_bytes for u in obj.units]
+    shape = (len(names), len(lengths))
+    digests = np.arange(shape[0] * shape[1], dtype=np.uint32).reshape(shape)
+    digests *= 2654435761 % (1 << 32)
+    made = headers_of(SPACE, names, digests, lengths, checks)
+    assert [bytes(h) for h in made] == [
+        header(SPACE, n, d, lengths, checks) for n, d in zip(names, digests.tolist(), strict=True)
+    ]
+    assert all(not h.readonly for h in made)
+    if names and len({len(n.encode()) for n in names}) == 1:
+        rows = np.array([np.frombuffer(h, np.uint8) for h in made])
+        ok, tables = header_rows(rows, obj, SPACE, names, checks)
+        assert ok.all() and tables.tolist() == digests.tolist()
 
 
 Read = tuple[int, int, int]  # object, offset, length

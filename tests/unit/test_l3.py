@@ -38,7 +38,7 @@ from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import POOL_LAYOUTS, MemLayout, Topology
 from pipeline.engine.l3.pages import PageMap, Placement
 from pipeline.engine.l3.stores import FileStore, MooncakeStore, PartRead, open_store
-from pipeline.engine.l3.stores.beneath import Beneath
+from pipeline.engine.l3.stores.beneath import Beneath, store_name, store_names
 from pipeline.engine.transfer.pools import HostPool
 from pipeline.jobs import l3_store
 from pipeline.jobs.bench.l3 import kinds, l3_cases, with_stores
@@ -377,6 +377,32 @@ def test_the_file_store_never_follows_a_link_nor_reads_what_is_not_a_regular_fil
     store.put("ns/ab/key", [b"mine"])  # and a real folder still works
     assert store.get("ns/ab/key") == b"mine"
     store.close()
+
+
+NAMES = ["ns/ab/key", "key", "a.b/c-d_e", "ü/key", "..", "ns/../key", "ns//key", "/key"]
+NAMES += ["ns/", ".hidden", "ns/.key", "ns/key\nkey", "", "a b", "\n", "key\n"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_load_s_names_are_checked_together_as_each_alone(tmp_path: Path, name: str) -> None:
+    """A load's names are checked in one match where all are plain (`store_names`): a name
+    that is not one, among others, is opened by none, and one holding a newline is not taken
+    for two; the file store opens only the plain ones of the batch."""
+    mixed = ["ns/ab/key", name, "key"]
+    assert store_names(mixed) == [n if store_name(n) else "" for n in mixed]
+    assert store_names([name]) == [name if store_name(name) else ""]
+    assert store_name(name) == (name in NAMES[:4])
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "key").write_bytes(b"theirs")
+    (tmp_path / "store" / "ns" / "ab").mkdir(parents=True)
+    for there in ("ns/ab/key", "key", "ns/key"):
+        (tmp_path / "store" / there).write_bytes(b"x")
+    store = FileStore(str(tmp_path / "store"))
+    try:
+        assert store.exists(mixed) == [True, name in ("ns/ab/key", "key"), True]
+        assert store.exists(["../outside/key", "key"]) == [False, True]
+    finally:
+        store.close()
 
 
 def test_objects_of_the_first_form_are_never_found_by_the_current_one() -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pipeline.core.l3 import header, table_at
+import numpy as np
+
+from pipeline.core.l3 import table_at
+from pipeline.core.l3_rows import headers_of
 from pipeline.engine.l3.page_reads import Objects
 from pipeline.engine.l3.stores import Part, UnitsWriter
 from pipeline.engine.l3.stores._fileio import crcs_of
@@ -26,10 +29,15 @@ def write_pages(
     if writer is None or not pool.direct or tier.runs_crc is None:
         list(tier.io.map(tier.write, keys, pages, shares))
         return
+    units = tier.object.units
+    whole = [u.ordinal for u in own] == [u.ordinal for u in units]  # every unit, in order
     objects = []
     for page, received in zip(pages, shares, strict=True):
-        views = dict(zip((u.ordinal for u in own), pool.views(page), strict=True))
-        objects.append([(views | dict(received))[u.ordinal] for u in tier.object.units])
+        views = pool.views(page)
+        if not whole:  # rotating: the other owners' units from the share
+            held = dict(zip((u.ordinal for u in own), views, strict=True)) | dict(received)
+            views = [held[u.ordinal] for u in units]
+        objects.append(views)
     names = [tier.name(k) for k in keys]
     put_summed(writer, tier, names, objects, tier.storage.io_threads)
 
@@ -41,24 +49,22 @@ def put_summed(
     units: Sequence[Sequence[Part]],
     threads: int,
 ) -> None:
-    """Each object `names[i]`, its header then its `units[i]`, stored by `writer` in one call,
-    the header holding each unit's CRC-32C: summed by the store as it writes each unit where
-    it can (`UnitsWriter.sums_units`: one pass over the pool), else all in one native call
-    on `threads` threads first. The first failure is raised once every object was tried."""
+    """Each object `names[i]`, its header then its `units[i]` (one part per unit of
+    `objects.object`), stored by `writer` in one call, the header holding each unit's
+    CRC-32C: summed by the store as it writes each unit where it can
+    (`UnitsWriter.sums_units`: one pass over the pool), else all in one native call on
+    `threads` threads first. The headers are made in bulk (`headers_of`: a header a page
+    in Python took longer than the store took to write a page). The first failure is raised
+    once every object was tried."""
     space, checks = objects.space, objects.checks
-    sizes = [[memoryview(u).nbytes for u in parts] for parts in units]
+    unit_bytes = [u.page_bytes for u in objects.object.units]
+    shape = (len(names), len(unit_bytes))
     if writer.sums_units:  # headers with blank digests: the store fills them
-        heads = [
-            bytearray(header(space, n, [0] * len(s), s, checks))
-            for n, s in zip(names, sizes, strict=True)
-        ]
+        heads = headers_of(space, names, np.zeros(shape, np.uint32), unit_bytes, checks)
         stored = [(n, [h, *p]) for n, h, p in zip(names, heads, units, strict=True)]
         writer.put_many(stored, [table_at(space, n) for n in names])
         return
-    crcs = iter(crcs_of([part for parts in units for part in parts], threads))
-    writer.put_many(
-        [
-            (n, [header(space, n, [next(crcs) for _ in p], s, checks), *p])
-            for n, p, s in zip(names, units, sizes, strict=True)
-        ]
-    )
+    crcs = crcs_of([part for parts in units for part in parts], threads)
+    sums = np.asarray(crcs, np.uint32).reshape(shape)
+    heads = headers_of(space, names, sums, unit_bytes, checks)
+    writer.put_many([(n, [h, *p]) for n, h, p in zip(names, heads, units, strict=True)])

@@ -14,18 +14,32 @@ import ctypes
 import errno
 import os
 import re
+from collections.abc import Sequence
 
 SYS_OPENAT2 = 437
 """openat2's number in Linux's generic syscall table (x86-64 and arm64 alike)."""
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-COMPONENT = re.compile(r"[\w-][\w.-]*")
+COMPONENT = r"[\w-][\w.-]*"
 """One folder or file name of an object name: no separators, nothing hidden, never '..'."""
+NAME = re.compile(rf"{COMPONENT}(?:/{COMPONENT})*")
+NAMES = re.compile(rf"{NAME.pattern}(?:\n{NAME.pattern})*", re.ASCII)
+"""Names a line each, of ASCII alone (a quarter of the time of any letter's): a match is a
+match of NAME for each."""
 
 
 def store_name(name: str) -> bool:
     """Whether `name` is a path of components below a folder (never opened otherwise)."""
-    return all(COMPONENT.fullmatch(p) for p in name.split("/"))
+    return NAME.fullmatch(name) is not None
+
+
+def store_names(names: Sequence[str]) -> list[str]:
+    """`names`, each replaced by '' where it is not a store name: a load's hundreds of names
+    checked in one match where all are (a match a name took a millisecond of a fetch)."""
+    joined = "\n".join(names)
+    if joined.count("\n") == len(names) - 1 and NAMES.fullmatch(joined):  # none holds a \n
+        return list(names)
+    return [name if store_name(name) else "" for name in names]
 
 
 class OpenHow(ctypes.Structure):

@@ -23,7 +23,7 @@ from pipeline.engine.l3.stores._fileio import write_objects
 from pipeline.engine.l3.stores.capacity import Bound, CapacityFull
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.owned import TEMPORARY
-from pipeline.engine.l3.stores.parts import IOV_MAX, Part, advance, bytes_views
+from pipeline.engine.l3.stores.parts import IOV_MAX, Part, advance, bytes_views, part_bytes
 
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -58,7 +58,7 @@ def put_object(store: FileStore, name: str, parts: Sequence[Part]) -> None:
             if e.errno != errno.ENOSPC or store.bound is None:
                 raise
             held = store.bound.held()[0]
-            size = sum(memoryview(p).nbytes for p in parts)
+            size = sum(map(part_bytes, parts))
             margin = max(size, (store.capacity_bytes or 0) - store.target_bytes)
             store.bound.evict(held - margin, store.kept_with(name))
             _put(store, folder, leaf, name, parts)
@@ -107,7 +107,7 @@ def put_objects(
     below the root with no link followed. A bounded store renames them in afterwards, under
     one admission of their bytes (`_put_bounded`)."""
     held: dict[tuple[str, ...], int] = {}
-    sizes = [sum(memoryview(p).nbytes for p in parts) for _, parts in objects]
+    sizes = [sum(map(part_bytes, parts)) for _, parts in objects]
     try:
         split = [store._split(name) for name, _ in objects]
         for folders, _ in split:

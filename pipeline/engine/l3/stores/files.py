@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.core.l3_owned import is_object_name
 from pipeline.engine.l3.stores._fileio import present
-from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath, store_name
+from pipeline.engine.l3.stores.beneath import FOLDER_FLAGS, Beneath, store_name, store_names
 from pipeline.engine.l3.stores.capacity import Quota, open_bound
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.direct import DirectReads, in_memory
@@ -163,7 +163,7 @@ class FileStore:
     def paths_below(self, names: Sequence[str]) -> tuple[int, list[str]] | None:
         if not self.beneath.one_call:
             return None
-        return self.beneath.fd, [n if store_name(n) else "" for n in names]  # "": opens none
+        return self.beneath.fd, store_names(names)  # "": opens none
 
     def open_read(self, name: str) -> tuple[int, os.stat_result]:
         return self._opened(name, READ_FLAGS | (os.O_DIRECT if self.direct else 0))

@@ -17,6 +17,11 @@ IOV_MAX = 1024
 """The most buffers one readv/writev takes (Linux)."""
 
 
+def part_bytes(part: Part) -> int:
+    """A part's bytes, without a new view of it (a batch has a part a unit of each page)."""
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
 Range: TypeAlias = tuple[int, Sequence[memoryview]]
 """Where in a blob a read starts, and the buffers its bytes fill in order from there."""
 Check: TypeAlias = Callable[[int], bool]
