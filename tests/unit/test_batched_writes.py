@@ -7,6 +7,7 @@ once."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -131,6 +132,49 @@ def test_a_summed_write_is_the_object_a_sum_then_a_write_makes(
         os.close(folder)
 
 
+@pytest.mark.parametrize("split", [[], [3], [1, 2, 5]], ids=["one", "two", "four"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_page_in_one_buffer_is_cut_into_its_units_as_it_is_summed(
+    tmp_path: Path, threads: int, split: list[int]
+) -> None:
+    """`write_objects` with `units`: an object's payload given as runs of whole units end
+    to end (one buffer a page, or cut at unit boundaries `split`) is the file a part a unit
+    makes: each unit's CRC-32C in its row (empty units, units across a CHUNK, a run larger
+    than one). Parts that are not whole units, or hold too few, are refused before any file
+    is made, and so are units without tables."""
+    space, name = "ns", "a" * 32
+    units = parts_of(5, 9, 70_000)
+    units[2], units[6] = memoryview(b""), memoryview(b"x" * 1_200_000)
+    lengths = np.array([u.nbytes for u in units], np.int64)
+    blank = bytearray(header(space, name, [0] * len(units), lengths.tolist(), Checks()))
+    cuts = [0, *split, len(units)]
+    payload = [memoryview(b"".join(units[a:b])) for a, b in itertools.pairwise(cuts)]
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fds, tables = np.array([folder], np.int32), np.array([table_at(space, name)], np.int64)
+
+        def write(parts: list[Any], cut: np.ndarray | None, *rest: Any) -> list[int]:
+            return write_objects(fds, [".tmp-0"], [name], [parts], threads, *rest, cut)
+
+        assert write([blank, *payload], lengths, tables, CHECK_AT) == [0]
+        digests = [crc32c.crc32c(u) for u in units]
+        want = header(space, name, digests, lengths.tolist(), Checks()) + b"".join(units)
+        assert (tmp_path / name).read_bytes() == want
+        (tmp_path / name).unlink()
+        whole = memoryview(b"".join(units))
+        for parts, match in [
+            ([blank, whole[:100], whole[100:]], "its part 0 is not whole units"),
+            ([blank, whole[: -units[-1].nbytes]], "its parts hold 8 of 9 units"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                write(parts, lengths, tables, CHECK_AT)
+        with pytest.raises(ValueError, match="units: only with tables"):
+            write([blank, whole], lengths, None, 0)
+        assert not list(tmp_path.iterdir())
+    finally:
+        os.close(folder)
+
+
 @pytest.mark.parametrize("capacity", [None, 1 << 20], ids=["unbounded", "bounded"])
 def test_the_store_writes_many_as_it_puts_one_and_names_a_failure(
     tmp_path: Path, capacity: int | None
@@ -165,29 +209,31 @@ def test_a_writes_units_are_summed_on_threads_as_on_one() -> None:
 
 @pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize(
-    ("overrides", "native"),
+    ("overrides", "parts"),
     [
-        (["topology.mem_layout=page_first_direct"], True),
-        (["topology.mem_layout=layer_first"], True),
-        (["topology.mem_layout=page_first"], False),  # staged: a page a task
-        (["topology.mem_layout=page_first_direct", "storage.capacity_bytes=64MiB"], True),
+        (["topology.mem_layout=page_first_direct"], "a page"),
+        (["topology.mem_layout=layer_first"], "a unit"),
+        (["topology.mem_layout=page_first"], ""),  # staged: a page a task
+        (["topology.mem_layout=page_first_direct", "storage.capacity_bytes=64MiB"], "a page"),
     ],
     ids=["page_first_direct", "layer_first", "page_first", "bounded"],
 )
 def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], native: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], parts: str
 ) -> None:
     """Every page of the write-back in one `put_many` call (5 pages, though a rotating owner
     would send 4 at a time on 2 I/O threads), each unit summed as the store writes it, where
     the pool holds the units as bytes and the store is unbounded; else one `put` a page.
+    Each object is its header and its page: a buffer a page where the pool holds the page's
+    units end to end (page_first_direct; the store cuts it into units), else a buffer a unit.
     Either way the pages load back bit-exact."""
-    calls: list[int] = []
+    calls: list[tuple[int, set[int], list[int]]] = []
     real = FileStore.put_many
 
-    def put_many(store: FileStore, objects: Any, tables: Any = None) -> None:
-        calls.append(len(objects))
+    def put_many(store: FileStore, objects: Any, tables: Any = None, units: Any = None) -> None:
+        calls.append((len(objects), {len(p) for _, p in objects}, units))
         assert tables is not None  # the store sums the units as it writes them
-        real(store, objects, tables)
+        real(store, objects, tables, units)
 
     monkeypatch.setattr(FileStore, "put_many", put_many)
     puts: list[str] = []
@@ -195,7 +241,9 @@ def test_a_write_back_goes_in_one_call_where_it_can_and_loads_back_bit_exact(
     monkeypatch.setattr(FileStore, "put", lambda s, n, p: (puts.append(n), real_put(s, n, p)))
     with engine_with(tmp_path, "storage.io_threads=2", *overrides) as engine:
         keys, expected = stored_prefix(engine)
-        assert (calls, len(puts)) == (([PAGES], 0) if native else ([], PAGES))
+        lengths = [u.page_bytes for u in engine.l3.object.units]
+        each = {"a page": 2, "a unit": 1 + len(lengths)}.get(parts)
+        assert (calls, len(puts)) == (([(PAGES, {each}, lengths)], 0) if each else ([], PAGES))
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()

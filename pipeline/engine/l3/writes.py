@@ -29,16 +29,18 @@ def write_pages(
     if writer is None or not pool.direct or tier.runs_crc is None:
         list(tier.io.map(tier.write, keys, pages, shares))
         return
-    units = tier.object.units
+    units, names = tier.object.units, [tier.name(k) for k in keys]
     whole = [u.ordinal for u in own] == [u.ordinal for u in units]  # every unit, in order
-    objects = []
+    objects: list[Sequence[Part]] = []
     for page, received in zip(pages, shares, strict=True):
-        views = pool.views(page)
+        # where a page's units lie end to end in the pool as in its object, a buffer a page
+        # (the writer cuts it into units), not a Python object a unit
+        spans = pool.spans(page) if whole and writer.sums_units else None
+        views = pool.views(page) if spans is None else spans
         if not whole:  # rotating: the other owners' units from the share
             held = dict(zip((u.ordinal for u in own), views, strict=True)) | dict(received)
             views = [held[u.ordinal] for u in units]
         objects.append(views)
-    names = [tier.name(k) for k in keys]
     put_summed(writer, tier, names, objects, tier.storage.io_threads)
 
 
@@ -49,20 +51,20 @@ def put_summed(
     units: Sequence[Sequence[Part]],
     threads: int,
 ) -> None:
-    """Each object `names[i]`, its header then its `units[i]` (one part per unit of
-    `objects.object`), stored by `writer` in one call, the header holding each unit's
-    CRC-32C: summed by the store as it writes each unit where it can
-    (`UnitsWriter.sums_units`: one pass over the pool), else all in one native call on
-    `threads` threads first. The headers are made in bulk (`headers_of`: a header a page
-    in Python took longer than the store took to write a page). The first failure is raised
-    once every object was tried."""
+    """Each object `names[i]`, its header then its `units[i]` (a part per unit of
+    `objects.object`; for a writer that sums units, runs of whole units end to end), stored
+    by `writer` in one call, the header holding each unit's CRC-32C: summed by the store as
+    it writes each unit where it can (`UnitsWriter.sums_units`: one pass over the pool), else
+    all in one native call on `threads` threads first. The headers are made in bulk
+    (`headers_of`: a header a page in Python took longer than the store took to write a
+    page). The first failure is raised once every object was tried."""
     space, checks = objects.space, objects.checks
     unit_bytes = [u.page_bytes for u in objects.object.units]
     shape = (len(names), len(unit_bytes))
     if writer.sums_units:  # headers with blank digests: the store fills them
         heads = headers_of(space, names, np.zeros(shape, np.uint32), unit_bytes, checks)
         stored = [(n, [h, *p]) for n, h, p in zip(names, heads, units, strict=True)]
-        writer.put_many(stored, [table_at(space, n) for n in names])
+        writer.put_many(stored, [table_at(space, n) for n in names], unit_bytes)
         return
     crcs = crcs_of([part for parts in units for part in parts], threads)
     sums = np.asarray(crcs, np.uint32).reshape(shape)

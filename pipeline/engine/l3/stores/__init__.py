@@ -76,14 +76,19 @@ class UnitsWriter(Protocol):
     from the CPU's cache, where a sum before the write would read the pool once more."""
 
     def put_many(
-        self, objects: Sequence[tuple[str, Sequence[Part]]], tables: Sequence[int] | None = None
+        self,
+        objects: Sequence[tuple[str, Sequence[Part]]],
+        tables: Sequence[int] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
         """`ObjectStore.put` of each (name, parts), all in one call on threads of the store's
         own, outside Python's lock; the first failure raised once every object was tried.
-        With `tables` (`sums_units`): each object's first part is its header (a bytearray)
+        With `tables` (`sums_units`): each object's first part is its header (writable)
         with its digests and check yet to fill, its digest table at tables[o]
         (`core.l3.table_at`); each unit's CRC-32C is put there as it is written, then the
-        header's check, and the header is written last."""
+        header's check, and the header is written last. Its other parts are a unit each, or
+        with `units` (every object's unit lengths) runs of whole units end to end: a page's
+        units one buffer, not a Python object a unit."""
 
 
 class ObjectStore(Protocol):

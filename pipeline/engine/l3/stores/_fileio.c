@@ -893,6 +893,8 @@ typedef struct {
     const int64_t *tables; /* NULL, or where each object's header (its first part) holds the
                               digest table its payload's sums fill */
     int64_t check_at;      /* the header's 16 check bytes, filled last */
+    const int64_t *units;  /* NULL (a part a unit), or the lengths its payload is cut into */
+    Py_ssize_t unit_count;
     Py_ssize_t count, next;
     int *errors;
 } Writes;
@@ -937,6 +939,45 @@ static void put_le32(unsigned char *to, uint32_t v) {
     for (int b = 0; b < 4; b++) to[b] = (unsigned char)(v >> (8 * b));
 }
 
+/* `n` bytes from `p` written at `*at` on, however partial each write; `*at` moved past them. */
+static int write_span(int fd, const unsigned char *p, size_t n, off_t *at) {
+    while (n) {
+        ssize_t got = pwrite(fd, p, n, *at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return got ? errno : EIO;
+        p += got;
+        n -= (size_t)got;
+        *at += got;
+    }
+    return 0;
+}
+
+/* A summed object's payload cut into units (`units`, which `summed_fits` checked tile its
+   parts): a CHUNK or so of whole units at a time, each unit's CRC-32C put in its row just
+   before the write that reads it. A page of the pool is one part, not a part a unit: no
+   Python object a unit. */
+static int write_cut(Writes *w, Py_ssize_t o, int fd, off_t *at) {
+    unsigned char *table = (unsigned char *)w->parts[w->first[o]].buf + w->tables[o];
+    Py_ssize_t u = 0;
+    for (Py_ssize_t k = w->first[o] + 1; k < w->first[o + 1]; k++) {
+        const unsigned char *p = w->parts[k].buf;
+        for (size_t left = (size_t)w->parts[k].len; left;) {
+            size_t bytes = 0;
+            for (; u < w->unit_count && (size_t)w->units[u] <= left - bytes &&
+                   (!bytes || bytes + (size_t)w->units[u] <= CHUNK);
+                 u++) {
+                put_le32(table + 8 * u, crc32c(0, p + bytes, (size_t)w->units[u]));
+                bytes += (size_t)w->units[u];
+            }
+            int error = bytes ? write_span(fd, p, bytes, at) : EINVAL; /* `summed_fits` */
+            if (error) return error;
+            p += bytes;
+            left -= bytes;
+        }
+    }
+    return 0;
+}
+
 /* A summed object (`tables`): its payload parts written after the header's place a CHUNK
    or so at a time, each part's CRC-32C taken just before its write (so the write
    reads it from the CPU's cache: one pass over the pool where a sum, then a write, took two)
@@ -947,8 +988,8 @@ static int write_summed(Writes *w, Py_ssize_t o, int fd) {
     Py_ssize_t head = w->first[o], stop = w->first[o + 1];
     unsigned char *header = w->parts[head].buf;
     off_t at = w->parts[head].len;
-    int error = 0;
-    for (Py_ssize_t k = head + 1; !error && k < stop;) {
+    int error = w->units ? write_cut(w, o, fd, &at) : 0;
+    for (Py_ssize_t k = head + 1; !w->units && !error && k < stop;) {
         Py_ssize_t end = k;
         for (size_t bytes = 0;
              end < stop && (end == k || bytes + (size_t)w->parts[end].len <= CHUNK) &&
@@ -1002,7 +1043,7 @@ static void *writer(void *arg) {
 /* Whether summed object o (parts [first[o], end)) has a header holding its table and its
    check; raises where not. */
 static int summed_fits(const Writes *w, Py_ssize_t o, Py_ssize_t end) {
-    Py_ssize_t head = w->first[o], units = end - head - 1;
+    Py_ssize_t head = w->first[o], units = w->units ? w->unit_count : end - head - 1;
     int64_t len = w->parts[head].len, table = w->tables[o];
     if (units < 0 || table < 0 || table + 8 * units > len || w->check_at < 0 ||
         w->check_at + 16 > len || (w->check_at < table + 8 * units && table < w->check_at + 16)) {
@@ -1012,20 +1053,37 @@ static int summed_fits(const Writes *w, Py_ssize_t o, Py_ssize_t end) {
                      o, (long long)len, units, (long long)table, (long long)w->check_at);
         return 0;
     }
+    Py_ssize_t u = 0; /* with units: they tile the payload's parts, none across two */
+    for (Py_ssize_t k = head + 1; w->units && k < end; k++) {
+        int64_t left = w->parts[k].len;
+        while (left > 0 && u < w->unit_count) left -= w->units[u++];
+        while (!left && u < w->unit_count && !w->units[u]) u++;
+        if (left) {
+            PyErr_Format(PyExc_ValueError, "object %zd: its part %zd is not whole units", o,
+                         k - head - 1);
+            return 0;
+        }
+    }
+    if (w->units && u < w->unit_count) {
+        PyErr_Format(PyExc_ValueError, "object %zd: its parts hold %zd of %zd units", o, u,
+                     w->unit_count);
+        return 0;
+    }
     return 1;
 }
 
 static PyObject *write_objects(PyObject *self, PyObject *args) {
     PyObject *folders, *tmps, *leaves, *objects, *result = NULL, *held[3] = {NULL, NULL, NULL};
-    PyObject *tables = Py_None;
+    PyObject *tables = Py_None, *units = Py_None;
     long long check_at = 0;
     int threads;
     Column fds = {.view = {.obj = NULL}}, table_col = {.view = {.obj = NULL}};
+    Column unit_col = {.view = {.obj = NULL}};
     Writes w = {0};
     const char **tmp_names = NULL, **leaf_names = NULL;
     Py_ssize_t taken = 0, total = 0;
-    if (!PyArg_ParseTuple(args, "OOOOi|OL:write_objects", &folders, &tmps, &leaves, &objects,
-                          &threads, &tables, &check_at))
+    if (!PyArg_ParseTuple(args, "OOOOi|OLO:write_objects", &folders, &tmps, &leaves, &objects,
+                          &threads, &tables, &check_at, &units))
         return NULL;
     if (threads < 1) {
         PyErr_SetString(PyExc_ValueError, "write_objects: threads >= 1");
@@ -1041,6 +1099,19 @@ static PyObject *write_objects(PyObject *self, PyObject *args) {
         }
         w.tables = table_col.view.buf;
         w.check_at = check_at;
+        if (units != Py_None) {
+            if (!column(units, &unit_col, 8, 0, "units")) goto out;
+            w.units = unit_col.view.buf;
+            w.unit_count = unit_col.count;
+            for (Py_ssize_t u = 0; u < w.unit_count; u++)
+                if (w.units[u] < 0) {
+                    PyErr_SetString(PyExc_ValueError, "units: lengths >= 0");
+                    goto out;
+                }
+        }
+    } else if (units != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "units: only with tables (they are summed)");
+        goto out;
     }
     if (!utf8_names(tmps, n, 1, &held[0], &tmp_names) ||
         (leaves != Py_None && !utf8_names(leaves, n, 1, &held[1], &leaf_names)))
@@ -1090,6 +1161,7 @@ out:
     for (Py_ssize_t j = 0; j < taken; j++) PyBuffer_Release(&w.parts[j]);
     PyBuffer_Release(&fds.view);
     PyBuffer_Release(&table_col.view);
+    PyBuffer_Release(&unit_col.view);
     for (int k = 0; k < 3; k++) Py_XDECREF(held[k]);
     PyMem_Free(tmp_names);
     PyMem_Free(leaf_names);
@@ -1234,8 +1306,8 @@ static PyMethodDef methods[] = {
      "regular file, opened as read_objects opens an object (no link followed), on `threads` "
      "threads (at most 64) without the interpreter's lock."},
     {"write_objects", write_objects, METH_VARARGS,
-     "write_objects(folders, tmps, leaves, objects, threads, tables=None, check_at=0) -> "
-     "list[int]\n\n"
+     "write_objects(folders, tmps, leaves, objects, threads, tables=None, check_at=0, "
+     "units=None) -> list[int]\n\n"
      "Write object o (the buffers objects[o], in order) as the new file tmps[o] in the folder "
      "open at folders[o] (int32), set its times now and rename it over leaves[o] there, on "
      "`threads` threads (at most 64) without the interpreter's lock; each object's errno, 0 "
@@ -1245,7 +1317,9 @@ static PyMethodDef methods[] = {
      "object's first part is its header (writable): its other parts are written after it, "
      "each one's CRC-32C put first in its row of 8 bytes (sum, length) of the table at "
      "tables[o], then the header's own CRC-32C (its 16 bytes at check_at zeroed) put there, "
-     "and the header written last."},
+     "and the header written last. units (int64, with tables): the other parts, end to end, "
+     "are cut into units of these lengths (none across two parts), each unit's CRC-32C in "
+     "its row: a page's units in one part."},
     {"crcs_of", crcs_of, METH_VARARGS,
      "crcs_of(buffers, threads=1) -> list[int]: the CRC-32C of each buffer, summed in one call "
      "outside the interpreter's lock, on up to `threads` threads (a write's units)."},

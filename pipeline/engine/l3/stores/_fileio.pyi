@@ -40,4 +40,5 @@ def write_objects(
     threads: int,
     tables: np.ndarray | None = None,
     check_at: int = 0,
+    units: np.ndarray | None = None,
 ) -> list[int]: ...

@@ -100,10 +100,12 @@ def put_objects(
     store: FileStore,
     objects: Sequence[tuple[str, Sequence[Part]]],
     tables: Sequence[int] | None = None,
+    units: Sequence[int] | None = None,
 ) -> None:
     """`FileStore.put_many`: each object as `_put` writes it, in one `_fileio.write_objects`
     call on the store's threads (with `tables`, each unit summed into its object's header as
-    it is written: `UnitsWriter.put_many`); each folder opened (made where missing) once,
+    it is written, its parts cut into `units` where given: `UnitsWriter.put_many`); each
+    folder opened (made where missing) once,
     below the root with no link followed. A bounded store renames them in afterwards, under
     one admission of their bytes (`_put_bounded`)."""
     held: dict[tuple[str, ...], int] = {}
@@ -116,7 +118,7 @@ def put_objects(
         fds = np.array([held[tuple(folders)] for folders, _ in split], np.int32)
         tmps = [f"{TEMPORARY}{secrets.token_hex(8)}" for _ in objects]
         leaves = [leaf for _, leaf in split]
-        batch = Batch(fds, tmps, [p for _, p in objects], tables)
+        batch = Batch(fds, tmps, [p for _, p in objects], tables, units)
         if store.bound is None:
             errors = batch.write(store, range(len(objects)), leaves)
         else:
@@ -133,21 +135,27 @@ def put_objects(
 @dataclass(frozen=True)
 class Batch:
     """A batch's objects: each one's folder, temporary name, parts, and digest table (all
-    or none: `UnitsWriter.put_many`)."""
+    or none) with the units their parts are cut into (`UnitsWriter.put_many`)."""
 
     fds: np.ndarray
     tmps: list[str]
     parts: list[Sequence[Part]]
     tables: Sequence[int] | None
+    units: Sequence[int] | None
 
     def write(self, store: FileStore, which: Sequence[int], leaves: list[str] | None) -> list[int]:
         """Objects `which` written in one native call, renamed over `leaves` (None: left at
         their temporary names); each one's errno, 0 where written."""
         at = list(which)
-        sums = () if self.tables is None else (np.asarray(self.tables, np.int64)[at], CHECK_AT)
         tmps, parts = [self.tmps[i] for i in at], [self.parts[i] for i in at]
         names = None if leaves is None else [leaves[i] for i in at]
-        return list(write_objects(self.fds[at], tmps, names, parts, store.threads, *sums))
+        if self.tables is None:
+            return list(write_objects(self.fds[at], tmps, names, parts, store.threads))
+        tables = np.asarray(self.tables, np.int64)[at]
+        cut = None if self.units is None else np.asarray(self.units, np.int64)
+        return list(
+            write_objects(self.fds[at], tmps, names, parts, store.threads, tables, CHECK_AT, cut)
+        )
 
 
 def _put_bounded(

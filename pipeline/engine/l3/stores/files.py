@@ -152,9 +152,12 @@ class FileStore:
     sums_units = True  # `_fileio.write_objects` sums each unit before it writes it
 
     def put_many(
-        self, objects: Sequence[tuple[str, Sequence[Part]]], tables: Sequence[int] | None = None
+        self,
+        objects: Sequence[tuple[str, Sequence[Part]]],
+        tables: Sequence[int] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
-        put_objects(self, objects, tables)
+        put_objects(self, objects, tables, units)
 
     def units_reader(self) -> FileParts | None:
         """Native reads through the page cache (not O_DIRECT's aligned staging)."""

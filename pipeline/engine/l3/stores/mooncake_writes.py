@@ -49,8 +49,13 @@ class MooncakeWrites:
 
     sums_units = False  # the client reads the parts itself: they are summed before
 
-    def put_many(self, objects: Sequence[Object], tables: Sequence[int] | None = None) -> None:
-        if tables is not None:
+    def put_many(
+        self,
+        objects: Sequence[Object],
+        tables: Sequence[int] | None = None,
+        units: Sequence[int] | None = None,
+    ) -> None:
+        if tables is not None or units is not None:
             raise ValueError("Mooncake writes sum no units: pass headers already summed")
         there = self.store.exists([name for name, _ in objects]) if objects else []
         batched: list[Object] = []
