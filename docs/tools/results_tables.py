@@ -161,9 +161,9 @@ def issue_time() -> str:
 
 
 def ttft() -> str:
-    # the latest run, its 16K rows then its 64K ones
-    results = [load("2026-12-07-h100-first-layer-ttft")]
-    results[0]["rows"].sort(key=lambda r: r["tokens"])
+    # the latest run (16K, on an H200), then the latest on an H100 (its 16K rows, then 64K)
+    results = [load("2026-12-07-h200-write-buffers-ttft"), load("2026-12-07-h100-first-layer-ttft")]
+    results[1]["rows"].sort(key=lambda r: r["tokens"])
     names = ["store", "tokens", "new_tokens", "stream_layers", "load_ms", "compute_ms"]
     header = ["commit", "store", "cached tokens", "new tokens", "stream_layers", "load ms"]
     header += ["compute ms", "overlapped ms", "x limit", "recompute ms", "hit vs recompute"]
@@ -188,9 +188,8 @@ def vllm_ttft() -> str:
 
 
 def l3_limits() -> str:
-    folders = ["2026-12-01-h200-l3-read", "2026-12-01-h200-l3-cold"]
-    folders += ["2026-12-07-h100-whole-mooncake-l3", "2026-12-07-h100-idle-readers-l3"]
-    folders += ["2026-12-07-h100-first-layer-l3"]
+    folders = ["2026-12-07-h100-first-layer-l3", "2026-12-07-h100-window-futures-l3"]
+    folders += ["2026-12-07-h200-write-buffers-l3"]
     folders += ["2026-12-07-cpu-block-copies"]
     results = [load(f) for f in folders]
     names = ["store", "cache", "io", "io_threads", "tokens", "load_ms", "gbps"]
