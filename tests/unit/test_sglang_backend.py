@@ -102,9 +102,9 @@ def recorded(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, lis
         if found is not None:
             real = found.put_many
 
-            def put_many(objects: Any, tables: Any = None) -> None:
+            def put_many(objects: Any, tables: Any = None, units: Any = None) -> None:
                 moved.append(("put_many", [s for _, p in objects for s in spans(p[1:])]))
-                real(objects, tables)
+                real(objects, tables, units)
 
             found.put_many = put_many
         return found
@@ -156,6 +156,12 @@ def test_pages_of_every_layout_round_trip_bit_exact(
         if layout != "page_first":  # each batch call one store call
             assert inside == {("put_many", True), ("read_units", True)}
             assert [call for call, _ in moved] == ["put_many", "read_units", "read_units"]
+            # the file store sums as it writes: a page whose units lie end to end in the
+            # pool as in its object is one buffer (MLA's page_first_direct; MHA's holds a
+            # page's K then its V, the object a layer's K and V), else a buffer a unit
+            one = (store, layout, mla) == ("file", "page_first_direct", True)
+            each = 1 if one else 3 * (1 + (not mla))
+            assert len(moved[0][1]) == len(written) * each
         else:
             read = ("read_units", True) if store == "file" else ("read", False)
             assert inside == {("put", False), read}

@@ -181,7 +181,10 @@ class PageIO:
         is raised once every page was tried."""
         writer = self.store.units_writer()
         assert writer is not None, "writes_many asked the store"
-        units = [self.pages.views(page) for page in pages]
+        # where the pool holds a page's units end to end as its object does and the store
+        # sums units as it writes, a buffer a page (the store cuts it), not an object a unit
+        spans = [self.map.spans(page) if writer.sums_units else None for page in pages]
+        units = [self.pages.views(p) if s is None else s for p, s in zip(pages, spans, strict=True)]
         put_summed(writer, self, [self.name(key) for key in keys], units, threads)
 
     def close(self) -> None:
