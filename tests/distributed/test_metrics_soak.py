@@ -38,7 +38,8 @@ def scrape(port: int) -> dict[str, float] | None:
 def test_a_soak_serves_metrics_that_grow_to_its_final_stats(tmp_path: Path) -> None:
     base = free_ports(2)
     overrides = ["topology=tp2", "storage=file", f"storage.path={tmp_path}"]
-    overrides += ["soak.cycles=400", "soak.warmup_cycles=10", f"runtime.metrics_port={base}"]
+    # cycles enough for a scrape of both ranks mid-run (about 0.1 s a cycle on 2 cores)
+    overrides += ["soak.cycles=150", "soak.warmup_cycles=10", f"runtime.metrics_port={base}"]
     soak = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "soak", *overrides, "--json"],
         stdout=subprocess.PIPE,
