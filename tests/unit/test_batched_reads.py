@@ -20,6 +20,7 @@ import pytest
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
 from pipeline.core.l3_rows import header_rows, headers_of
+from pipeline.engine.l3 import fetch
 from pipeline.engine.l3.pages import unit_columns
 from pipeline.engine.l3.stores import FileStore
 from pipeline.engine.l3.stores._fileio import CHUNK, SUM, SUMS, crcs_of, present, read_objects
@@ -326,7 +327,8 @@ def test_the_windows_of_a_fetch_are_the_groups_of_its_one_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Windows of 4 pages: one call whose groups are pages 0-3 and 4 (a header and the
-    units each), handed over in order; loaded bit-exact window by window."""
+    units each), handed over in order, a future a window (not a page); loaded bit-exact
+    window by window."""
     overrides = ["topology.mem_layout=page_first_direct", "storage.io_threads=2"]
     with engine_with(tmp_path, *overrides, "storage.load_chunk_pages=4") as engine:
         keys, expected = stored_prefix(engine)
@@ -345,6 +347,15 @@ def test_the_windows_of_a_fetch_are_the_groups_of_its_one_call(
             return real_units(reader, dataclasses.replace(reads, on_group=seen))
 
         monkeypatch.setattr(FileParts, "read_units", read_units)
+        runs: list[list[tuple[int, int]]] = []
+        real_start = fetch.start_batches
+
+        def start_batches(*args: Any) -> Any:
+            started = real_start(*args)
+            runs.append([(first, stop) for first, stop, _ in started.runs])
+            return started
+
+        monkeypatch.setattr(fetch, "start_batches", start_batches)
         loaded, target, _ = load(engine, keys)
         assert loaded.hits == PAGES and loaded.handle is not None
         loaded.handle.done().wait()
@@ -352,6 +363,7 @@ def test_the_windows_of_a_fetch_are_the_groups_of_its_one_call(
         assert tier is not None
         per = len(tier.reads(False)) + 1
         assert calls == [([4 * per, PAGES * per], [0, 1])]
+        assert runs == [[(0, 4), (4, PAGES)]]
         assert not first_mismatch(engine, target, expected)
 
 
