@@ -1,9 +1,10 @@
-"""Where a write-back to a file store spends its time: Python before the native call, and
-the call itself (`_fileio.write_objects`).
+"""Where a write-back to a file store spends its time: Python before the native call, the
+call itself (`_fileio.write_objects`), and the engine's write-back around it.
 
 N page objects of deepseek_v3 (as `probe_reads.py` makes them) removed and written back
-again and again with `write_pages`, the tier's batched write of a write-back; it prints the
-median and the slowest of each part over the writes after the first two. From the root, on a
+again and again with `write_pages`, the tier's batched write of a write-back, then as many
+times through `Engine.write_back` (its ack waited for, as `bench=l3` times it); it prints
+the median and the slowest of each over the writes after the first two. From the root, on a
 cuda or a CPU machine:
     python benchmarks/write_phases.py --pages 256 --threads 4 16
 """
@@ -21,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 from probe_reads import Probe, probe_args
 
+from pipeline.core.slots import page_tokens
 from pipeline.engine.l3.stores import file_writes
 from pipeline.engine.l3.writes import write_pages
 
@@ -38,6 +40,9 @@ def timed_writes(p: Probe, writes: int) -> dict[str, list[float]]:
         finally:
             native.append((time.perf_counter() - began) * 1e3)
 
+    engine, size = p.engine, p.engine.sizing.slots_per_page
+    hosted = page_tokens(p.host, size)
+    engine.backup(hosted, page_tokens(range(len(p.keys)), size)).wait()  # slots holding data
     tier, found = p.tier, {"write": [], "native": []}
     names = [tier.name(k) for k in p.keys]
     pages = [int(page) for page in p.host]
@@ -52,6 +57,14 @@ def timed_writes(p: Probe, writes: int) -> dict[str, list[float]]:
             found["native"].append(sum(native))
     finally:
         file_writes.write_objects = original
+    found["engine"] = []
+    for _ in range(writes):
+        tier.store.remove(names)
+        began = time.perf_counter()
+        engine.write_back(p.keys, hosted).wait()
+        while engine.acks.pending:
+            engine.poll()
+        found["engine"].append((time.perf_counter() - began) * 1e3)
     return found
 
 
@@ -75,8 +88,14 @@ def main() -> None:
                 probe.engine.close()
             write, native = times["write"][2:], times["native"][2:]  # the first two warm up
             python = [w - n for w, n in zip(write, native, strict=True)]
+            engine = times["engine"][2:]
             print(f"io_threads={threads}, ms over {len(write)} writes: median / slowest")
-            for name, values in (("write", write), ("native call", native), ("python", python)):
+            for name, values in (
+                ("write", write),
+                ("native call", native),
+                ("python", python),
+                ("engine write-back", engine),
+            ):
                 print(f"  {name}: {statistics.median(values):.1f} / {max(values):.1f}")
     if args.json:
         with open(args.json, "w") as f:
