@@ -161,9 +161,11 @@ def issue_time() -> str:
 
 
 def ttft() -> str:
-    # the latest run (16K, on an H200), then the latest on an H100 (its 16K rows, then 64K)
-    results = [load("2026-12-07-h200-write-buffers-ttft"), load("2026-12-07-h100-first-layer-ttft")]
-    results[1]["rows"].sort(key=lambda r: r["tokens"])
+    # the latest run (16K and 64K, on an H100), then the latest on an H200 (16K)
+    results = [
+        load("2026-12-07-h100-mooncake-sums-ttft"),
+        load("2026-12-07-h200-write-buffers-ttft"),
+    ]
     names = ["store", "tokens", "new_tokens", "stream_layers", "load_ms", "compute_ms"]
     header = ["commit", "store", "cached tokens", "new tokens", "stream_layers", "load ms"]
     header += ["compute ms", "overlapped ms", "x limit", "recompute ms", "hit vs recompute"]
@@ -188,7 +190,7 @@ def vllm_ttft() -> str:
 
 
 def l3_limits() -> str:
-    folders = ["2026-12-07-h100-first-layer-l3", "2026-12-07-h100-window-futures-l3"]
+    folders = ["2026-12-07-h100-window-futures-l3", "2026-12-07-h100-mooncake-sums-l3"]
     folders += ["2026-12-07-h200-write-buffers-l3"]
     folders += ["2026-12-07-cpu-block-copies"]
     results = [load(f) for f in folders]
