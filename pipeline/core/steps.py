@@ -142,12 +142,11 @@ def load_steps(
     grouped = 0  # bytes the group moves
     for layer in sorted(by_layer):
         layer_units = by_layer[layer]
-        if layer in breaks:
+        exchanges = any(exchanged(u) for u in layer_units)
+        if exchanges or layer in breaks:
             steps += _group_steps(group, n)
             group, grouped = [], 0
-        if any(exchanged(u) for u in layer_units):
-            steps += _group_steps(group, n)
-            group, grouped = [], 0
+        if exchanges:
             slices = []
             for u in layer_units:
                 per = max(1, staging_bytes // u.page_bytes) if exchanged(u) else n

@@ -4,20 +4,18 @@ Windowed, the fetch reads whole objects and loads each window of `storage.load_c
 pages once the group agreed on it; but an object holds every layer of its page, so no layer
 is complete before the last object is read, and the forward waits for the whole prefix.
 Streamed (`storage.stream_layers`; by default where it pays: `auto_layers`), the fetch reads
-each page's first group of layers and the replica group agrees on the hits from those reads;
-where the store reads natively, the same store call reads on to the later groups meanwhile
-(each object opened once), kept where every page was a hit, else cancelled and waited for
-and started again for the hits alone. The load returns, the later groups' reads run on the
-I/O threads in group order, and each group's copies to the device are issued as soon as its
-reads are in, from the forward's own calls (`wait`, `ready`, `done`): nothing is issued from
-another thread. An object that goes
-missing after the hits were agreed (evicted, overwritten, corrupted) fails the load at the
-first layer it held: the layers before it are loaded, the host pages are given back as
-holding no data, and the waits raise naming it.
+each page's first group (its first layer) and the replica group agrees on the hits from those
+reads; where the store reads natively, the same call reads on to the later groups meanwhile,
+kept where every page was a hit, else cancelled, waited for and started again for the hits.
+The later groups' reads run on in group order, and each group's copies to the device are
+issued once its reads are in, from the forward's own calls (`wait`, `ready`, `done`). An
+object gone after the hits were agreed (evicted, overwritten, corrupted) fails the load at
+its first layer: the layers before it loaded, the host pages hold no data, the waits raise.
 """
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import dataclasses
 from typing import Protocol
@@ -51,14 +49,18 @@ def whole(run: Run) -> bool:
     return future.done() and future.exception() is None and future.result() == stop - first
 
 
-def layer_groups(
-    units: tuple[Unit, ...], num_layers: int, per_group: int
-) -> list[tuple[Unit, ...]]:
-    """`units` by groups of layers, in layer order: the first layer alone, then groups of
-    `per_group` consecutive layers. The forward's first layer waits for the fetch (every
-    page's first group read, its hits agreed on): the less that group reads, the sooner."""
-    count = 1 + -(-(num_layers - 1) // per_group)
-    return [tuple(u for u in units if -(-u.layer // per_group) == g) for g in range(count)]
+def group_starts(num_layers: int, per_group: int) -> range:
+    """Where a streamed load's later groups start: the first layer alone (the forward's
+    first layer waits for the fetch: the less it reads, the sooner), then `per_group` a group."""
+    return range(1, num_layers, per_group)
+
+
+def layer_groups(units: tuple[Unit, ...], starts: range) -> list[tuple[Unit, ...]]:
+    """`units` by the groups of layers `starts` begins (`group_starts`), in layer order."""
+    found: list[list[Unit]] = [[] for _ in range(len(starts) + 1)]
+    for u in units:
+        found[bisect.bisect_right(starts, u.layer)].append(u)
+    return [tuple(group) for group in found]
 
 
 @dataclasses.dataclass
@@ -109,8 +111,7 @@ class StreamedLoad:
         """`reads`: per group, its job and its runs of reads (group 0's settled by the fetch:
         none); `group_of`: each model layer's read group; `tasks`: the store calls reading the
         later groups (the fetch's own, where it reads on)."""
-        self.tier, self.load, self.tasks = tier, load, tasks
-        self.reads = reads
+        self.tier, self.load, self.tasks, self.reads = tier, load, tasks, reads
         self.steps: list[list[Step]] = [[] for _ in reads]
         """Per read group, the steps it completes (a load group's step goes with the read
         group of its last layer)."""
@@ -258,7 +259,8 @@ def stream_from_l3(
     """Read every page's first group of layers and agree on the hits (the strategy's fetch
     stages), plan the load of the hit pages into `slots` (host, device), start the later
     groups' reads, issue the first group's copies and hand the forward the rest."""
-    groups = layer_groups(tier.reads(False), engine.model.num_layers, per_group)
+    starts = group_starts(engine.model.num_layers, per_group)
+    groups = layer_groups(tier.reads(False), starts)
     job.units, job.tables = groups[0], [[] for _ in job.keys]
     job.later = [units for units in groups[1:] if units]  # read on in the same call, natively
     job = tier.fetch(engine.strategy.l3.fetch, job)
@@ -267,8 +269,8 @@ def stream_from_l3(
     hits, (host, device) = job.hits, slots
     engine.host_allocator.hold_data(job.host_pages[:hits])
     hit_slots, stream = slice(0, hits * engine.sizing.slots_per_page), engine.runtime.load_stream
-    starts = frozenset(range(1, engine.model.num_layers, per_group))  # `layer_groups`' starts
-    t = engine.transfer(Direction.load, host[hit_slots], device[hit_slots], stream, None, starts)
+    breaks = frozenset(starts)  # no step of the load waits for two groups
+    t = engine.transfer(Direction.load, host[hit_slots], device[hit_slots], stream, None, breaks)
     run = engine.runtime
     parts = (engine.strategy.load, stream, engine.acks, engine.host_allocator)
     load = GroupedLoad(t, *parts, run.forward_stream, run.timeout_s)
@@ -291,10 +293,8 @@ def stream_from_l3(
     runs = iter(started)
     reads: list[tuple[ObjectsJob, list[Run]]] = [(job, [])]
     reads += [(j, next(runs) if j.units else []) for j in later]
-    group_of = [0] * engine.model.num_layers
-    for g, units in enumerate(groups):
-        for unit in units:
-            group_of[unit.layer] = g
+    read_group = {unit.layer: g for g, units in enumerate(groups) for unit in units}
+    group_of = [read_group.get(layer, 0) for layer in range(engine.model.num_layers)]
     streamed = StreamedLoad(tier, load, reads, group_of, tasks)
     streamed._issue_through(0)
     return L3Load(hits, False, streamed)
