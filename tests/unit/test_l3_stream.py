@@ -6,6 +6,7 @@ x load groups x host layouts x stores is bit-exact."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ from pipeline.engine.l3.load import (
     MIN_GROUP_BYTES,
     StreamedLoad,
     auto_layers,
+    group_starts,
+    layer_groups,
     streamed_layers,
 )
 from pipeline.engine.l3.stores import FileStore
@@ -312,6 +315,28 @@ def test_loads_that_must_not_stream_are_windowed(tmp_path: Path, overrides: list
         assert isinstance(loaded.handle, WindowedLoad)
         loaded.handle.done().wait()
         assert not first_mismatch(engine, target, expected)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 8, 61])
+@pytest.mark.parametrize("per_group", [1, 3, 8, 61])
+@pytest.mark.parametrize("starts", [None, [1, 2, 4]], ids=["even", "growing"])
+def test_layer_groups_cut_the_units_where_their_starts_say(
+    layers: int, per_group: int, starts: list[int] | None
+) -> None:
+    """Every unit in exactly one group, in layer order; the first layer alone; a group
+    begins at each start and holds the layers up to the next (an even cut: per_group each)."""
+    cut = group_starts(layers, per_group) if starts is None else [s for s in starts if s < layers]
+    units = tuple(
+        SimpleNamespace(layer=layer, ordinal=o) for layer in range(layers) for o in (0, 1)
+    )
+    groups = layer_groups(units, cut)  # type: ignore[arg-type]
+    assert [u for g in groups for u in g] == list(units)
+    bounds = [0, *cut, layers]
+    assert len(groups) == len(bounds) - 1
+    for g, (first, stop) in enumerate(itertools.pairwise(bounds)):
+        assert {u.layer for u in groups[g]} == set(range(first, stop))
+    if starts is None:
+        assert list(cut) == list(range(1, layers, per_group))
 
 
 @pytest.mark.parametrize("gpu", [True, False])

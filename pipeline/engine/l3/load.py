@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -49,14 +50,15 @@ def whole(run: Run) -> bool:
     return future.done() and future.exception() is None and future.result() == stop - first
 
 
-def group_starts(num_layers: int, per_group: int) -> range:
+def group_starts(num_layers: int, per_group: int) -> Sequence[int]:
     """Where a streamed load's later groups start: the first layer alone (the forward's
     first layer waits for the fetch: the less it reads, the sooner), then `per_group` a group."""
     return range(1, num_layers, per_group)
 
 
-def layer_groups(units: tuple[Unit, ...], starts: range) -> list[tuple[Unit, ...]]:
-    """`units` by the groups of layers `starts` begins (`group_starts`), in layer order."""
+def layer_groups(units: tuple[Unit, ...], starts: Sequence[int]) -> list[tuple[Unit, ...]]:
+    """`units` by the groups of layers `starts` (increasing) begins (`group_starts`), in layer
+    order."""
     found: list[list[Unit]] = [[] for _ in range(len(starts) + 1)]
     for u in units:
         found[bisect.bisect_right(starts, u.layer)].append(u)
