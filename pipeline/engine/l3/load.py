@@ -7,10 +7,10 @@ Streamed (`storage.stream_layers`; by default where it pays: `auto_layers`), the
 each page's first group (its first layer) and the replica group agrees on the hits from those
 reads; where the store reads natively, the same call reads on to the later groups meanwhile,
 kept where every page was a hit, else cancelled, waited for and started again for the hits.
-The later groups' reads run on in group order, and each group's copies to the device are
-issued once its reads are in, from the forward's own calls (`wait`, `ready`, `done`). An
-object gone after the hits were agreed (evicted, overwritten, corrupted) fails the load at
-its first layer: the layers before it loaded, the host pages hold no data, the waits raise.
+The later groups are read in order, each group's copies issued once its reads are in, from
+the forward's own calls (`wait`, `ready`, `done`). An object gone after the hits were agreed
+(evicted, overwritten, corrupted) fails the load at its first layer: the layers before it
+loaded, the host pages hold no data, the waits raise.
 """
 
 from __future__ import annotations
@@ -51,14 +51,12 @@ def whole(run: Run) -> bool:
 
 
 def group_starts(num_layers: int, per_group: int) -> Sequence[int]:
-    """Where a streamed load's later groups start: the first layer alone (the forward's
-    first layer waits for the fetch: the less it reads, the sooner), then `per_group` a group."""
+    """Where a streamed load's later groups start: the first layer alone, then `per_group`."""
     return range(1, num_layers, per_group)
 
 
 def layer_groups(units: tuple[Unit, ...], starts: Sequence[int]) -> list[tuple[Unit, ...]]:
-    """`units` by the groups of layers `starts` (increasing) begins (`group_starts`), in layer
-    order."""
+    """`units` by the groups of layers `starts` (increasing: `group_starts`) begin, in order."""
     found: list[list[Unit]] = [[] for _ in range(len(starts) + 1)]
     for u in units:
         found[bisect.bisect_right(starts, u.layer)].append(u)
