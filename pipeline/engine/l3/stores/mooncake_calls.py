@@ -45,19 +45,10 @@ class BoundedCalls:
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a worker thread; its result, its error, or MasterSilent."""
-        return self.result(self.start(fn, *args))
-
-    def start(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """`fn(*args)` started on a worker thread (MasterSilent at once during a silence):
-        the caller works on meanwhile, then takes it with `result`."""
         with self._lock:
             if self._silent is not None and not self._silent.done():
                 raise MasterSilent(self.message)
-            return self._pool.submit(fn, *args)
-
-    def result(self, future: Future[T]) -> T:
-        """A started call's result or error, waited for at most `timeout_s`, else
-        MasterSilent."""
+            future = self._pool.submit(fn, *args)
         try:
             return future.result(timeout=self.timeout_s)
         except TimeoutError:

@@ -4,12 +4,11 @@ Each group of ranges (a window of pages, a streamed load's group of layers) is o
 call: objects read whole go through `batch_get_into_multi_buffers`, each scattered straight
 into its ranges' memory; parts of objects through the get session's ranged get (each object's
 replica looked up once, `MooncakeParts`). Ranges that follow each other in the object and in
-memory go to the client as one. Ranges outside the memory registered with the store (the
+memory go to the client as one. Then every range's CRC-32C is summed natively on the load's
+threads (the client computes none; summed beside the client's next call instead, they cost
+as much: BENCHMARKS.md, L3). Ranges outside the memory registered with the store (the
 header rows a load reads into) land in a staging buffer and are copied out, so a group goes
-in as many calls as its headers fill staging buffers (one, for any load's pages). Then every
-range's CRC-32C is summed natively on the load's threads (the client computes none) while
-the client's next call lands (a load's windows: the sums, about a tenth of a get's time at 4
-threads, were added to it); a group is handed on (`on_group`) once summed. Per page,
+in as many calls as its headers fill staging buffers (one, for any load's pages). Per page,
 Python does nothing but build the columns. A ranged get cannot see an object's size: a part
 of an object of another size is a miss by its CRC (the file store refuses it by its size).
 """
@@ -17,8 +16,6 @@ of an object of another size is a miss by its CRC (the file store refuses it by 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -36,18 +33,6 @@ def whole(part: Part, size: int) -> bool:
     _, lengths, offsets = part
     ends = [o + n for o, n in zip(offsets, lengths, strict=True)]
     return offsets[0] == 0 and offsets[1:] == ends[:-1] and ends[-1] == size
-
-
-@dataclasses.dataclass
-class Landing:
-    """A client call on its way: its ranges from `at`, where each lands (`into`), the
-    staging buffer it holds (None: none), and what waits for it and says how many of its
-    ranges, from the first, landed whole."""
-
-    at: int
-    into: np.ndarray
-    buffer: np.ndarray | None
-    count: Callable[[], int]
 
 
 class UnitGets(RangedGets, Protocol):
@@ -82,97 +67,51 @@ class MooncakeUnits(MooncakeParts):
     def read_units(self, reads: UnitReads) -> int:
         if reads.rows is not None and bool(np.any(reads.rows)):
             raise ValueError("Mooncake reads ranges as one run each, not rows a pitch apart")
+        bounds, done, missed = [0, *reads.ends.tolist()], 0, False
         away = ~self.units.registered(reads.addresses, reads.nbytes)  # staged ranges
-        batches = self._batches(reads, away)
-        done, missed, landing = 0, False, None
-        try:
-            landing = self._start(reads, away, *batches[0][1:]) if batches else None
-            for i, (g, at, stop) in enumerate(batches):
-                assert landing is not None, "every batch is started before it is taken"
-                landed, landing = self._landed(reads, away, landing), None
-                if at + landed == stop and i + 1 < len(batches):  # lands while these are summed
-                    landing = self._start(reads, away, *batches[i + 1][1:])
-                done = at + landed
-                crcs_at(
-                    reads.addresses[at:done],
-                    reads.nbytes[at:done],
-                    reads.crcs[at:done],
-                    reads.threads,
-                )
-                if done < stop:
-                    missed = True
+        for g in range(len(bounds) - 1):
+            at = bounds[g]
+            while at < bounds[g + 1]:  # a batch of the group's objects a staging buffer holds
+                stop = self._batch_end(reads, away, at, bounds[g + 1])
+                got = self._read(reads, away[at:stop], at, stop)
+                at += got
+                if at < stop:
                     break
-                ends_group = i + 1 == len(batches) or batches[i + 1][0] != g
-                if ends_group and reads.on_group is not None and not reads.on_group(g):
-                    break
-        finally:
-            if landing is not None:  # nothing lands in the caller's memory once this returns
-                self._landed(reads, away, landing)
+            done, missed = at, at < bounds[g + 1]
+            if missed or (reads.on_group is not None and not reads.on_group(g)):
+                break
         hits = len(np.unique(reads.objects[:done]))  # an object's ranges land all or none
         self.store.counters.add(hits=hits, misses=int(missed))
         return done
 
-    def _batches(self, reads: UnitReads, away: np.ndarray) -> list[tuple[int, int, int]]:
-        """(group, first range, end) of each client call, in order: per group, as many of its
-        objects as one staging buffer holds the `away` (unregistered) ranges of (at least
-        one); an empty group one empty batch."""
-        bounds, found = [0, *reads.ends.tolist()], []
-        for g in range(len(bounds) - 1):
-            at = bounds[g]
-            while True:
-                stop = self._batch_end(reads, away, at, bounds[g + 1]) if at < bounds[g + 1] else at
-                found.append((g, at, stop))
-                at = stop
-                if at >= bounds[g + 1]:
-                    break
-        return found
-
     def _batch_end(self, reads: UnitReads, away: np.ndarray, at: int, stop: int) -> int:
-        """Where the batch from range `at` (an object's first) ends (`_batches`)."""
+        """Where the batch from range `at` (an object's first) ends: as many of the group's
+        objects as one staging buffer holds the `away` (unregistered) ranges of (at least
+        one)."""
         objects = reads.objects[at:stop]
         ends = np.append(np.flatnonzero(np.diff(objects)) + 1, stop - at)  # after each object
         staged = np.cumsum(np.where(away[at:stop], reads.nbytes[at:stop], 0))
         fits = ends[staged[ends - 1] <= self.units.staging_bytes]
         return at + int(fits[-1] if len(fits) else ends[0])
 
-    def _start(self, reads: UnitReads, away: np.ndarray, at: int, stop: int) -> Landing:
-        """Ranges [at, stop) (whole objects' ranges) set landing in one client call, those
-        `away` into a staging buffer."""
-        addresses, nbytes, staged_ranges = (
-            reads.addresses[at:stop],
-            reads.nbytes[at:stop],
-            away[at:stop],
-        )
-        if at == stop:
-            return Landing(at, addresses, None, lambda: 0)
+    def _read(self, reads: UnitReads, away: np.ndarray, at: int, stop: int) -> int:
+        """Ranges [at, stop) (whole objects' ranges; `away`: those to stage) in one client
+        call, then summed: how many, from the first, landed whole."""
+        addresses, nbytes = reads.addresses[at:stop], reads.nbytes[at:stop]
         buffer = self.units.staging()
-        staged = np.cumsum(np.where(staged_ranges, nbytes, 0))
-        if int(staged[-1]) > buffer.nbytes:  # one object's headers outgrow a staging buffer
-            return Landing(at, addresses, buffer, lambda: 0)  # a miss
-        into = addresses.copy()
-        into[staged_ranges] = np.uint64(buffer.ctypes.data) + (staged - nbytes)[
-            staged_ranges
-        ].astype(np.uint64)
         try:
-            count = self._land(reads, reads.objects[at:stop], reads.offsets[at:stop], into, nbytes)
-        except BaseException:
-            self.units.unstaged(buffer)
-            raise
-        return Landing(at, into, buffer, count)
-
-    def _landed(self, reads: UnitReads, away: np.ndarray, landing: Landing) -> int:
-        """Wait for a batch's call: how many of its ranges, from the first, landed whole (its
-        staged ones copied to their places and its staging buffer given back)."""
-        try:
-            landed, at = landing.count(), landing.at
-            for k in np.flatnonzero(away[at : at + landed]).tolist():
-                ctypes.memmove(
-                    int(reads.addresses[at + k]), int(landing.into[k]), int(reads.nbytes[at + k])
-                )
+            staged = np.cumsum(np.where(away, nbytes, 0))
+            if int(staged[-1]) > buffer.nbytes:
+                return 0  # one object's headers outgrow a staging buffer: a miss
+            into = addresses.copy()
+            into[away] = np.uint64(buffer.ctypes.data) + (staged - nbytes)[away].astype(np.uint64)
+            landed = self._land(reads, reads.objects[at:stop], reads.offsets[at:stop], into, nbytes)
+            crcs_at(into[:landed], nbytes[:landed], reads.crcs[at : at + landed], reads.threads)
+            for k in np.flatnonzero(away[:landed]).tolist():
+                ctypes.memmove(int(addresses[k]), int(into[k]), int(nbytes[k]))
             return landed
         finally:
-            if landing.buffer is not None:
-                self.units.unstaged(landing.buffer)
+            self.units.unstaged(buffer)
 
     def _land(
         self,
@@ -181,10 +120,9 @@ class MooncakeUnits(MooncakeParts):
         offsets: np.ndarray,
         into: np.ndarray,
         nbytes: np.ndarray,
-    ) -> Callable[[], int]:
-        """The ranges' bytes into `into`, one call for all their objects, started: what waits
-        for it and says how many ranges, from the first, landed whole (an object's ranges
-        land all or none)."""
+    ) -> int:
+        """The ranges' bytes into `into`, one call for all their objects: how many ranges,
+        from the first, landed whole (an object's ranges land all or none)."""
         firsts = np.flatnonzero(np.diff(objects, prepend=-1))
         names = [reads.names[o] for o in objects[firsts].tolist()]
         sizes = [int(reads.sizes[o]) for o in objects[firsts].tolist()]
@@ -212,32 +150,17 @@ class MooncakeUnits(MooncakeParts):
         if all(whole(part, size) for part, size in zip(parts, sizes, strict=True)):
             got = self._whole(names, parts)
         else:
-            counts = self._ranged(names, parts)
-            got = lambda: counts  # noqa: E731 (ranged gets are waited for here)
+            got = self._ranged(names, parts)
+        bad = next((i for i, (g, w) in enumerate(zip(got, wanted, strict=True)) if g != w), None)
+        return len(objects) if bad is None else int(firsts[bad])
 
-        def count() -> int:
-            found = zip(got(), wanted, strict=True)
-            bad = next((i for i, (g, w) in enumerate(found) if g != w), None)
-            return len(objects) if bad is None else int(firsts[bad])
-
-        return count
-
-    def _whole(self, names: list[str], parts: list[Part]) -> Callable[[], list[int]]:
-        """Whole objects, each scattered into its ranges, started: what waits for them and
-        gives the bytes each landed."""
-        ptrs, lengths = [p for p, _, _ in parts], [n for _, n, _ in parts]
+    def _whole(self, names: list[str], parts: list[Part]) -> list[int]:
+        """Whole objects, each scattered into its ranges: the bytes each landed."""
         try:
-            future = self.call.start(self.client.batch_get_into_multi_buffers, names, ptrs, lengths)
-        except Exception:  # an unreachable master: a miss
-            return lambda: [-1] * len(names)
-
-        def got() -> list[int]:
-            try:
-                return list(self.call.result(future))
-            except Exception:  # an unreachable master or peer: a miss
-                return [-1] * len(names)
-
-        return got
+            ptrs, lengths = [p for p, _, _ in parts], [n for _, n, _ in parts]
+            return list(self.call(self.client.batch_get_into_multi_buffers, names, ptrs, lengths))
+        except Exception:  # an unreachable master or peer: a miss
+            return [-1] * len(names)
 
     def _ranged(self, names: list[str], parts: list[Part]) -> list[int]:
         """Parts of objects through the session; those it could not read (another reader
