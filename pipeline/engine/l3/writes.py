@@ -13,6 +13,7 @@ import numpy as np
 from pipeline.core.l3 import table_at
 from pipeline.core.l3_rows import headers_of
 from pipeline.engine.l3.page_reads import Objects
+from pipeline.engine.l3.pages import PageMap
 from pipeline.engine.l3.stores import Part, UnitsWriter
 from pipeline.engine.l3.stores._fileio import crcs_of
 from pipeline.engine.l3.tier import L3Tier
@@ -31,17 +32,20 @@ def write_pages(
         return
     units, names = tier.object.units, [tier.name(k) for k in keys]
     whole = [u.ordinal for u in own] == [u.ordinal for u in units]  # every unit, in order
-    objects: list[Sequence[Part]] = []
-    for page, received in zip(pages, shares, strict=True):
-        # where a page's units lie end to end in the pool as in its object, a buffer a page
-        # (the writer cuts it into units), not a Python object a unit
-        spans = pool.spans(page) if whole and writer.sums_units else None
-        views = pool.views(page) if spans is None else spans
-        if not whole:  # rotating: the other owners' units from the share
+    objects = page_parts(pool, pages, cut=whole and writer.sums_units)
+    if not whole:  # rotating: the other owners' units from the share
+        for i, (views, received) in enumerate(zip(objects, shares, strict=True)):
             held = dict(zip((u.ordinal for u in own), views, strict=True)) | dict(received)
-            views = [held[u.ordinal] for u in units]
-        objects.append(views)
+            objects[i] = [held[u.ordinal] for u in units]
     put_summed(writer, tier, names, objects, tier.storage.io_threads)
+
+
+def page_parts(pool: PageMap, pages: Sequence[int], *, cut: bool) -> list[Sequence[Part]]:
+    """Each page's parts in the pool: with `cut` (a writer that sums units, so cuts its parts
+    into them) and its units end to end as in its object, a buffer a run of them, not a
+    Python object a unit; else a view a unit."""
+    spans = [pool.spans(page) if cut else None for page in pages]
+    return [pool.views(p) if s is None else s for p, s in zip(pages, spans, strict=True)]
 
 
 def put_summed(

@@ -21,7 +21,7 @@ from pipeline.engine.l3.intact import read_intact
 from pipeline.engine.l3.page_reads import PageReads
 from pipeline.engine.l3.pages import PageMap, Placement
 from pipeline.engine.l3.stores import ObjectStore, reads_units
-from pipeline.engine.l3.writes import put_summed
+from pipeline.engine.l3.writes import page_parts, put_summed
 from pipeline.integrations.sglang.host_pages import HostPages
 
 
@@ -181,10 +181,7 @@ class PageIO:
         is raised once every page was tried."""
         writer = self.store.units_writer()
         assert writer is not None, "writes_many asked the store"
-        # where the pool holds a page's units end to end as its object does and the store
-        # sums units as it writes, a buffer a page (the store cuts it), not an object a unit
-        spans = [self.map.spans(page) if writer.sums_units else None for page in pages]
-        units = [self.pages.views(p) if s is None else s for p, s in zip(pages, spans, strict=True)]
+        units = page_parts(self.map, pages, cut=writer.sums_units)
         put_summed(writer, self, [self.name(key) for key in keys], units, threads)
 
     def close(self) -> None:
