@@ -6,7 +6,8 @@ Run on a cuda machine from the repository root (one GPU, tp1, a file store, defa
     python3 benchmarks/group_shapes.py --tokens 16384 --new 128 1024 8192 --out shapes.json
 
 Per new-token count and cut, the bench's own regions in turn (`ttft_case`: the load alone,
-the forward alone, load then forward, overlapped; each hit checked bit-exact): median ms and
+the forward alone, load then forward, overlapped; each hit checked bit-exact, and a load
+first checked to read in the cut's groups): median ms and
 x ideal (overlapped over the larger of load and forward alone). The cuts, after the first
 layer (alone: the forward's first layer waits for the fetch): `even`, `per_group` layers a
 group (the default); `growing`, 1, 2, 3, ... layers up to `per_group` (a group arrives
@@ -25,10 +26,11 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 
 import pipeline
+from pipeline.engine.engine import Engine
 from pipeline.engine.l3 import load
 from pipeline.jobs.bench.forward import DEEPSEEK_V3
 from pipeline.jobs.bench.rank import Timer
-from pipeline.jobs.bench.ttft_case import Prefix, _hit
+from pipeline.jobs.bench.ttft_case import Prefix, time_hit
 
 
 def growing(num_layers: int, per_group: int) -> list[int]:
@@ -48,6 +50,19 @@ def halving_tail(num_layers: int, per_group: int) -> list[int]:
         starts.append(at)
         at += -(-(num_layers - at) // 2)
     return [*starts, at]
+
+
+def _check_cut(engine: Engine, prefix: Prefix, cut: Callable[[int, int], Sequence[int]]) -> None:
+    """A load of the prefix streams in the groups `cut` makes (a group a read, the first
+    layer's included), so each timed side runs the cut it names."""
+    loading = prefix.load()
+    assert isinstance(loading, load.StreamedLoad), "the load streams (on a GPU, or stream_layers)"
+    tier, layers = engine.l3, engine.model.num_layers
+    assert tier is not None
+    per = load.streamed_layers(engine, tier, len(prefix.target))
+    assert len(loading.reads) == len(cut(layers, per)) + 1, (len(loading.reads), cut)
+    loading.done().wait()
+    prefix.release()
 
 
 CUTS: dict[str, Callable[[int, int], Sequence[int]]] = {
@@ -87,7 +102,8 @@ def main() -> None:
             for new in args.new:
                 for name, cut in CUTS.items():
                     load.group_starts = cut
-                    found = _hit(timer, prefix, DEEPSEEK_V3, new)
+                    _check_cut(engine, prefix, cut)
+                    found = time_hit(timer, prefix, DEEPSEEK_V3, new)
                     ms = {
                         k[:-2]: statistics.median(found[k]) * 1e3 for k in found if k.endswith("_s")
                     }

@@ -114,7 +114,7 @@ def _new_tokens(
     """One row: the hit's runs, and the recompute of its prefix and new tokens (once per
     prefix and new-token count on this rank, whatever the store)."""
     engine, tokens = prefix.engine, len(prefix.target) * prefix.engine.sizing.slots_per_page
-    result = _hit(timer, prefix, config, new)
+    result = time_hit(timer, prefix, config, new)
     if (tokens, new) not in recomputed:
         recomputed[(tokens, new)] = _recompute(timer, engine, config, tokens + new)
     layers = engine.model.num_layers
@@ -123,7 +123,7 @@ def _new_tokens(
     )
 
 
-def _hit(timer: Timer, prefix: Prefix, config: PublishedConfig, new: int) -> dict[str, Any]:
+def time_hit(timer: Timer, prefix: Prefix, config: PublishedConfig, new: int) -> dict[str, Any]:
     """The forward alone, the load alone, load then forward, and overlapped, in turn."""
     engine, tokens = prefix.engine, len(prefix.target) * prefix.engine.sizing.slots_per_page
     layers, fwd = engine.model.num_layers, engine.runtime.forward_stream
