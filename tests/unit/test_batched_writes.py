@@ -281,8 +281,9 @@ def test_a_put_whose_temporary_name_is_taken_removes_nothing(
 def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert() -> None:
     """New objects whose pages lie in registered memory go in one client call per staging
     buffer of headers, each reading back as `put` leaves it; an object the store holds is
-    replaced whole (the client's put would keep it), and one from unregistered memory is
-    put alone; a failed put is raised naming its object after the others are written."""
+    replaced whole (the client's put would keep it), and one whose parts outside registered
+    memory outgrow a staging buffer is put alone; a failed put is raised naming its object
+    after the others are written."""
     with concrete(StorageConfig(kind=StorageKind.mooncake, segment_bytes=64 << 20)) as storage:
         store = open_store(storage, 4096)
         try:
@@ -295,7 +296,8 @@ def test_mooncake_writes_new_objects_in_one_call_and_replaces_old_ones_by_upsert
             store.client = Spy(store.client, calls)  # type: ignore[attr-defined]
             objects = [(f"ns/ab/k{k}", [b"head%d" % k * 200, page[k]]) for k in range(6)]
             store.put("ns/ab/k0", [b"old"])
-            objects.append(("ns/ab/loose", [b"h", memoryview(b"not registered")]))
+            loose = np.random.default_rng(6).integers(0, 256, 5000, np.uint8)  # not registered
+            objects.append(("ns/ab/loose", [b"h", memoryview(loose)]))
             writer.put_many(objects)
             for name, parts in objects:
                 assert store.get(name) == b"".join(bytes(p) for p in parts), name

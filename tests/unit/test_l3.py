@@ -486,17 +486,19 @@ def test_mooncake_reads_land_in_registered_memory_without_a_copy_gaps_and_all() 
             store.register([pool.data])
             views = [pool.data[i * 4096 : (i + 1) * 4096] for i in range(3)]
             ranges = [(4096 * 2, views[:1]), (4096 * 7, views[1:])]  # units 2, then 7 and 8
-            assert store._scatter(40 * 4096, ranges) is not None  # lands straight in the pool
+            assert (
+                store.regions.scatter(40 * 4096, ranges) is not None
+            )  # lands straight in the pool
             seen: list[int] = []
             assert store.read("ns/ab/key", 40 * 4096, ranges, lambda i: not seen.append(i))
             assert [int(pool[i * 4096]) for i in range(3)] == [2, 7, 8] and seen == [0, 1]
             assert not store.read("ns/ab/key", 40 * 4096, ranges, lambda i: i == 0)  # a check
             loose = [memoryview(bytearray(4096))]
-            assert store._scatter(40 * 4096, [(4096 * 5, loose)]) is None  # not registered
+            assert store.regions.scatter(40 * 4096, [(4096 * 5, loose)]) is None  # not registered
             assert store.read("ns/ab/key", 40 * 4096, [(4096 * 5, loose)])
             assert bytes(loose[0]) == bytes([5]) * 4096
             store.unregister([pool.data])
-            assert store._scatter(40 * 4096, ranges) is None
+            assert store.regions.scatter(40 * 4096, ranges) is None
         finally:
             store.close()
 

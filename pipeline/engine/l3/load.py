@@ -15,15 +15,13 @@ loaded, the host pages hold no data, the waits raise.
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
 import dataclasses
-from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from pipeline.core.model import ModelGeometry, Unit
+from pipeline.core.model import ModelGeometry
 from pipeline.core.plan import Direction
 from pipeline.core.sizing import Sizing
 from pipeline.core.slots import PageAllocator
@@ -32,6 +30,7 @@ from pipeline.engine.acks import AckLedger
 from pipeline.engine.cuda.streams import Event, Stream
 from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.fetch import cancel_or_wait
+from pipeline.engine.l3.groups import AUTO_GROUPS, auto_per_group, group_starts, layer_groups
 from pipeline.engine.l3.handles import L3Load, WindowedLoad
 from pipeline.engine.l3.jobs import ObjectsJob, Run
 from pipeline.engine.l3.runs import settle_runs, start_runs
@@ -48,19 +47,6 @@ def whole(run: Run) -> bool:
     """Whether a run of reads is done and read every page of it intact."""
     first, stop, future = run
     return future.done() and future.exception() is None and future.result() == stop - first
-
-
-def group_starts(num_layers: int, per_group: int) -> Sequence[int]:
-    """Where a streamed load's later groups start: the first layer alone, then `per_group`."""
-    return range(1, num_layers, per_group)
-
-
-def layer_groups(units: tuple[Unit, ...], starts: Sequence[int]) -> list[tuple[Unit, ...]]:
-    """`units` by the groups of layers `starts` (increasing: `group_starts`) begin, in order."""
-    found: list[list[Unit]] = [[] for _ in range(len(starts) + 1)]
-    for u in units:
-        found[bisect.bisect_right(starts, u.layer)].append(u)
-    return [tuple(group) for group in found]
 
 
 @dataclasses.dataclass
@@ -217,8 +203,6 @@ def windowed_from_l3(
     return L3Load(job.hits, job.fallback, WindowedLoad(loads) if loads else None)
 
 
-AUTO_GROUPS = 8
-"""Groups a load streams in where `storage.stream_layers` is null and streaming pays."""
 MIN_GROUP_BYTES = 16 << 20
 """The least a group of layers moves (this rank's bytes) for a null `stream_layers` to
 stream: below it a group's own steps (its wait, its copies' issue) weigh on its read."""
@@ -246,7 +230,7 @@ def auto_layers(num_layers: int, load_bytes: int, *, gpu: bool, native: bool) ->
     `load_bytes`, else 0."""
     if not (gpu and native) or load_bytes < AUTO_GROUPS * MIN_GROUP_BYTES:
         return 0
-    return -(-num_layers // AUTO_GROUPS)
+    return auto_per_group(num_layers)
 
 
 def stream_from_l3(

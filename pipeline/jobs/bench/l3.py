@@ -37,8 +37,9 @@ from pipeline.jobs.l3_store import check_direct_io, concrete
 from pipeline.jobs.outputs import check_outputs, write_output
 from pipeline.jobs.progress import progress
 
-SEGMENT_SLACK = 1.5
-"""Mooncake segments hold this many times one case's objects (headers, allocator slack)."""
+SEGMENT_SLACK = 2.5
+"""Mooncake segments hold this many times one case's objects (headers, allocator slack, and
+the raw loop's copy of them as one object a page, `limits.mooncake_limits`)."""
 
 
 def store_case(base: Job, store: StorageKind, tokens: int, strategy: str) -> list[str]:

@@ -234,29 +234,43 @@ def write_files(
 def mooncake_limits(
     tier: L3Tier, store: MooncakeStore, keys: list[str], *, repeats: int, cuda: bool
 ) -> dict[str, Any]:
-    """The Mooncake client's own loop: `batch_get_into` of the objects of `keys` into one
-    registered buffer, and one host -> device copy of it (GB/s)."""
+    """The Mooncake client's own loop: `batch_get_into` of the objects the store keeps `keys`'
+    pages as (their pieces, `mooncake_pieces`) into one registered buffer; the same bytes put
+    as one object a page and read the same way (what the pieces cost); and one host ->
+    device copy of the buffer (GB/s)."""
     names = [tier.name(k) for k in keys]
     size = tier.object.header_size(tier.space, names[0]) + tier.object.page_bytes
     buffer = np.empty(size * len(names), dtype=np.uint8)
     client = store.client
     if client.register_buffer(buffer.ctypes.data, buffer.nbytes) != 0:
         raise RuntimeError("Mooncake refused to register the raw loop's buffer")
+    bounds = store.pieces.of(names[0], size) or (0, size)
+    kept = [piece for name in names for piece in store.pieces.names(name)]
+    ptrs = [buffer.ctypes.data + i * size + at for i in range(len(names)) for at in bounds[:-1]]
+    lengths = np.diff(bounds).tolist() * len(names)
+    whole = [f"{name}.raw-{secrets.token_hex(4)}" for name in names]  # this run's own
+    starts = [buffer.ctypes.data + i * size for i in range(len(names))]
     try:
-        ptrs = [buffer.ctypes.data + i * size for i in range(len(names))]
 
-        def get_all() -> None:
-            got = client.batch_get_into(names, ptrs, [size] * len(names))
-            if any(n != size for n in got):
-                raise RuntimeError(f"Mooncake's raw loop read {set(got)} of {size} B objects")
+        def get(objects: list[str], into: list[int], sizes: list[int]) -> Callable[[], None]:
+            def get_all() -> None:
+                if client.batch_get_into(objects, into, sizes) != sizes:
+                    raise RuntimeError(f"Mooncake's raw loop did not read {objects[0]} whole")
 
-        raw_s = best_of(repeats, get_all)
+            return get_all
+
+        raw_s = best_of(repeats, get(kept, ptrs, lengths))  # the buffer holds the pages
+        if any(client.batch_put_from(whole, starts, [size] * len(names))):
+            raise RuntimeError("Mooncake's raw loop could not put the pages as whole objects")
+        whole_s = best_of(repeats, get(whole, starts, [size] * len(names)))
         host = torch.from_numpy(buffer)
         copy_s = best_of(repeats, device_copy(host.pin_memory() if cuda else host, cuda))
         return {
             "bytes": buffer.nbytes,
             "raw_gbps": buffer.nbytes / raw_s / 1e9,
+            "raw_whole_gbps": buffer.nbytes / whole_s / 1e9,
             "h2d_gbps": buffer.nbytes / copy_s / 1e9,
         }
     finally:
+        client.batch_remove(whole, True)
         client.unregister_buffer(buffer.ctypes.data)

@@ -135,6 +135,13 @@ class ObjectStore(Protocol):
     def remove(self, names: list[str]) -> None:
         """Drop these blobs (absent ones are fine)."""
 
+    def cut(self, space: str, payload_bytes: int, cuts: Sequence[int]) -> None:
+        """`space`'s objects may be kept in pieces from each of `cuts` on: offsets in the
+        payload of `payload_bytes` that ends each object (`l3.groups.piece_cuts`: where a
+        streamed load's groups start), for a store that gets whole objects faster than
+        parts of them (Mooncake); the same for every writer and reader of the space.
+        ValueError where the space is cut elsewhere already."""
+
     def register(self, buffers: Sequence[memoryview]) -> None:
         """Memory that reads may land in directly (a pool, headers), until `unregister`."""
 

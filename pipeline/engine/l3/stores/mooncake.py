@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import queue
 from collections.abc import Sequence
 from typing import Any
@@ -13,11 +12,13 @@ from pipeline.core.storage import shown_url
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.l3.stores.mooncake_parts import MooncakeParts
+from pipeline.engine.l3.stores.mooncake_pieces import Pieces
+from pipeline.engine.l3.stores.mooncake_regions import Regions
 from pipeline.engine.l3.stores.mooncake_units import MooncakeUnits
 from pipeline.engine.l3.stores.mooncake_writes import MooncakeWrites
-from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, bytes_views, copy_out
+from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, copy_out
 
-OBJECT_NOT_FOUND = -704
+NOT_FOUND = -704
 """Mooncake's error code for a name that holds nothing."""
 
 
@@ -72,10 +73,8 @@ class MooncakeStore:
                 raise RuntimeError(f"Mooncake refused to register a {staging_bytes} B buffer")
             self._registered.append(buf)
             self._staging.put(buf)
-        self._discard = np.empty(staging_bytes, dtype=np.uint8)
-        self._regions: list[tuple[int, int]] = []
-        """Registered (start, end) addresses that reads land in directly, sorted."""
-        self.register([self._discard.data])
+        self.regions = Regions(self.client, staging_bytes)
+        self.pieces = Pieces()
         self.counters = Counters()
         # the I/O threads' reads, a lookup and a write-back's put can wait at once
         self.call = BoundedCalls(master, timeout_s, workers=num_staging + 2)
@@ -85,27 +84,24 @@ class MooncakeStore:
         metrics port), so objects and bytes are None, as are evictions (the master's)."""
         return {**self.counters.snapshot(), "bytes": None, "objects": None}
 
+    def cut(self, space: str, payload_bytes: int, cuts: Sequence[int]) -> None:
+        """Keep `space`'s objects as pieces cut at `cuts` in their payloads
+        (`mooncake_pieces`)."""
+        self.pieces.cut(space, payload_bytes, cuts)
+
     def register(self, buffers: Sequence[memoryview]) -> None:
         """Let reads land in these buffers directly (they must outlive the registration)."""
-        for buf in buffers:
-            start = np.frombuffer(buf, np.uint8).ctypes.data
-            if self.client.register_buffer(start, buf.nbytes) != 0:
-                raise RuntimeError(f"Mooncake refused to register a {buf.nbytes} B buffer")
-            bisect.insort(self._regions, (start, start + buf.nbytes))
+        self.regions.register(buffers)
 
     def unregister(self, buffers: Sequence[memoryview]) -> None:
-        for buf in buffers:
-            start = np.frombuffer(buf, np.uint8).ctypes.data
-            self.client.unregister_buffer(start)
-            self._regions.remove((start, start + buf.nbytes))
+        self.regions.unregister(buffers)
 
     def registered(self, addresses: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Whether each range (uint64 address, int64 length) lies in one registered region."""
-        starts = np.array([a for a, _ in self._regions], np.uint64)
-        ends = np.array([b for _, b in self._regions], np.uint64)
-        i = np.searchsorted(starts, addresses, side="right") - 1
-        inside = ends[np.maximum(i, 0)] >= addresses + nbytes.astype(np.uint64)
-        return (i >= 0) & inside
+        return self.regions.registered(addresses, nbytes)
+
+    def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
+        return self.regions.part_of(size, ranges)
 
     def staging(self) -> np.ndarray:
         """One of the registered staging buffers (waits for one), until `unstaged`."""
@@ -114,39 +110,18 @@ class MooncakeStore:
     def unstaged(self, buffer: np.ndarray) -> None:
         self._staging.put(buffer)
 
-    def _address(self, view: memoryview) -> int | None:
-        """The address of `view` if it lies in one registered region, else None."""
-        start = np.frombuffer(view, np.uint8).ctypes.data
-        i = bisect.bisect_right(self._regions, (start, 1 << 64)) - 1
-        return start if i >= 0 and start + view.nbytes <= self._regions[i][1] else None
-
-    def _scatter(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], list[int]] | None:
-        """(addresses, lengths) that cover the whole object in order: each range's buffers,
-        the gaps between them into the discard region; None unless every buffer is
-        registered."""
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        at, discard, most = 0, self._discard.ctypes.data, self._discard.nbytes
-        for offset, buffers in [*ranges, (size, [])]:
-            while at < offset:  # bytes no buffer asked for, up to this range (or the end)
-                ptrs.append(discard)
-                sizes.append(min(offset - at, most))
-                at += sizes[-1]
-            for view in buffers:
-                start = self._address(view)
-                if start is None:
-                    return None
-                ptrs.append(start)
-                sizes.append(view.nbytes)
-                at += view.nbytes
-        return (ptrs, sizes) if at == size else None
-
     def put(self, name: str, parts: Sequence[Part]) -> None:
-        views = bytes_views(parts)
+        kept = self.pieces.parts(name, parts)
+        for piece, views in kept:
+            self.upsert(piece, views)
+        self.drop(self.pieces.stale(name, [piece for piece, _ in kept]))
+        self.counters.add(writes=1, written_bytes=sum(v.nbytes for _, vs in kept for v in vs))
+
+    def upsert(self, name: str, views: Sequence[memoryview]) -> None:
+        """One Mooncake object (a piece, or a whole blob) from `views`, in order."""
         status = self.call(self.client.upsert_parts, name, *views)
         if status != 0:
             raise RuntimeError(f"Mooncake put of {name} returned {status}")
-        self.counters.add(writes=1, written_bytes=sum(v.nbytes for v in views))
 
     def read(
         self, name: str, size: int, ranges: Sequence[Range], check: Check | None = None
@@ -170,11 +145,13 @@ class MooncakeStore:
         """Every read in one ranged get where all land in registered memory (one call into
         the client for many objects, instead of one per object, each a turn of Python's
         lock); else one at a time."""
-        parts = [self.part_of(size, ranges) for _, size, ranges, _ in reads]
+        kept, owners = self.pieces.expand(reads)
+        parts = [self.part_of(size, ranges) for _, size, ranges, _ in kept]
         if any(part is None for part in parts):
-            found = next((i for i, r in enumerate(reads) if not self.read_once(*r)), len(reads))
+            done = next((i for i, r in enumerate(kept) if not self.read_object(*r)), len(kept))
         else:
-            found = self._read_parts(reads, [p for p in parts if p is not None])
+            done = self._read_parts(kept, [p for p in parts if p is not None])
+        found = owners[done]
         self.counters.add(hits=found, misses=int(found < len(reads)))
         return found
 
@@ -198,10 +175,18 @@ class MooncakeStore:
         return len(reads)
 
     def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
+        return all(
+            self.read_object(*read) for read in self.pieces.reads((name, size, ranges, check))
+        )
+
+    def read_object(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None
+    ) -> bool:
+        """`read_once` of one Mooncake object (a piece, or a whole blob)."""
         part = self.part_of(size, ranges)
         if part is not None:
             return self._read_part(name, part, ranges, check)
-        scatter = self._scatter(size, ranges)
+        scatter = self.regions.scatter(size, ranges)
         if scatter is None:
             return self._read_staged(name, size, ranges, check)
         try:
@@ -211,24 +196,6 @@ class MooncakeStore:
         except Exception:  # an unreachable master or peer: a miss
             return False
         return got == size and (check is None or all(check(i) for i in range(len(ranges))))
-
-    def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
-        """(addresses, lengths, offsets in the object) of a read of part of an object (a
-        streamed load's group of layers) into registered buffers; None for a whole object
-        (one plain get moves it faster) or any buffer not registered."""
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        offsets: list[int] = []
-        for offset, buffers in ranges:
-            for view in buffers:
-                start = self._address(view)
-                if start is None:
-                    return None
-                ptrs.append(start)
-                sizes.append(view.nbytes)
-                offsets.append(offset)
-                offset += view.nbytes
-        return None if sum(sizes) >= size else (ptrs, sizes, offsets)
 
     def _read_part(
         self, name: str, part: tuple[list[int], ...], ranges: Sequence[Range], check: Check | None
@@ -268,27 +235,47 @@ class MooncakeStore:
             self._staging.put(staging)
 
     def get(self, name: str) -> bytes | None:
+        pieces = self.pieces.names(name)
+        found = [self._get(piece) for piece in pieces]
+        if all(blob is not None for blob in found):
+            return b"".join(blob for blob in found if blob is not None)
+        return self._get(name) if pieces != [name] else None  # a blob of another size
+
+    def _get(self, name: str) -> bytes | None:
         try:
-            blob = self.call(self.client.get, name)
+            return self.call(self.client.get, name) or None
         except Exception:  # an unreachable master or peer: a miss
             return None
-        return blob or None
 
     def exists(self, names: list[str]) -> list[bool]:
+        forms = [self.pieces.forms(name) for name in names]
+        there = iter(self.held([form for kept in forms for form in kept]))
+        flags = [[next(there) for _ in kept] for kept in forms]
+        return [f[0] or (len(f) > 1 and all(f[1:])) for f in flags]  # whole, or every piece
+
+    def held(self, names: list[str]) -> list[bool]:
+        """Whether each Mooncake object (a piece, or a whole blob) is there."""
         try:
             return [flag == 1 for flag in self.call(self.client.batch_is_exist, names)]
         except Exception:
             return [False] * len(names)
 
     def remove(self, names: list[str]) -> None:
-        for name in names:  # forced: a read's lease would keep the object for a while
-            status = self.call(self.client.remove, name, True)  # forced
-            if status not in (0, OBJECT_NOT_FOUND):
-                raise RuntimeError(f"Mooncake remove of {name} returned {status}")
+        self.drop([form for name in names for form in self.pieces.forms(name)])
+
+    def drop(self, names: list[str]) -> None:
+        """Remove these Mooncake objects (pieces, or whole blobs), absent ones too, in one
+        call: forced, as a read's lease would keep an object for a while."""
+        if not names:
+            return
+        codes = self.call(self.client.batch_remove, names, True)
+        failed = [(n, c) for n, c in zip(names, codes, strict=True) if c not in (0, NOT_FOUND)]
+        if failed:
+            raise RuntimeError("Mooncake remove of {} returned {}".format(*failed[0]))
 
     def close(self) -> None:
         for buf in self._registered:
             self.client.unregister_buffer(buf.ctypes.data)
-        self.client.unregister_buffer(self._discard.ctypes.data)
+        self.regions.close()
         self.call.close()
         self.client.close()  # holds Python's lock while it waits, as setup does

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
+from pipeline.engine.l3.stores.mooncake_pieces import Pieces
 from pipeline.engine.l3.stores.parts import Check, PartRead, Range, SpanReads
 
 
@@ -22,8 +23,13 @@ class RangedGets(Protocol):
     def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
         """(addresses, lengths, offsets) of a ranged read into registered memory, or None."""
 
-    def read_once(self, name: str, size: int, ranges: Sequence[Range], check: Check | None) -> bool:
-        """A read without a session (not counted)."""
+    pieces: Pieces
+
+    def read_object(
+        self, name: str, size: int, ranges: Sequence[Range], check: Check | None
+    ) -> bool:
+        """A read of one Mooncake object (a piece, or a whole blob) without a session (not
+        counted)."""
 
     def read_parts(self, reads: Sequence[PartRead]) -> int:
         """The reads without a session."""
@@ -34,7 +40,8 @@ class MooncakeParts:
     looked up once, at its first read (`batch_get_session_start`), and every later ranged get
     of it asks the master nothing (`batch_get_into_multi_buffer_ranges`); `close` ends the
     session. A session is per key: where one cannot start or its get fails (another reader
-    of the same object ended it), that read is made without it (`MooncakeStore.read_parts`)."""
+    of the same object ended it), that read is made without it (`MooncakeStore.read_parts`).
+    Reads of whole pieces (`mooncake_pieces`) need no session: one plain get each."""
 
     def __init__(self, store: RangedGets) -> None:
         self.store = store
@@ -42,22 +49,25 @@ class MooncakeParts:
         self.open: set[str] = set()
 
     def read_parts(self, reads: Sequence[PartRead]) -> int:
-        parts = [self.store.part_of(size, ranges) for _, size, ranges, _ in reads]
+        kept, owners = self.store.pieces.expand(reads)
+        parts = [self.store.part_of(size, ranges) for _, size, ranges, _ in kept]
         if not reads or any(part is None for part in parts):
             return self.store.read_parts(reads)
-        names = [name for name, _, _, _ in reads]
+        names = [name for name, _, _, _ in kept]
         got = self._get(names, [p for p in parts if p is not None])
-        for i, (read, count, part) in enumerate(zip(reads, got, parts, strict=True)):
+        done = len(kept)
+        for k, (read, count, part) in enumerate(zip(kept, got, parts, strict=True)):
             assert part is not None
             if count == sum(part[1]):
                 ok = all(read[3](j) for j in range(len(read[2])))
             else:  # not through the session: read (and checked) without it
-                ok = self.store.read_once(*read)
+                ok = self.store.read_object(*read)
             if not ok:
-                self.store.counters.add(hits=i, misses=1)
-                return i
-        self.store.counters.add(hits=len(reads))
-        return len(reads)
+                done = k
+                break
+        found = owners[done]
+        self.store.counters.add(hits=found, misses=int(found < len(reads)))
+        return found
 
     def read_spans(self, spans: SpanReads) -> int:
         return self.read_parts(spans.part_reads())

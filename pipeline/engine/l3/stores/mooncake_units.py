@@ -56,9 +56,10 @@ class MooncakeUnits(MooncakeParts):
     time)."""
 
     rows = False
-    groups = False
-    """A group's ranged gets through a session: 8-layer groups of 8K deepseek_v3 took 2.4x as
-    long as whole objects on the 2-core machine, 16K 2.2x on the H100 host (2026-12-07)."""
+    groups = True
+    """A group's reads are whole gets of the pieces its space is cut in where groups start
+    (`mooncake_pieces`), not ranged gets of one object a page (about half as fast:
+    BENCHMARKS.md, L3)."""
 
     def __init__(self, store: UnitGets) -> None:
         super().__init__(store)
@@ -67,6 +68,7 @@ class MooncakeUnits(MooncakeParts):
     def read_units(self, reads: UnitReads) -> int:
         if reads.rows is not None and bool(np.any(reads.rows)):
             raise ValueError("Mooncake reads ranges as one run each, not rows a pitch apart")
+        reads, owners = self.store.pieces.units(reads)
         bounds, done, missed = [0, *reads.ends.tolist()], 0, False
         away = ~self.units.registered(reads.addresses, reads.nbytes)  # staged ranges
         for g in range(len(bounds) - 1):
@@ -80,7 +82,7 @@ class MooncakeUnits(MooncakeParts):
             done, missed = at, at < bounds[g + 1]
             if missed or (reads.on_group is not None and not reads.on_group(g)):
                 break
-        hits = len(np.unique(reads.objects[:done]))  # an object's ranges land all or none
+        hits = len(np.unique(owners[reads.objects[:done]]))  # a piece lands all or none
         self.store.counters.add(hits=hits, misses=int(missed))
         return done
 
