@@ -30,6 +30,7 @@ from pipeline.engine.allocate import allocate
 from pipeline.engine.cuda.streams import WorkerStream
 from pipeline.engine.engine import Engine
 from pipeline.engine.events import KvEvents, Place, open_events
+from pipeline.engine.l3.groups import cut_store
 from pipeline.engine.l3.scratch import Scratches
 from pipeline.engine.l3.stores import ObjectStore, open_store
 from pipeline.engine.l3.stores.files import read_key_file
@@ -251,5 +252,6 @@ def open_tier(
             checks=Checks(key),
         )
         tier.store.register(tier.memory())
+        cut_store(tier.store, tier.space, obj, storage.stream_layers)
         undo.pop_all()
     return tier

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,8 +26,9 @@ from pipeline.engine.l3.batch import batched
 from pipeline.engine.l3.groups import AUTO_GROUPS, group_starts, layer_groups
 from pipeline.engine.l3.handles import WindowedLoad
 from pipeline.engine.l3.load import MIN_GROUP_BYTES, StreamedLoad, auto_layers, streamed_layers
-from pipeline.engine.l3.stores import FileStore
+from pipeline.engine.l3.stores import FileStore, MooncakeStore
 from pipeline.engine.l3.stores.file_parts import FileParts
+from pipeline.engine.l3.tier import L3Tier
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
 
@@ -267,7 +269,9 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
     tmp_path: Path, store: str, layout: str, group_bytes: int, per_group: int
 ) -> None:
     """The first layer a group alone, then per_group layers a group, no load step spanning
-    two; each layer whole right after its own wait (the forward's order), then every page."""
+    two; each layer whole right after its own wait (the forward's order), then every page.
+    Mooncake keeps each page's object as a piece a group (what an explicit stream_layers
+    asks for), and the load reads them whole: no ranged get."""
     overrides = [
         f"storage.stream_layers={per_group}",
         f"topology.mem_layout={layout}",
@@ -275,6 +279,16 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
     ]
     with engine_with(tmp_path, *overrides, store=store) as engine:
         keys, expected = stored_prefix(engine)
+        calls: Counter[str] = Counter()
+        if store == "mooncake":
+            tier = engine.l3
+            assert isinstance(tier, L3Tier) and isinstance(tier.store, MooncakeStore)
+            pieces = [tier.store.pieces.forms(tier.name(k)) for k in keys]
+            assert all(
+                tier.store.held(forms) == [False] + [True] * (len(forms) - 1) for forms in pieces
+            )
+            assert len(pieces[0]) - 1 == len(range(1, engine.model.num_layers, per_group)) + 1
+            tier.store.client = Spy(tier.store.client, calls)  # type: ignore[assignment]
         loaded, target, _ = load(engine, keys)
         handle = loaded.handle
         assert isinstance(handle, StreamedLoad) and loaded.hits == PAGES
@@ -291,6 +305,19 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
             assert layer_intact(engine, layer, target, expected), layer
         handle.done().wait()
         assert not first_mismatch(engine, target, expected)
+        ranged = calls["batch_get_into_multi_buffer_ranges"] + calls["get_into_ranges"]
+        assert ranged == 0 and (store == "file" or calls["batch_get_into_multi_buffers"]), calls
+
+
+class Spy:
+    """A Mooncake client whose calls are counted by name."""
+
+    def __init__(self, client: object, calls: Counter[str]) -> None:
+        self.client, self.calls = client, calls
+
+    def __getattr__(self, name: str) -> object:
+        self.calls[name] += 1
+        return getattr(self.client, name)
 
 
 @pytest.mark.usefixtures("one_rank")
@@ -348,14 +375,13 @@ def test_a_null_stream_layers_streams_an_eighth_of_the_layers_only_where_it_pays
 
 
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("store", ["file", "mooncake"])
-def test_a_null_stream_layers_streams_onto_a_gpu_from_a_store_reading_groups_at_speed(
-    tmp_path: Path, store: str
+@pytest.mark.parametrize(("store", "streams"), [("file", True), ("mooncake", False)])
+def test_a_null_stream_layers_streams_onto_a_gpu_only_from_a_store_reading_groups_at_speed(
+    tmp_path: Path, store: str, streams: bool
 ) -> None:
     """The decision of a GPU rank's load (the engine's own, its device said to be cuda) over
-    the real tier: the file store reads a group of layers as fast as whole objects, and so
-    does Mooncake from the pieces the tier cuts its objects in (`MooncakeUnits.groups`):
-    both stream."""
+    the real tier: the file store reads a group of layers as fast as whole objects and
+    streams; Mooncake does not by default (`MooncakeUnits.groups`), so it reads whole."""
     with engine_with(tmp_path, "topology.mem_layout=page_first_direct", store=store) as engine:
         tier = engine.l3
         assert tier is not None and batched(tier, tier.reads(False), device=False)
@@ -366,4 +392,4 @@ def test_a_null_stream_layers_streams_onto_a_gpu_from_a_store_reading_groups_at_
             model=engine.model,
         )
         found = streamed_layers(gpu_rank, tier, pages=1 << 20)  # type: ignore[arg-type]
-        assert found == -(-engine.model.num_layers // AUTO_GROUPS)
+        assert found == (-(-engine.model.num_layers // AUTO_GROUPS) if streams else 0)

@@ -27,7 +27,7 @@ from pipeline.core.l3_keys import key_list
 from pipeline.core.model import ModelGeometry
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.core.topology import Topology
-from pipeline.engine.l3.groups import piece_cuts
+from pipeline.engine.l3.groups import cut_store
 from pipeline.engine.l3.stores import MooncakeStore, ObjectStore, open_store
 
 ASKING_BYTES = 1 << 20
@@ -116,9 +116,7 @@ def open_view(
         )
     else:
         store = open_store(storage, largest_object(model), timeout_s=timeout_s)
-    store.cut(
-        space, PageObject("", model.units).page_bytes, piece_cuts(PageObject("", model.units))
-    )
+    cut_store(store, space, PageObject("", model.units), storage.stream_layers)  # as the ranks
     return StoreView(
         store,
         space=space,

@@ -29,7 +29,6 @@ from pipeline.core.ownership import OwnerMap
 from pipeline.core.storage import StorageConfig
 from pipeline.engine.cuda.streams import Event, WorkerStream
 from pipeline.engine.l3.admission import Admission
-from pipeline.engine.l3.groups import piece_cuts
 from pipeline.engine.l3.jobs import ObjectsJob, window_pages
 from pipeline.engine.l3.pages import (
     HEADER,
@@ -99,7 +98,6 @@ class L3Tier:
         """The threads that read and write objects (`storage.io_threads`)."""
         self.scratches, self.owners, self.storage = scratches, owners, storage
         self.reading = reads_units(store)  # `l3.batch`, `l3.load`
-        store.cut(space, obj.page_bytes, piece_cuts(obj))
         self.batch_pages = 2 * storage.io_threads
         """Pages a rotating owner sends the writer at once."""
         self.window_pages = window_pages(storage, runtime)

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from pipeline.core.l3 import Checks, PageObject, header, unit_digests
-from pipeline.engine.l3.groups import piece_cuts
 from pipeline.engine.l3.intact import read_intact
 from pipeline.engine.l3.page_reads import PageReads
 from pipeline.engine.l3.pages import PageMap, Placement
@@ -62,7 +61,6 @@ class PageIO:
         head_bytes = self.object.header_size(space, self.name("0" * 32), checks)
         self.size = head_bytes + self.object.page_bytes
         """Bytes of every object: a read of any other size is a miss."""
-        store.cut(space, self.object.page_bytes, piece_cuts(self.object))  # as the engine's
         self._all = [Scratch(head_bytes, pages) for _ in range(num_threads)]
         self._free: queue.SimpleQueue[Scratch] = queue.SimpleQueue()
         for scratch in self._all:

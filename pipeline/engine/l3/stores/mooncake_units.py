@@ -56,10 +56,11 @@ class MooncakeUnits(MooncakeParts):
     time)."""
 
     rows = False
-    groups = True
-    """A group's reads are whole gets of the pieces its space is cut in where groups start
-    (`mooncake_pieces`), not ranged gets of one object a page (about half as fast:
-    BENCHMARKS.md, L3)."""
+    groups = False
+    """Not by default: a group's reads are ranged gets of one object a page (about half as
+    fast as whole objects), and objects kept as a piece a group (`mooncake_pieces`, what an
+    explicit `storage.stream_layers` asks for) slow whole-object loads and write-backs
+    (BENCHMARKS.md, L3)."""
 
     def __init__(self, store: UnitGets) -> None:
         super().__init__(store)
