@@ -100,11 +100,11 @@ class StorageConfig:
     more) is read and agreed on, the load returns, and each later group is read in the
     background and copied to the device as the forward asks for its layers (`LoadHandle.wait`),
     so the forward starts before the prefix is read. null: an eighth of the layers a group
-    where it pays (a GPU rank, the store reading a group natively into a pool that holds each
-    page as bytes, as fast as whole objects: the file store, not Mooncake; CRC checks, at
-    least 16 MiB a group: BENCHMARKS.md, prefix-hit TTFT), else off. Loads with exchanges
-    (single_source, rotating) or a cross-rank verify are not streamed; with direct_io every
-    group reads its whole object."""
+    where it pays (a GPU rank, the store reading a group natively, as fast as whole objects:
+    the file store, not Mooncake; CRC checks, at least 16 MiB a group: BENCHMARKS.md), else
+    off. Not for loads with exchanges (single_source, rotating) or a cross-rank verify; with
+    direct_io every group reads its whole object. An explicit N keeps Mooncake's objects as a
+    piece a group, read whole (every writer and reader must set the same N: docs/l3.md)."""
     capacity_bytes: str | None = None
     """file: the most bytes the folder's objects may take (an int or a size such as 64GiB;
     KiB, MiB...: powers of 1024; KB, MB...: of 1000), shared by every process that writes
