@@ -31,6 +31,7 @@ from pipeline.engine.l3.stores.file_parts import FileParts
 from pipeline.engine.l3.tier import L3Tier
 from pipeline.jobs.contents import fill_random, first_mismatch, poison, snapshot
 from pipeline.jobs.l3_store import master_on_loopback
+from tests.unit.test_unit_reads import Spy
 
 PAGES = 5
 
@@ -307,17 +308,6 @@ def test_streamed_loads_are_bit_exact_across_the_grid(
         assert not first_mismatch(engine, target, expected)
         ranged = calls["batch_get_into_multi_buffer_ranges"] + calls["get_into_ranges"]
         assert ranged == 0 and (store == "file" or calls["batch_get_into_multi_buffers"]), calls
-
-
-class Spy:
-    """A Mooncake client whose calls are counted by name."""
-
-    def __init__(self, client: object, calls: Counter[str]) -> None:
-        self.client, self.calls = client, calls
-
-    def __getattr__(self, name: str) -> object:
-        self.calls[name] += 1
-        return getattr(self.client, name)
 
 
 @pytest.mark.usefixtures("one_rank")

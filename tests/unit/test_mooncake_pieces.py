@@ -16,6 +16,7 @@ from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores import MooncakeStore, UnitReads, open_store
 from pipeline.engine.l3.stores.mooncake_pieces import Pieces
 from pipeline.jobs.l3_store import concrete
+from tests.unit.test_unit_reads import Spy
 
 HEAD, UNIT, UNITS, OBJECTS = 64, 1024, 6, 5
 SIZE = HEAD + UNITS * UNIT
@@ -142,17 +143,6 @@ def test_every_store_call_keeps_a_blob_as_its_pieces_and_replaces_every_other_fo
     store.remove([name])
     assert held(store, name) == [False, False, False, False]
     assert store.exists([name]) == [False] and store.get(name) is None
-
-
-class Spy:
-    """A Mooncake client whose calls are counted by name."""
-
-    def __init__(self, client: object, calls: Counter[str]) -> None:
-        self.client, self.calls = client, calls
-
-    def __getattr__(self, name: str) -> object:
-        self.calls[name] += 1
-        return getattr(self.client, name)
 
 
 def unit_reads(pool: np.ndarray, heads: np.ndarray, groups: list[list[int]]) -> UnitReads:

@@ -4,6 +4,7 @@ no copy."""
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,11 @@ class Regions:
         i = bisect.bisect_right(self.spans, (start, 1 << 64)) - 1
         return start if i >= 0 and start + view.nbytes <= self.spans[i][1] else None
 
+    def addresses(self, buffers: Sequence[memoryview]) -> list[int] | None:
+        """Each buffer's address, or None unless every one lies in one registered region."""
+        starts = [self.at(view) for view in buffers]
+        return None if None in starts else [a for a in starts if a is not None]
+
     def scatter(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], list[int]] | None:
         """(addresses, lengths) that cover the whole object in order: each range's buffers,
         the gaps between them into the discard region; None unless every buffer is
@@ -67,13 +73,12 @@ class Regions:
                 ptrs.append(discard)
                 sizes.append(min(offset - at, most))
                 at += sizes[-1]
-            for view in buffers:
-                start = self.at(view)
-                if start is None:
-                    return None
-                ptrs.append(start)
-                sizes.append(view.nbytes)
-                at += view.nbytes
+            starts = self.addresses(buffers)
+            if starts is None:
+                return None
+            ptrs += starts
+            sizes += [view.nbytes for view in buffers]
+            at += sum(view.nbytes for view in buffers)
         return (ptrs, sizes) if at == size else None
 
     def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
@@ -84,14 +89,13 @@ class Regions:
         sizes: list[int] = []
         offsets: list[int] = []
         for offset, buffers in ranges:
-            for view in buffers:
-                start = self.at(view)
-                if start is None:
-                    return None
-                ptrs.append(start)
-                sizes.append(view.nbytes)
-                offsets.append(offset)
-                offset += view.nbytes
+            starts = self.addresses(buffers)
+            if starts is None:
+                return None
+            ptrs += starts
+            lengths = [view.nbytes for view in buffers]
+            offsets += [offset + before for before in itertools.accumulate([0, *lengths[:-1]])]
+            sizes += lengths
         return None if sum(sizes) >= size else (ptrs, sizes, offsets)
 
     def close(self) -> None:
