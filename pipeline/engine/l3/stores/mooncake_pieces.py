@@ -94,7 +94,7 @@ class Pieces:
         ]
 
     def expand(self, reads: Sequence[PartRead]) -> tuple[list[PartRead], list[int]]:
-        """`reads` as reads of the objects they are kept as (`reads`), and how many of
+        """Each of `reads` as `Pieces.reads` makes it, end to end, and how many of
         `reads` are whole once the first k of those are, for each k up to their count."""
         kept = [self.reads(read) for read in reads]
         owners = [i for i, pieces in enumerate(kept) for _ in pieces]

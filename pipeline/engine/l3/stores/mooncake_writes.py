@@ -66,6 +66,8 @@ class MooncakeWrites:
     ) -> None:
         if tables is not None or units is not None:
             raise ValueError("Mooncake writes sum no units: pass headers already summed")
+        if not objects:
+            return
         kept, owners = self._kept(objects)
         names = [name for name, _, _ in kept]
         firsts = np.searchsorted(owners, np.arange(len(objects) + 1)).tolist()  # owners sorted
@@ -74,7 +76,7 @@ class MooncakeWrites:
             for o, (name, _) in enumerate(objects)
             for form in self.store.pieces.stale(name, names[firsts[o] : firsts[o + 1]])
         ]
-        there = self.store.held(names + stale) if kept else []
+        there = self.store.held(names + stale)
         failures = self._write(kept, there[: len(kept)])
         try:  # the forms of an object that its new form replaces
             self.store.drop(
