@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -15,7 +16,10 @@ import pytest
 from pipeline.core.storage import StorageConfig, StorageKind
 from pipeline.engine.l3.stores import MooncakeStore, UnitReads, open_store
 from pipeline.engine.l3.stores.mooncake_pieces import Pieces
+from pipeline.engine.l3.tier import L3Tier
+from pipeline.jobs.bench.limits import mooncake_limits
 from pipeline.jobs.l3_store import concrete
+from tests.unit.test_l3_stream import engine_with, stored_prefix
 from tests.unit.test_unit_reads import Spy
 
 HEAD, UNIT, UNITS, OBJECTS = 64, 1024, 6, 5
@@ -219,3 +223,40 @@ def test_a_load_reads_its_groups_as_whole_pieces_where_they_meet_the_cuts(
     finally:
         store.unregister([pool.data])
         store.remove([name for name, _ in objects])
+
+
+class Gets:
+    """A Mooncake client that notes the names of each `batch_get_into`."""
+
+    def __init__(self, client: object) -> None:
+        self.client, self.calls = client, list[list[str]]()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def batch_get_into(self, names: list[str], *args: object) -> list[int]:
+        self.calls.append(list(names))
+        return self.client.batch_get_into(names, *args)  # type: ignore[attr-defined]
+
+
+@pytest.mark.mooncake
+@pytest.mark.usefixtures("one_rank")
+def test_the_raw_loop_reads_the_pieces_as_stored_and_beside_them_one_object_a_page(
+    tmp_path: Path,
+) -> None:
+    """`bench=l3`'s Mooncake limit: the client's own gets of the objects the store keeps (a
+    tier cut by an explicit stream_layers: its pieces), then of the same bytes put as one
+    object a page under names of the run's own, removed after."""
+    with engine_with(tmp_path, "storage.stream_layers=2", store="mooncake") as engine:
+        keys, _ = stored_prefix(engine)
+        tier = engine.l3
+        assert isinstance(tier, L3Tier) and isinstance(tier.store, MooncakeStore)
+        gets = Gets(tier.store.client)
+        tier.store.client = gets  # type: ignore[assignment]
+        limits = mooncake_limits(tier, tier.store, keys, repeats=1, cuda=False)
+        assert limits["raw_gbps"] > 0 and limits["raw_whole_gbps"] > 0
+        pieces, whole = gets.calls  # one get of each side
+        assert pieces == [p for k in keys for p in tier.store.pieces.names(tier.name(k))]
+        assert len(pieces) > len(keys) and len(whole) == len(keys)
+        assert all(w.startswith(f"{tier.name(k)}.raw-") for w, k in zip(whole, keys, strict=True))
+        assert tier.store.held(whole) == [False] * len(keys)  # the run's own copies, gone
