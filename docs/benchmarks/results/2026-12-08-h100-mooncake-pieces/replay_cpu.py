@@ -1,5 +1,6 @@
 """Replay each client call the store's `read_units` made in `benchmarks/mooncake_pieces.py`:
-as made, into one registered block instead, and with the headers moved out of staging.
+as made, into one registered block instead (the object's own layout), with the headers moved
+out of staging, and into a fresh copy of the pool (the pool's layout, other memory).
 
     python docs/benchmarks/results/2026-12-08-h100-mooncake-pieces/replay_cpu.py
 """
@@ -34,8 +35,25 @@ def timed(call: Any, *args: Any) -> float:
     return (time.perf_counter() - began) * 1e3
 
 
-def replay(names: list[str], ptrs: list[list[int]], lengths: list[list[int]], reader: Any) -> None:
+POOL_BYTES = 128 * 61 * 73728
+
+
+def copied(ptrs: list[list[int]], pool: int, copy: np.ndarray) -> list[list[int]]:
+    """`ptrs` with every address in the pool (from `pool` on) moved into `copy`."""
+    inside = range(pool, pool + POOL_BYTES)
+    return [[a - pool + copy.ctypes.data if a in inside else a for a in p] for p in ptrs]
+
+
+def replay(
+    names: list[str], ptrs: list[list[int]], lengths: list[list[int]], reader: Any, pool: int
+) -> None:
     get = reader.client.batch_get_into_multi_buffers
+    copy = np.empty(POOL_BYTES, np.uint8)
+    reader.client.register_buffer(copy.ctypes.data, copy.nbytes)
+    elsewhere = copied(ptrs, pool, copy)
+    get(names, elsewhere, lengths)  # the copy's pages touched once
+    print(f"  the pool's layout in other memory {timed(get, names, elsewhere, lengths):.1f} ms")
+    reader.client.unregister_buffer(copy.ctypes.data)
     block = np.empty(sum(sum(n) for n in lengths), np.uint8)
     reader.client.register_buffer(block.ctypes.data, block.nbytes)
     ends = np.cumsum([n for each in lengths for n in each]).tolist()
@@ -59,8 +77,9 @@ def best(repeats: int, run: Any) -> float:
     if SEEN:  # the store's read: its last run's calls, one a window
         calls = SEEN[-2:]
         print("store calls ms", [round(c[3] * 1e3, 1) for c in calls], [len(c[0]) for c in calls])
+        pool = calls[0][1][0][1]  # page 0's unit 0: the pool's first byte
         for names, ptrs, lengths, _, reader in calls:
-            replay(names, ptrs, lengths, reader)
+            replay(names, ptrs, lengths, reader, pool)
     return found
 
 
