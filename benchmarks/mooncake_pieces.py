@@ -64,11 +64,12 @@ def unit_reads(names: list[str], pool: np.ndarray, heads: np.ndarray, window: in
 
 def raw(store: MooncakeStore, names: list[str], buffer: np.ndarray, window: int) -> dict:
     """The client's own gets of every Mooncake object `names` are kept as, into `buffer`."""
-    bounds = store.pieces.of(names[0], SIZE) or (0, SIZE)
+    lengths = store.pieces.sizes(names[0], SIZE)  # a page's objects, as the store keeps them
     kept = [piece for name in names for piece in store.pieces.names(name)]
-    per = len(bounds) - 1
-    ptrs = [buffer.ctypes.data + p * SIZE + at for p in range(len(names)) for at in bounds[:-1]]
-    sizes = np.diff(bounds).tolist() * len(names)
+    per, stride = len(lengths), sum(lengths)
+    firsts = np.cumsum([0, *lengths[:-1]]).tolist()
+    ptrs = [buffer.ctypes.data + p * stride + at for p in range(len(names)) for at in firsts]
+    sizes = lengths * len(names)
     client, step = store.client, window * per
 
     def windows() -> None:
@@ -129,7 +130,7 @@ def main() -> None:
         store.cut("pieces", PAYLOAD, [s * UNIT for s in group_starts(UNITS, 8)])
         pool = np.random.default_rng(0).integers(0, 256, pages * PAYLOAD, np.uint8)
         heads = np.zeros(pages * HEAD, np.uint8)
-        buffer = np.empty(pages * SIZE, np.uint8)
+        buffer = np.empty(pages * (SIZE + 9 * 64), np.uint8)  # pieces with their pads
         store.register([pool.data, buffer.data])
         writer = store.units_writer()
         for space in ("whole", "pieces"):

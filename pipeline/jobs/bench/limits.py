@@ -235,21 +235,23 @@ def mooncake_limits(
     tier: L3Tier, store: MooncakeStore, keys: list[str], *, repeats: int, cuda: bool
 ) -> dict[str, Any]:
     """The Mooncake client's own loop: `batch_get_into` of the objects the store keeps `keys`'
-    pages as (their pieces, `mooncake_pieces`) into one registered buffer; the same bytes put
-    as one object a page and read the same way (what the pieces cost); and one host ->
-    device copy of the buffer (GB/s)."""
+    pages as (their pieces, `mooncake_pieces`) into one registered buffer; as many bytes a
+    page put as one object and read the same way (what the pieces cost); and one host ->
+    device copy of the buffer (GB/s of the pages' bytes)."""
     names = [tier.name(k) for k in keys]
     size = tier.object.header_size(tier.space, names[0]) + tier.object.page_bytes
-    buffer = np.empty(size * len(names), dtype=np.uint8)
+    lengths = store.pieces.sizes(names[0], size)  # a page's objects as the store keeps them
+    stride = sum(lengths)
+    buffer = np.empty(stride * len(names), dtype=np.uint8)
     client = store.client
     if client.register_buffer(buffer.ctypes.data, buffer.nbytes) != 0:
         raise RuntimeError("Mooncake refused to register the raw loop's buffer")
-    bounds = store.pieces.of(names[0], size) or (0, size)
     kept = [piece for name in names for piece in store.pieces.names(name)]
-    ptrs = [buffer.ctypes.data + i * size + at for i in range(len(names)) for at in bounds[:-1]]
-    lengths = np.diff(bounds).tolist() * len(names)
+    firsts = np.cumsum([0, *lengths[:-1]]).tolist()
+    ptrs = [buffer.ctypes.data + i * stride + at for i in range(len(names)) for at in firsts]
+    lengths *= len(names)
     whole = [f"{name}.raw-{secrets.token_hex(4)}" for name in names]  # this run's own
-    starts = [buffer.ctypes.data + i * size for i in range(len(names))]
+    starts = [buffer.ctypes.data + i * stride for i in range(len(names))]
     try:
 
         def get(objects: list[str], into: list[int], sizes: list[int]) -> Callable[[], None]:
@@ -265,10 +267,11 @@ def mooncake_limits(
         whole_s = best_of(repeats, get(whole, starts, [size] * len(names)))
         host = torch.from_numpy(buffer)
         copy_s = best_of(repeats, device_copy(host.pin_memory() if cuda else host, cuda))
+        moved = size * len(names)
         return {
-            "bytes": buffer.nbytes,
-            "raw_gbps": buffer.nbytes / raw_s / 1e9,
-            "raw_whole_gbps": buffer.nbytes / whole_s / 1e9,
+            "bytes": moved,
+            "raw_gbps": moved / raw_s / 1e9,
+            "raw_whole_gbps": moved / whole_s / 1e9,
             "h2d_gbps": buffer.nbytes / copy_s / 1e9,
         }
     finally:

@@ -1,8 +1,9 @@
 """Replay each client call the store's `read_units` made in `benchmarks/mooncake_pieces.py`:
 as made, into one registered block instead (the object's own layout), with the headers moved
-out of staging, and into a fresh copy of the pool (the pool's layout, other memory).
+out of staging, and into a fresh copy of the pool (the pool's layout, other memory) SHIFT
+bytes past its start. Run from a checkout of the tree before the pieces' pad (`2ffbf6a`):
 
-    python docs/benchmarks/results/2026-12-08-h100-mooncake-pieces/replay_cpu.py
+    PYTHONPATH=$PWD python replay_cpu.py [SHIFT]
 """
 
 import sys
@@ -36,23 +37,26 @@ def timed(call: Any, *args: Any) -> float:
 
 
 POOL_BYTES = 128 * 61 * 73728
+SHIFT = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 
 
 def copied(ptrs: list[list[int]], pool: int, copy: np.ndarray) -> list[list[int]]:
     """`ptrs` with every address in the pool (from `pool` on) moved into `copy`."""
     inside = range(pool, pool + POOL_BYTES)
-    return [[a - pool + copy.ctypes.data if a in inside else a for a in p] for p in ptrs]
+    at = copy.ctypes.data + SHIFT
+    return [[a - pool + at if a in inside else a for a in p] for p in ptrs]
 
 
 def replay(
     names: list[str], ptrs: list[list[int]], lengths: list[list[int]], reader: Any, pool: int
 ) -> None:
     get = reader.client.batch_get_into_multi_buffers
-    copy = np.empty(POOL_BYTES, np.uint8)
+    copy = np.empty(POOL_BYTES + SHIFT, np.uint8)
     reader.client.register_buffer(copy.ctypes.data, copy.nbytes)
     elsewhere = copied(ptrs, pool, copy)
     get(names, elsewhere, lengths)  # the copy's pages touched once
-    print(f"  the pool's layout in other memory {timed(get, names, elsewhere, lengths):.1f} ms")
+    took = timed(get, names, elsewhere, lengths)
+    print(f"  the pool's layout in other memory, {SHIFT} B on: {took:.1f} ms")
     reader.client.unregister_buffer(copy.ctypes.data)
     block = np.empty(sum(sum(n) for n in lengths), np.uint8)
     reader.client.register_buffer(block.ctypes.data, block.nbytes)

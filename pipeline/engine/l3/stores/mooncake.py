@@ -12,7 +12,7 @@ from pipeline.core.storage import shown_url
 from pipeline.engine.l3.stores.counters import Counters
 from pipeline.engine.l3.stores.mooncake_calls import BoundedCalls
 from pipeline.engine.l3.stores.mooncake_parts import MooncakeParts
-from pipeline.engine.l3.stores.mooncake_pieces import Pieces
+from pipeline.engine.l3.stores.mooncake_pieces import PAD, Pieces, lead
 from pipeline.engine.l3.stores.mooncake_regions import Regions
 from pipeline.engine.l3.stores.mooncake_units import MooncakeUnits
 from pipeline.engine.l3.stores.mooncake_writes import MooncakeWrites
@@ -101,7 +101,8 @@ class MooncakeStore:
         return self.regions.registered(addresses, nbytes)
 
     def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
-        return self.regions.part_of(size, ranges)
+        """`Regions.part_of`, a read that leaves out no more than a piece's PAD being whole."""
+        return self.regions.part_of(size, ranges, PAD)
 
     def staging(self) -> np.ndarray:
         """One of the registered staging buffers (waits for one), until `unstaged`."""
@@ -238,7 +239,7 @@ class MooncakeStore:
         pieces = self.pieces.names(name)
         found = [self._get(piece) for piece in pieces]
         if all(blob is not None for blob in found):
-            return b"".join(blob for blob in found if blob is not None)
+            return b"".join(blob[lead(k) :] for k, blob in enumerate(found) if blob is not None)
         return self._get(name) if pieces != [name] else None  # a blob of another size
 
     def _get(self, name: str) -> bytes | None:

@@ -14,12 +14,24 @@ not found: a miss, never wrong bytes. A name of a space with no cuts is one obje
 from __future__ import annotations
 
 import bisect
+import itertools
 import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
 from pipeline.engine.l3.stores.parts import Check, Part, PartRead, Range, UnitReads, bytes_views
+
+PAD = 64
+"""Bytes every piece after the first starts with, read by no one: its units then lie 64 bytes
+past a 4 KiB boundary of the client's buffer, not at one as the pool's rows do, and a copy
+between addresses a multiple of 4 KiB apart runs slow (4K aliasing: docs/l3.md)."""
+PADDING = memoryview(bytes(PAD))
+
+
+def lead(piece: int) -> int:
+    """Bytes before a piece's share of its object: PAD, but for the first."""
+    return PAD if piece else 0
 
 
 def space_of(name: str) -> str:
@@ -47,13 +59,19 @@ class Pieces:
             raise ValueError(f"{space}'s payloads are cut at {self.layouts[space][1][1:-1]}")
 
     def of(self, name: str, size: int) -> tuple[int, ...] | None:
-        """The bounds of the pieces a blob of `size` under `name` is kept in; None: whole (a
-        space not cut, or a blob no longer than its payloads)."""
+        """Where in a blob of `size` under `name` each of its pieces' shares starts, and its
+        size; None: whole (a space not cut, or a blob no longer than its payloads). Each
+        piece after the first is PAD bytes longer than its share."""
         layout = self.layouts.get(space_of(name))
         if layout is None or size <= layout[1][-1]:
             return None
         head = size - layout[1][-1]
         return (0, *(head + b for b in layout[1][1:]))
+
+    def sizes(self, name: str, size: int) -> list[int]:
+        """Each object a blob of `size` under `name` is kept as, its size (with its PAD)."""
+        bounds = self.of(name, size) or (0, size)
+        return [b - a + lead(k) for k, (a, b) in enumerate(itertools.pairwise(bounds))]
 
     def names(self, name: str) -> list[str]:
         """The pieces `name` is kept in where its space is cut, else [name]."""
@@ -85,11 +103,11 @@ class Pieces:
             spans = cut_range(bounds, offset, buffers)
             for j, (piece, at, views) in enumerate(spans):
                 piece_ranges, checked = split.setdefault(piece, ([], []))
-                piece_ranges.append((at - bounds[piece], views))
+                piece_ranges.append((at - bounds[piece] + lead(piece), views))
                 checked.append(i if j == len(spans) - 1 else None)
         names = self.names(name)
         return [
-            (names[p], bounds[p + 1] - bounds[p], rs, checking(check, checked))
+            (names[p], bounds[p + 1] - bounds[p] + lead(p), rs, checking(check, checked))
             for p, (rs, checked) in sorted(split.items())
         ]
 
@@ -107,7 +125,7 @@ class Pieces:
         if bounds is None:
             return [(name, views)]
         names = self.names(name)
-        return [(names[p], vs) for p, _, vs in cut_range(bounds, 0, views)]
+        return [(names[p], [PADDING, *vs] if p else vs) for p, _, vs in cut_range(bounds, 0, views)]
 
     def units(self, reads: UnitReads) -> tuple[UnitReads, np.ndarray]:
         """`reads` as reads of the objects they are kept as, and which of `reads.names` each
@@ -130,8 +148,10 @@ class Pieces:
         if np.any(at + reads.nbytes > ends[piece]):
             raise ValueError("a range spans a cut between an object's pieces")
         owners = np.repeat(np.arange(len(bounds)), [len(b) - 1 for b in bounds])
+        leads = np.where(np.diff(owners, prepend=-1) != 0, 0, PAD)  # but an object's first
         cut = UnitReads(
-            names, (ends - starts).tolist(), piece, at - starts[piece], reads.addresses,
+            names, (ends - starts + leads).tolist(), piece, at - starts[piece] + leads[piece],
+            reads.addresses,
             reads.nbytes, reads.crcs, starts=reads.starts, ends=reads.ends,
             threads=reads.threads, on_group=reads.on_group, rows=reads.rows,
             pitches=reads.pitches,

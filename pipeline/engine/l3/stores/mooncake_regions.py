@@ -81,10 +81,13 @@ class Regions:
             at += sum(view.nbytes for view in buffers)
         return (ptrs, sizes) if at == size else None
 
-    def part_of(self, size: int, ranges: Sequence[Range]) -> tuple[list[int], ...] | None:
+    def part_of(
+        self, size: int, ranges: Sequence[Range], slack: int = 0
+    ) -> tuple[list[int], ...] | None:
         """(addresses, lengths, offsets in the object) of a read of part of an object (a
-        streamed load's group of layers) into registered buffers; None for a whole object
-        (one plain get moves it faster) or any buffer not registered."""
+        streamed load's group of layers) into registered buffers; None for a whole object,
+        or all of it but `slack` bytes (one plain get moves it faster, `scatter`), or any
+        buffer not registered."""
         ptrs: list[int] = []
         sizes: list[int] = []
         offsets: list[int] = []
@@ -96,7 +99,7 @@ class Regions:
             lengths = [view.nbytes for view in buffers]
             offsets += [offset + before for before in itertools.accumulate([0, *lengths[:-1]])]
             sizes += lengths
-        return None if sum(sizes) >= size else (ptrs, sizes, offsets)
+        return None if sum(sizes) + slack >= size else (ptrs, sizes, offsets)
 
     def close(self) -> None:
         self.unregister([self.discard.data])

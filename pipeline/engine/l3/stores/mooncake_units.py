@@ -22,6 +22,8 @@ import numpy as np
 
 from pipeline.engine.l3.stores._fileio import crcs_at
 from pipeline.engine.l3.stores.mooncake_parts import MooncakeParts, RangedGets
+from pipeline.engine.l3.stores.mooncake_pieces import PAD
+from pipeline.engine.l3.stores.mooncake_regions import Regions
 from pipeline.engine.l3.stores.parts import UnitReads
 
 Part = tuple[list[int], list[int], list[int]]
@@ -35,6 +37,15 @@ def whole(part: Part, size: int) -> bool:
     return offsets[0] == 0 and offsets[1:] == ends[:-1] and ends[-1] == size
 
 
+def led(part: Part, discard: int) -> Part:
+    """`part` with the bytes before its first range, if no more than a piece's PAD, read into
+    the `discard` region: so a piece is read whole."""
+    ptrs, lengths, offsets = part
+    if not 0 < offsets[0] <= PAD:
+        return part
+    return [discard, *ptrs], [offsets[0], *lengths], [0, *offsets]
+
+
 class UnitGets(RangedGets, Protocol):
     """What a `MooncakeUnits` reads through (the Mooncake store)."""
 
@@ -43,6 +54,8 @@ class UnitGets(RangedGets, Protocol):
 
     staging_bytes: int
     """A staging buffer's size."""
+    regions: Regions
+    """The registered memory (its discard region takes the bytes no range asks for)."""
 
     def staging(self) -> np.ndarray:
         """A registered buffer of the largest object's size, until `unstaged`."""
@@ -149,11 +162,13 @@ class MooncakeUnits(MooncakeParts):
                 strict=True,
             )
         ]
-        wanted = [sum(n) for _, n, _ in parts]
-        if all(whole(part, size) for part, size in zip(parts, sizes, strict=True)):
-            got = self._whole(names, parts)
+        discard = self.units.regions.discard.ctypes.data
+        padded = [led(part, discard) for part in parts]
+        if all(whole(part, size) for part, size in zip(padded, sizes, strict=True)):
+            parts, got = padded, self._whole(names, padded)
         else:
             got = self._ranged(names, parts)
+        wanted = [sum(n) for _, n, _ in parts]
         bad = next((i for i, (g, w) in enumerate(zip(got, wanted, strict=True)) if g != w), None)
         return len(objects) if bad is None else int(firsts[bad])
 
