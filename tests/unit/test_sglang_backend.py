@@ -403,3 +403,29 @@ def test_ranks_share_objects_only_where_they_hold_the_same_bytes(
     assert other.batch_exists(HASHES[:2]) == found
     writer.close()
     other.close()
+
+
+@pytest.mark.mooncake
+def test_an_explicit_stream_layers_keeps_the_objects_in_mooncake_as_the_engine_cuts_them(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`storage.stream_layers=N` cuts the backend's Mooncake objects into a piece a group, as
+    the engine's ranks cut theirs (one stored form): written, held as pieces, read back."""
+    pool = host_pool("layer_first", True, page_num=8, page_size=4, layer_num=5)
+    pool.fill(seed=4)
+    storage = {**store_config("mooncake", tmp_path, request), "stream_layers": 2}
+    backend = built(extra(storage), pool)
+    try:
+        backend.batch_set_v1(HASHES[:2], slots([0, 1], 4))
+        io = backend.io
+        for key in backend._keys(HASHES[:2]):
+            forms = io.store.pieces.forms(io.name(key))
+            assert io.store.held(forms) == [False] + [True] * (len(forms) - 1)
+            assert len(forms) - 1 == len(range(1, 5, 2)) + 1  # layer 0, then 2 a piece
+        assert backend.batch_get_v1(HASHES[:2], slots([5, 6], 4)) == [True, True]
+        assert torch.equal(pool.layer_rows(5), pool.layer_rows(0))
+        assert torch.equal(pool.layer_rows(6), pool.layer_rows(1))
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="stream_layers=-1 must be >= 0"):
+        built(extra({**storage, "stream_layers": -1}), pool)

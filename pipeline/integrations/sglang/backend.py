@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from pipeline.core.l3 import Checks, PageObject, check_keys, largest_object, namespace
+from pipeline.core.l3 import Checks, check_keys, largest_object, namespace
 from pipeline.core.l3_keys import block_keys
 from pipeline.engine.l3.groups import cut_store
 from pipeline.engine.l3.intact import stored_intact
@@ -80,8 +80,6 @@ class PipelineStorage(HiCacheStorage):
             os.makedirs(storage.path, mode=0o700, exist_ok=True)
         store = open_store(storage, largest_object(pages.model), timeout_s=self.settings.timeout_s)
         try:
-            whole = PageObject(share(self.config, mla=pages.mla), pages.model.units)
-            cut_store(store, space, whole, storage.stream_layers)  # as the engine's ranks
             self.io = PageIO(
                 store,
                 pages,
@@ -90,6 +88,7 @@ class PipelineStorage(HiCacheStorage):
                 checks=self.checks,
                 num_threads=storage.io_threads,
             )
+            cut_store(store, space, self.io.object, storage.stream_layers)  # as the engine's
         except BaseException:  # Mooncake refused to register the pool
             store.close()
             raise

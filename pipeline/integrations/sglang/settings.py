@@ -39,12 +39,14 @@ STORE_TYPES = {
     "model_revision": "text",
     "tenant": "text",
     "tenant_quota_bytes": "whole",
+    "stream_layers": "whole",
 }
 """The `storage.*` settings (`pipeline.core.storage.StorageConfig`) that mean something to a
-store SGLang drives (the rest are the project engine's: loads, prefetch, admission), each
-with the JSON type it takes (`type_problem` says what each name means)."""
+store SGLang drives (`stream_layers`: where Mooncake's objects are cut, as the engine's; the
+rest are the project engine's: loads, prefetch, admission), each with the JSON type it takes
+(`type_problem` says what each name means)."""
 STORE_KEYS = tuple(STORE_TYPES)
-OPTIONAL = ("path", "metadata_server", "auth_key_file", "capacity_bytes")
+OPTIONAL = ("path", "metadata_server", "auth_key_file", "capacity_bytes", "stream_layers")
 """Store keys that may be null: their default (a missing path or master is then said)."""
 EXAMPLES = {
     "kind": "file",

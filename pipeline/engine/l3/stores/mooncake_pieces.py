@@ -114,6 +114,8 @@ class Pieces:
     def expand(self, reads: Sequence[PartRead]) -> tuple[list[PartRead], list[int]]:
         """Each of `reads` as `Pieces.reads` makes it, end to end, and how many of
         `reads` are whole once the first k of those are, for each k up to their count."""
+        if not self.layouts:  # nothing cut: the reads as they are, no Python a read
+            return list(reads), [*range(len(reads)), len(reads)]
         kept = [self.reads(read) for read in reads]
         owners = [i for i, pieces in enumerate(kept) for _ in pieces]
         return [piece for pieces in kept for piece in pieces], [*owners, len(reads)]
@@ -131,6 +133,8 @@ class Pieces:
         """`reads` as reads of the objects they are kept as, and which of `reads.names` each
         of those is. A range must lie in one piece (a unit, or a header, never spans a cut);
         the ranges, their order, CRCs and groups stay as they are."""
+        if not self.layouts:  # nothing cut: no Python a page
+            return reads, np.arange(len(reads.names))
         kept = [self.of(n, s) for n, s in zip(reads.names, reads.sizes, strict=True)]
         if all(bounds is None for bounds in kept):
             return reads, np.arange(len(reads.names))

@@ -37,7 +37,7 @@ def whole(part: Part, size: int) -> bool:
     return offsets[0] == 0 and offsets[1:] == ends[:-1] and ends[-1] == size
 
 
-def led(part: Part, discard: int) -> Part:
+def with_lead(part: Part, discard: int) -> Part:
     """`part` with the bytes before its first range, if no more than a piece's PAD, read into
     the `discard` region: so a piece is read whole."""
     ptrs, lengths, offsets = part
@@ -71,9 +71,9 @@ class MooncakeUnits(MooncakeParts):
     rows = False
     groups = False
     """Not by default: a group's reads are ranged gets of one object a page (about half as
-    fast as whole objects), and objects kept as a piece a group (`mooncake_pieces`, what an
-    explicit `storage.stream_layers` asks for) slow whole-object loads and write-backs
-    (BENCHMARKS.md, L3)."""
+    fast as whole objects); objects kept as a piece a group (`mooncake_pieces`, what an
+    explicit `storage.stream_layers` asks for) slowed loads and write-backs on the H100 host
+    before their pad (docs/l3.md)."""
 
     def __init__(self, store: UnitGets) -> None:
         super().__init__(store)
@@ -163,7 +163,7 @@ class MooncakeUnits(MooncakeParts):
             )
         ]
         discard = self.units.regions.discard.ctypes.data
-        padded = [led(part, discard) for part in parts]
+        padded = [with_lead(part, discard) for part in parts]
         if all(whole(part, size) for part, size in zip(padded, sizes, strict=True)):
             parts, got = padded, self._whole(names, padded)
         else:
