@@ -4,7 +4,9 @@
 # and Mooncake, 4 and 16 I/O threads), `... ttft` (bench=ttft, 16K then 64K, host tier, file and
 # Mooncake; `ttft16`: 16K alone). To compare: `ttft_host_page_first` (host hits at 16K and 64K on the token-major
 # pool with kernels, the presets' before mem_layout auto), `fragmented` (the host tier's
-# fragmented 16K transfers on the direct backend and on kernels). Several modes in one call:
+# fragmented 16K transfers on the direct backend and on kernels), `pieces` (Mooncake at 16K,
+# one object a page against `storage.stream_layers=8`'s pieces: the probe, bench=l3, bench=ttft).
+# Several modes in one call:
 # `... tests l3`. Logs and bench JSON under $OUT.
 # Needs .whl/ (the project's cp312 wheels) and .whl/l3/ (Mooncake's CPU build and the Debian
 # packages libibverbs1 libnl-3-200 libnl-route-3-200; docs/development.md).
@@ -50,6 +52,18 @@ for mode in "$@"; do
     fragmented)  # fragmented 16K pages between the tiers: direct backend against kernels
         bench fragmented_16k 200 'bench.sizes=[16384]' 'bench.placements=[fragmented]' \
             'bench.fragmented_io=[direct,kernel]' 'bench.chunk_pages=[0]'
+        ;;
+    pieces)  # Mooncake: one object a page (defaults) against a piece a layer group
+        timeout 150 python3 benchmarks/mooncake_pieces.py --pages 256 \
+            --json "$OUT/mooncake_pieces.json" >"$OUT/mooncake_pieces.log" 2>&1
+        echo "mooncake_pieces: rc $? after ${SECONDS}s"
+        tail -4 "$OUT/mooncake_pieces.log"
+        for s in null 8; do
+            bench "l3_mc_s$s" 100 bench=l3 'bench.sizes=[16384]' 'bench.stores=[mooncake]' \
+                storage.stream_layers=$s
+            bench "ttft_mc_16k_s$s" 150 bench=ttft 'bench.sizes=[16384]' \
+                'bench.stores=[mooncake]' storage.stream_layers=$s
+        done
         ;;
     ttft16)  # the 16K half of ttft
         bench ttft_16k 280 bench=ttft 'bench.sizes=[16384]'
